@@ -1,0 +1,78 @@
+"""``robustir <stage>``: one sub-command per pipeline stage, each a thin layer over the Python API.
+
+Each stage lives in ``robustir/cli/<stage>.py`` and exposes ``register(subparsers)`` (adds its parser)
+and ``run(args) -> int``. Modules are imported lazily so ``robustir --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ..errors import RobustIRError
+
+# sub-command -> (module under robustir.cli, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "evaluate the bundled model and BM25 on the bundled dataset"),
+    "eval": ("evaluate", "evaluate a model (or bm25) on a BEIR folder"),
+    "rerank-eval": ("rerank_eval", "MAP/MRR over given candidate lists (C-MTEB reranking style)"),
+    "encode": ("encode", "encode a corpus or queries into an embedding file"),
+    "chunk": ("chunk", "split raw documents into passages"),
+    "generate": ("generate", "generate queries for passages with an LLM"),
+    "pairs": ("pairs", "mine (sentence, sentence) pairs by longest common substring (GUR)"),
+    "mine": ("mine", "mine hard negatives with BM25 or a dense model"),
+    "filter": ("filter", "remove false negatives (llm judge, teacher margin, passage sieve)"),
+    "merge": ("merge", "merge the shards of a stage after checking they are all complete"),
+    "build-data": ("build_data", "chunk -> generate/pairs -> mine -> filter in one command"),
+    "train": ("train", "contrastive fine-tuning (InfoNCE, PEG, CCR)"),
+    "pretrain": ("pretrain", "retrieval-oriented pre-training (RetroMAE, GUR)"),
+    "run": ("pipeline", "the whole pipeline from one config"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="robustir", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
+    sub = parser.add_subparsers(dest="stage", metavar="<stage>")
+    for name, (module, help_text) in STAGES.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
+        try:
+            mod = importlib.import_module(f"robustir.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"robustir.cli.{module}":
+                raise
+            continue  # stage not available in this build
+        stage_parser = sub.add_parser(name, help=help_text, description=help_text)
+        mod.register(stage_parser)
+        stage_parser.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    stage = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=stage if stage in STAGES else None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 0 if args.stage is None else 2
+    try:
+        return int(args._module.run(args) or 0)
+    except RobustIRError as exc:
+        if args.verbose:
+            raise
+        print(f"robustir {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"robustir {args.stage}: interrupted; finished work is kept, re-run to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

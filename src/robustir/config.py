@@ -1,0 +1,162 @@
+"""Argument dataclasses loaded from YAML/JSON files with ``key=value`` command-line overrides.
+
+Every stage has a dataclass of its arguments (Tevatron style). ``load_config`` reads a file, applies
+overrides such as ``loss.temperature=0.02`` or ``batch_size=64`` (values parsed as YAML, so numbers,
+booleans and lists work), and builds the dataclass, rejecting unknown keys with a helpful message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot parse ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of option: value")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    """Apply ``a.b=value`` overrides (values parsed as YAML) to a nested dict, in place."""
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. lr=2e-5 or loss.beta=0.2")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
+    """Build dataclass ``cls`` from ``data``; nested dataclass fields take nested dicts."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"{where}: unknown option(s) {', '.join(hints)}; known: {', '.join(sorted(fields))}")
+    hints_by_name = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _coerce(hints_by_name[key], value, f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return from_dict(hint, value, where=where)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        for arg in args:
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: cannot use {value!r} as {hint}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(hint))}")
+        return value
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(hint) or (Any,)
+        return [_coerce(inner, v, where) for v in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"true", "false", "1", "0", "yes", "no"}:
+            return value.lower() in {"true", "1", "yes"}
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            as_float = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if as_float != int(as_float):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(as_float)
+    if hint is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return value
+    return value
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                flags: dict | None = None) -> T:
+    """Precedence, lowest first: dataclass defaults < config file < explicit ``flags`` < ``key=value`` overrides."""
+    data: dict = {}
+    if path:
+        data = read_config_file(path)
+    merged = _deep_merge(data, flags or {})
+    apply_overrides(merged, overrides)
+    return from_dict(cls, merged)
+
+
+def _deep_merge(low: dict, high: dict) -> dict:
+    out = dict(low)
+    for key, value in high.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def to_dict(obj: Any) -> dict:
+    return dataclasses.asdict(obj)

@@ -1,0 +1,169 @@
+"""File helpers shared by every stage: atomic writes, resumable JSONL output, sharding.
+
+Long jobs never lose finished work: results are appended to a ``.partial`` file line by line (flushed),
+and the final file appears only once the stage is complete (atomic rename). A re-run reads the partial
+file, skips what is already there, and continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import ConfigError, DataError
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
+    """Write ``path`` through a temporary file in the same folder, renamed into place on success only."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        kwargs = {} if "b" in mode else {"encoding": encoding}
+        with os.fdopen(fd, mode, **kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_write(path) as handle:
+        json.dump(obj, handle, indent=2, ensure_ascii=False, sort_keys=False)
+        handle.write("\n")
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)`` for each non-empty line; bad JSON / UTF-8 raise :class:`DataError`."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
+                                fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(path, f"invalid JSON ({exc.msg} at column {exc.colno})", line=number,
+                                fix="each line must hold exactly one JSON object") from None
+            if not isinstance(obj, dict):
+                raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", line=number,
+                                fix="each line must hold one JSON object such as {\"query\": ...}")
+            yield number, obj
+
+
+class ResumableJsonlWriter:
+    """Append-only JSONL output that survives crashes.
+
+    Records go to ``<path>.partial`` (one line each, flushed); :meth:`finish` renames it to ``path``.
+    ``done_keys`` holds the ``key_field`` value of every record already written, so a re-run skips them.
+    A torn last line (crash mid-write) is dropped on open.
+    """
+
+    def __init__(self, path: str | Path, key_field: str | None = None) -> None:
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.key_field = key_field
+        self.done_keys: set[Any] = set()
+        self.count = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.partial.exists():
+            self._recover()
+        self._handle = open(self.partial, "a", encoding="utf-8")
+
+    def _recover(self) -> None:
+        good: list[str] = []
+        with open(self.partial, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not line.endswith("\n"):
+                    break  # torn write from a crash: drop it, it will be redone
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                good.append(line)
+                if self.key_field is not None:
+                    self.done_keys.add(_hashable(obj.get(self.key_field)))
+        with atomic_write(self.partial) as handle:
+            handle.writelines(good)
+        self.count = len(good)
+
+    def write(self, record: dict) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+        self.count += 1
+        if self.key_field is not None:
+            self.done_keys.add(_hashable(record.get(self.key_field)))
+
+    def finish(self) -> Path:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self._handle.flush()
+            self._handle.close()
+
+    def __enter__(self) -> "ResumableJsonlWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (0-based index), as given by ``--shard i/n`` (1-based on the command line)."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Shard":
+        if text in (None, "", "1/1"):
+            return cls()
+        try:
+            i, n = (int(x) for x in str(text).split("/"))
+        except ValueError:
+            raise ConfigError(f"--shard {text!r}: expected I/N such as 3/16 (shard 3 of 16, counting from 1)") from None
+        if not (n >= 1 and 1 <= i <= n):
+            raise ConfigError(f"--shard {text!r}: need 1 <= I <= N")
+        return cls(i - 1, n)
+
+    def owns(self, position: int) -> bool:
+        """Round-robin assignment: item number ``position`` belongs to this shard?"""
+        return position % self.count == self.index
+
+    def select(self, items: Iterable[Any]) -> Iterator[Any]:
+        for position, item in enumerate(items):
+            if self.owns(position):
+                yield item
+
+    def suffix(self) -> str:
+        return "" if self.count == 1 else f".shard-{self.index + 1:05d}-of-{self.count:05d}"
+
+    def __str__(self) -> str:
+        return f"{self.index + 1}/{self.count}"
