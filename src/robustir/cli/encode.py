@@ -1,0 +1,39 @@
+"""``robustir encode``: embed a corpus or a query file into ``.npy`` + ids (Tevatron-style hand-off)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..data.beir import load_corpus, load_queries
+from ..io import atomic_write
+from ..models.encoder import Encoder
+from .common import add_encoder_args, encoder_options, model_or_default
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_encoder_args(parser)
+    parser.add_argument("--input", required=True, help="corpus.jsonl (passages) or queries.jsonl (with --queries)")
+    parser.add_argument("--queries", action="store_true", help="encode as queries (query instruction, query length)")
+    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    encoder = Encoder.from_pretrained(model_or_default(args.model), **encoder_options(args))
+    if args.queries:
+        queries, _ = load_queries(args.input)
+        ids, texts, kind = list(queries), list(queries.values()), "query"
+    else:
+        corpus, _ = load_corpus(args.input)
+        ids, texts, kind = corpus.ids, corpus.texts_for_encoding(), "passage"
+    emb = encoder.encode(texts, kind, batch_size=args.batch_size, bf16=args.bf16, show_progress=True)
+    prefix = Path(args.output)
+    with atomic_write(prefix.with_suffix(".npy"), "wb") as handle:
+        np.save(handle, emb)
+    with atomic_write(prefix.with_suffix(".ids.json")) as handle:
+        json.dump(ids, handle)
+    print(f"encoded {len(ids)} {kind}s -> {prefix.with_suffix('.npy')} {emb.shape}")
+    return 0

@@ -1,0 +1,104 @@
+"""Full-corpus retrieval evaluation on a BEIR folder: encode → FAISS (or BM25) → trec_eval metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..data.beir import BeirDataset, load_beir
+from ..data.trec import write_trec_run
+from ..index.bm25 import BM25Config, BM25Index
+from ..index.dense import DenseIndex, DenseIndexConfig
+from ..io import write_json
+from ..models.encoder import Encoder
+from .metrics import compute_metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    top_k: int = 1000
+    batch_size: int = 64
+    bf16: bool = False
+    ignore_identical_ids: bool = False
+    cache_dir: str | None = None  # reuse corpus embeddings across runs
+    index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
+    bm25: BM25Config = field(default_factory=BM25Config)
+    show_progress: bool | None = None
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    run: dict[str, dict[str, float]]
+    seconds: float
+    system: str = ""
+
+
+def _run_from_hits(query_ids: list[str], doc_ids: list[str], scores: np.ndarray, indices: np.ndarray,
+                   drop_identical: bool, k: int) -> dict[str, dict[str, float]]:
+    run: dict[str, dict[str, float]] = {}
+    for row, qid in enumerate(query_ids):
+        hits: dict[str, float] = {}
+        for score, index in zip(scores[row], indices[row]):
+            if index < 0:
+                continue  # FAISS pads with -1 when fewer than k vectors are reachable
+            doc_id = doc_ids[index]
+            if drop_identical and doc_id == qid:
+                continue
+            hits[doc_id] = float(score)
+            if len(hits) == k:
+                break
+        run[qid] = hits
+    return run
+
+
+def retrieve_dense(encoder: Encoder, dataset: BeirDataset, config: EvalConfig) -> dict[str, dict[str, float]]:
+    query_ids = list(dataset.queries)
+    corpus_emb = encoder.encode_corpus(dataset.corpus.texts_for_encoding(), cache_dir=config.cache_dir,
+                                       batch_size=config.batch_size, bf16=config.bf16,
+                                       show_progress=config.show_progress)
+    query_emb = encoder.encode([dataset.queries[q] for q in query_ids], "query", batch_size=config.batch_size,
+                               bf16=config.bf16, show_progress=config.show_progress)
+    index = DenseIndex(config.index).index(corpus_emb)
+    extra = 1 if config.ignore_identical_ids else 0
+    scores, indices = index.search(query_emb, config.top_k + extra)
+    return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, config.top_k)
+
+
+def retrieve_bm25(dataset: BeirDataset, config: EvalConfig) -> dict[str, dict[str, float]]:
+    query_ids = list(dataset.queries)
+    index = BM25Index(config.bm25).index(dataset.corpus.texts_for_encoding())
+    extra = 1 if config.ignore_identical_ids else 0
+    scores, indices = index.search([dataset.queries[q] for q in query_ids], config.top_k + extra)
+    return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, config.top_k)
+
+
+def evaluate(model: "Encoder | str", data: "BeirDataset | str | Path", split: str = "test",
+             config: EvalConfig | None = None, output: str | Path | None = None, **encoder_options) -> EvalResult:
+    """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``) on a BEIR folder.
+
+    ``output``: folder for ``metrics.json`` and ``run.trec``.
+    """
+    config = config or EvalConfig()
+    dataset = data if isinstance(data, BeirDataset) else load_beir(data, split)
+    start = time.perf_counter()
+    if isinstance(model, str) and model.lower() == "bm25":
+        run = retrieve_bm25(dataset, config)
+        system = "bm25"
+    else:
+        encoder = model if isinstance(model, Encoder) else Encoder.from_pretrained(model, **encoder_options)
+        run = retrieve_dense(encoder, dataset, config)
+        system = encoder.source or "model"
+    metrics = compute_metrics(dataset.qrels, run)
+    result = EvalResult(metrics, run, time.perf_counter() - start, system)
+    if output is not None:
+        out = Path(output)
+        write_json(out / "metrics.json", metrics)
+        write_trec_run(out / "run.trec", run, tag=Path(system).name or "robustir")
+    return result

@@ -1,0 +1,305 @@
+"""A Hugging Face encoder turned into a text-embedding model.
+
+* pooling: ``cls`` (BGE / PEG convention) or ``mean`` (sentence-transformers MiniLM);
+* L2 normalisation; separate max lengths and instruction prefixes for queries and passages;
+* batched encoding sorted by length (less padding), optional bf16 autocast, progress bar;
+* saved as a sentence-transformers folder, so ``SentenceTransformer(path)`` loads it unchanged
+  (the query instruction becomes the ST prompt named ``"query"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError
+from ..io import write_json
+
+logger = logging.getLogger(__name__)
+
+Pooling = Literal["cls", "mean"]
+TextKind = Literal["query", "passage"]
+CONFIG_NAME = "robustir_config.json"
+
+
+@dataclass
+class EncoderConfig:
+    """How texts become vectors. Stored as ``robustir_config.json`` inside a saved model."""
+
+    pooling: Pooling = "cls"
+    normalize: bool = True
+    query_max_length: int = 64
+    passage_max_length: int = 256
+    query_instruction: str = ""
+    passage_instruction: str = ""
+
+    def max_length(self, kind: TextKind) -> int:
+        return self.query_max_length if kind == "query" else self.passage_max_length
+
+    def instruction(self, kind: TextKind) -> str:
+        return self.query_instruction if kind == "query" else self.passage_instruction
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """A local folder as is; otherwise a Hugging Face hub id, downloaded (or found in the local HF cache)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ConfigError(f"model {str(name_or_path)!r} is a file; pass the model folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=str(name_or_path)))
+    except Exception as exc:  # the hub client raises many types: turn them into one clear message
+        raise ConfigError(
+            f"model {str(name_or_path)!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Fix: pass a local model folder, "
+            "or download it once while online (the HF cache is used offline with HF_HUB_OFFLINE=1)") from None
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def config_from_folder(path: Path) -> EncoderConfig:
+    """Read pooling / normalisation / lengths / prompts from a robustir or sentence-transformers folder."""
+    own = _read_json(path / CONFIG_NAME)
+    if own:
+        known = {f.name for f in fields(EncoderConfig)}
+        return EncoderConfig(**{k: v for k, v in own.items() if k in known})
+    config = EncoderConfig()
+    modules = _read_json(path / "modules.json") if (path / "modules.json").exists() else []
+    if modules:
+        for module in modules:
+            kind = module.get("type", "")
+            if kind.endswith("Pooling"):
+                pooling = _read_json(path / module.get("path", "") / "config.json")
+                if pooling.get("pooling_mode_mean_tokens"):
+                    config.pooling = "mean"
+                elif pooling.get("pooling_mode_cls_token"):
+                    config.pooling = "cls"
+                else:
+                    mode = pooling.get("pooling_mode")
+                    if mode in ("cls", "mean"):
+                        config.pooling = mode
+                    else:
+                        raise ConfigError(f"{path}: pooling {pooling} is not supported (use cls or mean)")
+        config.normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+        st = _read_json(path / "sentence_bert_config.json")
+        if "max_seq_length" in st:
+            config.passage_max_length = int(st["max_seq_length"])
+            config.query_max_length = min(config.query_max_length, config.passage_max_length)
+        prompts = _read_json(path / "config_sentence_transformers.json").get("prompts") or {}
+        config.query_instruction = prompts.get("query", "")
+        config.passage_instruction = prompts.get("document", prompts.get("passage", ""))
+    return config
+
+
+class Encoder(nn.Module):
+    """Text encoder: ``forward(features) -> (n, d)`` for training, :meth:`encode` for inference."""
+
+    def __init__(self, transformer: nn.Module, tokenizer, config: EncoderConfig | None = None,
+                 source: str = "") -> None:
+        super().__init__()
+        self.transformer = transformer
+        self.tokenizer = tokenizer
+        self.config = config or EncoderConfig()
+        self.source = source
+
+    # ------------------------------------------------------------------ loading / saving
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, **overrides) -> "Encoder":
+        """Load a HF model folder, a sentence-transformers folder, a robustir folder or a hub id.
+
+        ``overrides`` are :class:`EncoderConfig` fields (``pooling="mean"``, ``query_instruction=...``);
+        ``None`` values are ignored.
+        """
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_model_path(name_or_path)
+        config = config_from_folder(path)
+        unknown = set(overrides) - {f.name for f in fields(EncoderConfig)}
+        if unknown:
+            raise ConfigError(f"unknown encoder option(s) {sorted(unknown)}")
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(config, key, value)
+        if config.pooling not in ("cls", "mean"):
+            raise ConfigError(f"pooling must be 'cls' or 'mean', got {config.pooling!r}")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        transformer = AutoModel.from_pretrained(path)
+        return cls(transformer, tokenizer, config, source=str(name_or_path))
+
+    def save(self, path: str | os.PathLike, model_card: str | None = None) -> Path:
+        """Save as a sentence-transformers folder (HF weights + tokenizer at the root)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.transformer.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
+        if self.config.normalize:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+            (path / "2_Normalize").mkdir(exist_ok=True)
+        write_json(path / "modules.json", modules)
+        write_json(path / "sentence_bert_config.json",
+                   {"max_seq_length": self.config.passage_max_length, "do_lower_case": False})
+        write_json(path / "1_Pooling" / "config.json", {
+            "word_embedding_dimension": self.dim,
+            "pooling_mode_cls_token": self.config.pooling == "cls",
+            "pooling_mode_mean_tokens": self.config.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        })
+        import transformers
+
+        from .. import __version__
+
+        prompts = {}
+        if self.config.query_instruction:
+            prompts["query"] = self.config.query_instruction
+        if self.config.passage_instruction:
+            prompts["document"] = self.config.passage_instruction
+        write_json(path / "config_sentence_transformers.json", {
+            "__version__": {"robustir": __version__, "transformers": transformers.__version__,
+                            "pytorch": torch.__version__},
+            "prompts": prompts,
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine" if self.config.normalize else "dot",
+        })
+        write_json(path / CONFIG_NAME, asdict(self.config))
+        if model_card:
+            (path / "README.md").write_text(model_card, encoding="utf-8")
+        return path
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def dim(self) -> int:
+        return int(self.transformer.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def fingerprint(self) -> str:
+        """Cheap content hash of the weights and settings, used to key embedding caches."""
+        digest = hashlib.sha256(json.dumps(asdict(self.config), sort_keys=True).encode())
+        with torch.no_grad():
+            for name, param in self.transformer.state_dict().items():
+                flat = param.detach().float().flatten()
+                stats = torch.stack([flat.sum(), flat.abs().sum(), flat[:: max(1, flat.numel() // 64)].sum()])
+                digest.update(name.encode())
+                digest.update(stats.double().cpu().numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    # ------------------------------------------------------------------ training path
+    def tokenize(self, texts: Sequence[str], kind: TextKind, max_length: int | None = None,
+                 instruction: str | None = None) -> dict[str, Tensor]:
+        prefix = self.config.instruction(kind) if instruction is None else instruction
+        texts = [prefix + t for t in texts] if prefix else list(texts)
+        return self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt",
+                              max_length=max_length or self.config.max_length(kind))
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        if self.config.pooling == "cls":
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        device = self.device
+        features = {k: v.to(device) for k, v in features.items()}
+        hidden = self.transformer(**features).last_hidden_state
+        embeddings = self.pool(hidden, features["attention_mask"])
+        if self.config.normalize:
+            embeddings = nn.functional.normalize(embeddings.float(), dim=-1)
+        return embeddings
+
+    # ------------------------------------------------------------------ inference path
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], kind: TextKind = "passage", *, batch_size: int = 64,
+               bf16: bool = False, show_progress: bool | None = None, max_length: int | None = None,
+               instruction: str | None = None, desc: str | None = None) -> np.ndarray:
+        """Embed ``texts`` → float32 array ``(n, d)`` in input order.
+
+        Texts are tokenized once, sorted by token count and batched, so each batch pads to similar
+        lengths; with ``bf16`` the forward pass runs under bfloat16 autocast (CPU with AMX, or GPU).
+        """
+        n = len(texts)
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        if n == 0:
+            return out
+        was_training = self.training
+        self.eval()
+        prefix = self.config.instruction(kind) if instruction is None else instruction
+        limit = max_length or self.config.max_length(kind)
+        show = n >= 2000 if show_progress is None else show_progress
+        block = 100_000  # bound tokenizer memory on very large inputs
+        bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {kind}s", disable=not show,
+                   unit="batch")
+        device = self.device
+        autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16
+                    else contextlib.nullcontext())
+        try:
+            for start in range(0, n, block):
+                chunk = [prefix + t for t in texts[start:start + block]] if prefix else list(texts[start:start + block])
+                ids = self.tokenizer(chunk, truncation=True, max_length=limit, padding=False,
+                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+                order = np.argsort([-len(x) for x in ids], kind="stable")
+                for b in range(0, len(order), batch_size):
+                    rows = order[b:b + batch_size]
+                    batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+                    features = {k: v.to(device) for k, v in batch.items()}
+                    with autocast:
+                        hidden = self.transformer(**features).last_hidden_state
+                    emb = self.pool(hidden.float(), features["attention_mask"])
+                    if self.config.normalize:
+                        emb = nn.functional.normalize(emb, dim=-1)
+                    out[start + rows] = emb.cpu().numpy()
+                    bar.update(1)
+        finally:
+            bar.close()
+            self.train(was_training)
+        return out
+
+    def encode_queries(self, queries: Sequence[str], **kwargs) -> np.ndarray:
+        return self.encode(queries, "query", **kwargs)
+
+    def encode_corpus(self, passages: Sequence[str], *, cache_dir: str | os.PathLike | None = None,
+                      **kwargs) -> np.ndarray:
+        """Like :meth:`encode` for passages, reusing ``cache_dir/<key>.npy`` when the same model, settings
+        and texts were encoded before (the key hashes all three)."""
+        if cache_dir is None:
+            return self.encode(passages, "passage", **kwargs)
+        digest = hashlib.sha256()
+        for text in passages:
+            digest.update(text.encode("utf-8", "surrogatepass"))
+            digest.update(b"\0")
+        settings = {k: kwargs.get(k) for k in ("max_length", "instruction", "bf16")}
+        key = f"{self.fingerprint()}-{digest.hexdigest()[:16]}-" + hashlib.sha256(
+            json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+        cache = Path(cache_dir) / f"{key}.npy"
+        if cache.exists():
+            logger.info("reusing cached corpus embeddings %s", cache)
+            return np.load(cache)
+        emb = self.encode(passages, "passage", **kwargs)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(cache.name + ".tmp.npy")
+        np.save(tmp, emb)
+        os.replace(tmp, cache)
+        return emb

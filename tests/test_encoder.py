@@ -1,0 +1,102 @@
+"""The encoder: pooling, normalisation, order-preserving sorted batching, caching, and the
+sentence-transformers round trip (SentenceTransformer(path) must give the same embeddings)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from robustir.errors import ConfigError
+from robustir.models.encoder import Encoder
+
+TEXTS = ["short", "a somewhat longer sentence about retrieval models", "x y z",
+         "Chinese text works too: 这是一个测试句子。", "the last one, of medium length here"]
+
+
+def test_order_preserved_and_matches_single(tiny_model_dir):
+    enc = Encoder.from_pretrained(tiny_model_dir, pooling="mean")
+    batched = enc.encode(TEXTS, batch_size=2)
+    single = np.stack([enc.encode([t])[0] for t in TEXTS])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+
+
+def test_cls_pooling_and_no_normalize(tiny_model_dir):
+    enc = Encoder.from_pretrained(tiny_model_dir, pooling="cls", normalize=False)
+    features = enc.tokenize(TEXTS[:2], "passage")
+    with torch.no_grad():
+        hidden = enc.transformer(**features).last_hidden_state
+    np.testing.assert_allclose(enc.encode(TEXTS[:2]), hidden[:, 0].numpy(), atol=1e-5)
+
+
+def test_query_instruction_and_lengths(tiny_model_dir):
+    enc = Encoder.from_pretrained(tiny_model_dir, query_instruction="query: ", query_max_length=4)
+    q = enc.encode(["hello world and more words"], "query")
+    manual = enc.encode(["query: hello world and more words"], "passage", max_length=4, instruction="")
+    np.testing.assert_allclose(q, manual, atol=1e-6)
+    assert enc.tokenize(["a b c d e f g"], "query")["input_ids"].shape[1] == 4
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_sentence_transformers_roundtrip_tiny(tiny_model_dir, tmp_path, pooling):
+    from sentence_transformers import SentenceTransformer
+
+    enc = Encoder.from_pretrained(tiny_model_dir, pooling=pooling, query_instruction="Represent this query: ",
+                                  passage_max_length=32)
+    out = enc.save(tmp_path / "model", model_card="# card")
+    st = SentenceTransformer(str(out), device="cpu")
+    assert st.max_seq_length == 32
+    np.testing.assert_allclose(st.encode(TEXTS), enc.encode(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(st.encode(TEXTS, prompt_name="query"), enc.encode(TEXTS, "query"), atol=1e-5)
+    again = Encoder.from_pretrained(out)
+    assert again.config == enc.config
+    assert (out / "README.md").read_text() == "# card"
+
+
+def test_sentence_transformers_roundtrip_real_model(minilm_path, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    enc = Encoder.from_pretrained(minilm_path)
+    assert enc.config.pooling == "mean" and enc.config.normalize  # read from the ST folder
+    out = enc.save(tmp_path / "minilm")
+    ours = enc.encode(TEXTS)
+    np.testing.assert_allclose(SentenceTransformer(str(out), device="cpu").encode(TEXTS), ours, atol=1e-5)
+    np.testing.assert_allclose(SentenceTransformer(minilm_path, device="cpu").encode(TEXTS), ours, atol=1e-5)
+
+
+def test_bf16_agrees_with_fp32(minilm_path):
+    enc = Encoder.from_pretrained(minilm_path)
+    fp32 = enc.encode(TEXTS * 4)
+    bf16 = enc.encode(TEXTS * 4, bf16=True)
+    assert (fp32 * bf16).sum(1).min() > 0.995
+
+
+def test_corpus_cache(tiny_model_dir, tmp_path):
+    enc = Encoder.from_pretrained(tiny_model_dir)
+    first = enc.encode_corpus(TEXTS, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npy"))) == 1
+    second = enc.encode_corpus(TEXTS, cache_dir=tmp_path)
+    np.testing.assert_array_equal(first, second)
+    with torch.no_grad():  # changed weights -> new key, never a stale cache hit
+        next(enc.transformer.parameters()).add_(0.1)
+    enc.encode_corpus(TEXTS, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npy"))) == 2
+
+
+def test_clear_errors(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="not a local folder and could not be fetched"):
+        Encoder.from_pretrained("no-such-org/no-such-model-xyz")
+    with pytest.raises(ConfigError, match="unknown encoder option"):
+        Encoder.from_pretrained(tiny_model_dir, poolin="cls")
+    with pytest.raises(ConfigError, match="pooling"):
+        Encoder.from_pretrained(tiny_model_dir, pooling="max")
+
+
+def test_training_forward_matches_encode(tiny_model_dir):
+    enc = Encoder.from_pretrained(tiny_model_dir, pooling="mean")
+    enc.eval()
+    with torch.no_grad():
+        emb = enc(enc.tokenize(TEXTS, "passage")).numpy()
+    np.testing.assert_allclose(emb, enc.encode(TEXTS), atol=1e-5)

@@ -1,0 +1,402 @@
+"""Loss values against hand-computed cases (plain python math), PEG's pieces one by one, CCR variants, sieve rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from robustir.errors import ConfigError
+from robustir.losses import (
+    LOSSES,
+    CCRLoss,
+    ContrastiveBatch,
+    InfoNCELoss,
+    LossOutput,
+    PEGLoss,
+    get_loss,
+    sieve_keep_mask,
+)
+
+# --- a tiny fixed batch: 3 queries, 2-d embeddings, one hard negative each ------------------------------
+
+Q = [[1.0, 0.0], [0.6, 0.8], [-1.0, 0.5]]
+P = [[0.9, 0.3], [0.5, 1.0], [-0.2, 1.0]]
+N = [[[0.8, -0.6]], [[1.0, 0.4]], [[-1.0, -0.2]]]
+PASSAGES = P + [n[0] for n in N]  # the layout of from_groups: positives (cols 0-2), then hard negatives (3-5)
+
+
+def fixed_batch(**overrides) -> ContrastiveBatch:
+    batch = ContrastiveBatch.from_groups(torch.tensor(Q), torch.tensor(P), torch.tensor(N))
+    for key, value in overrides.items():
+        setattr(batch, key, value)
+    return batch
+
+
+def cos(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def logsumexp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def nce_row(query: list[float], positive: int, columns: list[int], tau: float, passages=PASSAGES) -> float:
+    """-log softmax of the positive over the given columns (which include the positive)."""
+    return logsumexp([cos(query, passages[j]) / tau for j in columns]) - cos(query, passages[positive]) / tau
+
+
+def own_columns(i: int) -> list[int]:
+    return [i, 3 + i]
+
+
+ALL = list(range(6))
+
+
+# --- InfoNCE -----------------------------------------------------------------------------------------
+
+def test_infonce_matches_hand_formula_with_in_batch_negatives():
+    out = InfoNCELoss(temperature=0.1)(fixed_batch())
+    expected = sum(nce_row(Q[i], i, ALL, 0.1) for i in range(3)) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert out.components["nce"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_infonce_without_in_batch_negatives_uses_only_own_group():
+    out = InfoNCELoss(temperature=0.1, in_batch_negatives=False)(fixed_batch())
+    expected = sum(nce_row(Q[i], i, own_columns(i), 0.1) for i in range(3)) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_candidate_mask_excludes_columns_but_never_the_positive():
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[0, 1] = False  # row 0 must not use column 1 (e.g. a duplicate of its positive)
+    mask[2, 5] = False
+    mask[1, 1] = False  # row 1's own positive: ignored, the positive is always kept
+    out = InfoNCELoss(temperature=0.1)(fixed_batch(candidate_mask=mask))
+    columns = [[0, 2, 3, 4, 5], ALL, [0, 1, 2, 3, 4]]
+    expected = sum(nce_row(Q[i], i, columns[i], 0.1) for i in range(3)) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_infonce_components():
+    out = InfoNCELoss(temperature=0.1)(fixed_batch())
+    assert isinstance(out, LossOutput)
+    assert set(out.components) == {"nce", "pos_sim", "neg_sim", "accuracy"}
+    assert all(type(v) is float for v in out.components.values())
+    assert out.components["pos_sim"] == pytest.approx(sum(cos(Q[i], P[i]) for i in range(3)) / 3, rel=1e-5)
+    negs = [cos(Q[i], PASSAGES[j]) for i in range(3) for j in ALL if j != i]
+    assert out.components["neg_sim"] == pytest.approx(sum(negs) / len(negs), rel=1e-5)
+    top = [max(ALL, key=lambda j: cos(Q[i], PASSAGES[j])) == i for i in range(3)]
+    assert out.components["accuracy"] == pytest.approx(sum(top) / 3)
+
+
+def test_symmetric_infonce_adds_passage_to_query_term():
+    out = InfoNCELoss(temperature=0.1, symmetric=True)(fixed_batch())
+    q2p = sum(nce_row(Q[i], i, ALL, 0.1) for i in range(3)) / 3
+    p2q = sum(logsumexp([cos(P[i], q) / 0.1 for q in Q]) - cos(P[i], Q[i]) / 0.1 for i in range(3)) / 3
+    assert out.loss.item() == pytest.approx((q2p + p2q) / 2, rel=1e-5)
+    assert out.components["nce_q2p"] == pytest.approx(q2p, rel=1e-5)
+    assert out.components["nce_p2q"] == pytest.approx(p2q, rel=1e-5)
+
+
+def test_symmetric_infonce_uses_global_queries_and_offset():
+    # process 1 of 2: local rows are global queries 1-2, their positives are global columns 1-2
+    all_q = torch.tensor(Q + [[0.3, -0.9]])
+    batch = ContrastiveBatch(queries=all_q[1:3], passages=torch.tensor(PASSAGES), positive_index=torch.tensor([1, 2]),
+                             all_queries=all_q, query_offset=1)
+    out = InfoNCELoss(temperature=0.1, symmetric=True)(batch)
+    queries = Q + [[0.3, -0.9]]
+    q2p = sum(nce_row(Q[i], i, ALL, 0.1) for i in (1, 2)) / 2
+    p2q = sum(logsumexp([cos(P[i], q) / 0.1 for q in queries]) - cos(P[i], Q[i]) / 0.1 for i in (1, 2)) / 2
+    assert out.loss.item() == pytest.approx((q2p + p2q) / 2, rel=1e-5)
+
+
+def test_symmetric_needs_in_batch_negatives():
+    with pytest.raises(ConfigError):
+        InfoNCELoss(symmetric=True, in_batch_negatives=False)
+
+
+# --- PEG: a batch whose cosines are set directly (every query is e1, no in-batch negatives) ---------------
+
+BETA = 0.1
+POS_COS = [0.9, 0.7, 0.2, -0.1]          # mean 0.425 -> sigma 0.325
+NEG_COS = [[0.95, 0.5],                  # 0.95 >= 0.9 and 0.9 >= sigma: scaled; 0.5 < 0.9: a_n = 1
+           [0.7, 0.1],                   # tie with the positive counts as "not below": scaled
+           [0.8, 0.0],                   # positive below sigma: nothing scaled even though 0.8 > 0.2
+           [0.3, -0.5]]                  # positive below sigma (and negative): w_q clamps to 0
+
+
+def unit(c: float) -> list[float]:
+    return [c, math.sqrt(1 - c * c)]
+
+
+def peg_batch(pos_cos=POS_COS, neg_cos=NEG_COS, requires_grad: bool = False) -> ContrastiveBatch:
+    b = len(pos_cos)
+    queries = torch.tensor([[1.0, 0.0]] * b, requires_grad=requires_grad)
+    positives = torch.tensor([unit(c) for c in pos_cos], requires_grad=requires_grad)
+    negatives = torch.tensor([[unit(c) for c in row] for row in neg_cos], requires_grad=requires_grad)
+    return ContrastiveBatch.from_groups(queries, positives, negatives)
+
+
+def peg_reference(pos_cos, neg_cos, t_old: float, tau: float, alpha: float = 0.5, beta: float = BETA,
+                  training: bool = True) -> tuple[float, float, list[float], list[list[float]]]:
+    """Eq. 3-6 spelled out: returns (loss, t used, w_q per row, a_n per row and negative)."""
+    mean = sum(pos_cos) / len(pos_cos)
+    t = alpha * mean + (1 - alpha) * t_old if training else t_old
+    sigma = mean - beta
+    weights, scales, total = [], [], 0.0
+    for s_qp, row in zip(pos_cos, neg_cos):
+        if s_qp >= sigma:
+            w = 1.0
+        elif sigma <= 0:
+            w = 0.0
+        else:
+            w = min(max(s_qp / sigma, 0.0), 1.0)
+        a = [1.0 if (s_qp < sigma or s_qn < s_qp) else t + s_qp for s_qn in row]
+        denominator = math.exp(s_qp / tau) + sum(math.exp(a_n * s_qn / tau) for a_n, s_qn in zip(a, row))
+        total += -w * math.log(math.exp(s_qp / tau) / denominator)
+        weights.append(w)
+        scales.append(a)
+    return total / len(pos_cos), t, weights, scales
+
+
+def test_peg_cases_match_hand_formula():
+    loss_fn = PEGLoss(temperature=0.1, beta=BETA, in_batch_negatives=False)
+    out = loss_fn(peg_batch())
+    expected, t, weights, scales = peg_reference(POS_COS, NEG_COS, t_old=0.0, tau=0.1)
+    assert weights == pytest.approx([1.0, 1.0, 0.2 / 0.325, 0.0])
+    assert scales[0] == pytest.approx([t + 0.9, 1.0]) and scales[1] == pytest.approx([t + 0.7, 1.0])
+    assert scales[2] == [1.0, 1.0] and scales[3] == [1.0, 1.0]
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    c = out.components
+    assert set(c) == {"loss", "t", "sigma", "mean_w_q", "share_scaled_negatives", "pos_sim", "neg_sim"}
+    assert all(type(v) is float for v in c.values())
+    assert c["t"] == pytest.approx(0.5 * 0.425, abs=1e-6)
+    assert c["sigma"] == pytest.approx(0.325, abs=1e-6)
+    assert c["mean_w_q"] == pytest.approx(sum(weights) / 4, abs=1e-6)
+    assert c["share_scaled_negatives"] == pytest.approx(2 / 8)
+    assert c["pos_sim"] == pytest.approx(0.425, abs=1e-6)
+    assert c["neg_sim"] == pytest.approx(sum(sum(r) for r in NEG_COS) / 8, abs=1e-6)
+
+
+def test_peg_with_in_batch_negatives_scales_them_too():
+    loss_fn = PEGLoss(temperature=0.1, beta=BETA)
+    out = loss_fn(fixed_batch())
+    pos = [cos(Q[i], P[i]) for i in range(3)]
+    negs = [[cos(Q[i], PASSAGES[j]) for j in ALL if j != i] for i in range(3)]
+    expected, *_ = peg_reference(pos, negs, t_old=0.0, tau=0.1)
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_peg_query_weights():
+    w = PEGLoss.query_weights(torch.tensor([0.1, 0.4, 0.5, -0.2]), torch.tensor(0.4))
+    assert w.tolist() == pytest.approx([0.25, 1.0, 1.0, 0.0])  # below / at / above sigma; negative clamps to 0
+    # sigma <= 0: the ratio is meaningless, a positive below sigma gets weight 0, at or above gets 1
+    w = PEGLoss.query_weights(torch.tensor([-0.5, -0.2, 0.3]), torch.tensor(-0.2))
+    assert w.tolist() == [0.0, 1.0, 1.0]
+    assert PEGLoss.query_weights(torch.tensor([-0.1, 0.0]), torch.tensor(0.0)).tolist() == [0.0, 1.0]
+
+
+def test_peg_t_updates_in_training_only_and_is_used_in_eval():
+    loss_fn = PEGLoss(temperature=0.1, alpha=0.3, beta=BETA, in_batch_negatives=False)
+    assert loss_fn.t.item() == 0.0
+    batches = [(POS_COS, NEG_COS), ([0.8, 0.6, 0.5, 0.4], NEG_COS), ([0.3, 0.9, 0.6, 0.2], NEG_COS)]
+    t = 0.0
+    for pos, neg in batches:
+        out = loss_fn(peg_batch(pos, neg))
+        expected, t, *_ = peg_reference(pos, neg, t_old=t, tau=0.1, alpha=0.3)
+        assert loss_fn.t.item() == pytest.approx(t, abs=1e-6)
+        assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    loss_fn.eval()
+    for _ in range(2):
+        out = loss_fn(peg_batch())
+        expected, t_used, *_ = peg_reference(POS_COS, NEG_COS, t_old=t, tau=0.1, alpha=0.3, training=False)
+        assert loss_fn.t.item() == pytest.approx(t, abs=1e-6)
+        assert out.components["t"] == pytest.approx(t, abs=1e-6)
+        assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_peg_t_is_saved_and_restored_with_state_dict():
+    loss_fn = PEGLoss(in_batch_negatives=False)
+    loss_fn(peg_batch())
+    loss_fn(peg_batch([0.8, 0.6, 0.5, 0.4]))
+    state = loss_fn.state_dict()
+    assert "t" in state and state["t"].item() == pytest.approx(loss_fn.t.item())
+    fresh = PEGLoss(in_batch_negatives=False)
+    assert fresh.t.item() == 0.0
+    fresh.load_state_dict(state)
+    assert fresh.t.item() == loss_fn.t.item()
+    fresh.set_t(0.25)
+    assert fresh.t.item() == 0.25
+
+
+def test_peg_batch_statistics_come_from_global_mean():
+    batch = peg_batch()
+    batch.global_mean = lambda values: torch.tensor(0.8)  # e.g. the other processes' positives score higher
+    out = PEGLoss(temperature=0.1, beta=BETA, in_batch_negatives=False)(batch)
+    assert out.components["sigma"] == pytest.approx(0.7, abs=1e-6)
+    assert out.components["t"] == pytest.approx(0.4, abs=1e-6)
+
+
+def _grads(loss: torch.Tensor, batch: ContrastiveBatch) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(loss, [batch.queries, batch.passages]))
+
+
+def _peg_torch_reference(batch: ContrastiveBatch, tau: float, detach_scale: bool) -> torch.Tensor:
+    """Eq. 3 in torch with w_q, sigma and the masks taken from the hand formula as constants."""
+    _, t, weights, _ = peg_reference(POS_COS, NEG_COS, t_old=0.0, tau=tau)
+    sigma = sum(POS_COS) / 4 - BETA
+    s = F.normalize(batch.queries, dim=-1) @ F.normalize(batch.passages, dim=-1).T
+    total = 0.0
+    for i in range(4):
+        s_qp = s[i, i]
+        terms = [s_qp / tau]
+        for j in (4 + 2 * i, 5 + 2 * i):
+            hard = POS_COS[i] >= sigma and NEG_COS[i][j - 4 - 2 * i] >= POS_COS[i]
+            a = (t + (s_qp.detach() if detach_scale else s_qp)) if hard else 1.0
+            terms.append(a * s[i, j] / tau)
+        total = total + weights[i] * (torch.logsumexp(torch.stack(terms), 0) - s_qp / tau)
+    return total / 4
+
+
+@pytest.mark.parametrize("detach_scale", [True, False])
+def test_peg_gradient_skips_w_q_and_sigma_and_follows_detach_option(detach_scale: bool):
+    batch = peg_batch(requires_grad=True)
+    out = PEGLoss(temperature=0.1, beta=BETA, in_batch_negatives=False, detach_negative_scale=detach_scale)(batch)
+    got = _grads(out.loss, batch)
+    same = _grads(_peg_torch_reference(batch, 0.1, detach_scale), batch)
+    other = _grads(_peg_torch_reference(batch, 0.1, not detach_scale), batch)
+    for g, r in zip(got, same):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(got[1], other[1], atol=1e-4)  # the option really changes the gradient
+
+
+# --- CCR ---------------------------------------------------------------------------------------------
+
+def ccr_row(query, positive: int, columns: list[int], tau: float) -> tuple[float, float]:
+    """(nce of the positive, mean nce over the row's columns)."""
+    nce = [nce_row(query, j, columns, tau) for j in columns]
+    return nce_row(query, positive, columns, tau), sum(nce) / len(nce)
+
+
+def test_ccr_paper_matches_hand_formula():
+    out = CCRLoss(temperature=0.1, beta=0.5)(fixed_batch())
+    rows = [ccr_row(Q[i], i, ALL, 0.1) for i in range(3)]
+    expected = sum(nce - 0.5 * ccr for nce, ccr in rows) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert out.components["nce"] == pytest.approx(sum(r[0] for r in rows) / 3, rel=1e-5)
+    assert out.components["ccr"] == pytest.approx(sum(r[1] for r in rows) / 3, rel=1e-5)
+    assert set(out.components) == {"nce", "ccr", "loss", "pos_sim", "neg_sim"}
+    assert all(type(v) is float for v in out.components.values())
+
+
+def test_ccr_paper_equals_appendix_listing():
+    batch = fixed_batch()
+    s = F.normalize(batch.queries, dim=-1) @ F.normalize(batch.passages, dim=-1).T / 0.2
+    s_ = F.log_softmax(s, dim=1)
+    listing = (F.nll_loss(s_, batch.positive_index, reduction="none") - 0.3 * (-1) * s_.mean(dim=1)).mean()
+    assert CCRLoss(temperature=0.2, beta=0.3)(batch).loss.item() == pytest.approx(listing.item(), rel=1e-5)
+
+
+def test_ccr_paper_respects_candidate_mask():
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[0, 4] = False
+    out = CCRLoss(temperature=0.1, beta=0.5)(fixed_batch(candidate_mask=mask))
+    rows = [ccr_row(Q[i], i, [0, 1, 2, 3, 5] if i == 0 else ALL, 0.1) for i in range(3)]
+    assert out.loss.item() == pytest.approx(sum(n - 0.5 * c for n, c in rows) / 3, rel=1e-5)
+
+
+def test_ccr_authors_code_variant():
+    out = CCRLoss(temperature=1.0, beta=0.1, variant="authors_code")(fixed_batch())
+    group = 2  # k = 1 hard negative + the positive; no in-batch negatives
+    rows = [ccr_row(Q[i], i, own_columns(i), 1.0) for i in range(3)]
+    expected = sum(nce / group for nce, _ in rows) / 3 - 0.1 * sum(ccr for _, ccr in rows) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    # the reduction quirk: relative to NCE the regulariser weight is G * beta
+    paper_own = CCRLoss(temperature=1.0, beta=0.1 * group, in_batch_negatives=False)(fixed_batch())
+    assert out.loss.item() == pytest.approx(paper_own.loss.item() / group, rel=1e-5)
+    # and it really is the authors' sum(v * L) / sum(v) over a (Q, G) matrix
+    s = torch.stack([torch.tensor([cos(Q[i], PASSAGES[j]) for j in own_columns(i)]) for i in range(3)])
+    logp = F.log_softmax(s, dim=1)
+    matrix = torch.zeros(3, group)
+    matrix[:, 0] = -logp[:, 0]
+    matrix = matrix - 0.1 * (-logp.mean(dim=1, keepdim=True))
+    assert out.loss.item() == pytest.approx((matrix.sum() / matrix.numel()).item(), rel=1e-5)
+
+
+def test_ccr_options_are_validated():
+    with pytest.raises(ConfigError):
+        CCRLoss(variant="authors_code", in_batch_negatives=True)
+    with pytest.raises(ConfigError):
+        CCRLoss(variant="code")  # type: ignore[arg-type]
+    assert CCRLoss(variant="authors_code").in_batch_negatives is False
+    assert CCRLoss().in_batch_negatives is True
+
+
+# --- passage sieve rule ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tau", [1.0, 0.05])
+def test_sieve_keep_mask_equals_nce_rule(tau: float):
+    torch.manual_seed(0)
+    q, p, c = torch.randn(6, 8), torch.randn(6, 8), torch.randn(6, 10, 8)
+    group = torch.cat([p.unsqueeze(1), c], dim=1).double()
+    cosine = F.cosine_similarity(q.double().unsqueeze(1), group, dim=-1)
+    nce = -F.log_softmax(cosine / tau, dim=1)
+    paper = nce[:, 1:] >= nce.mean(dim=1, keepdim=True)
+    authors = (nce - nce.mean(dim=1, keepdim=True))[:, 1:] > 0
+    assert torch.equal(sieve_keep_mask(q, p, c), paper)
+    assert torch.equal(sieve_keep_mask(q, p, c, strict=True), authors)
+    assert 0 < int(paper.sum()) < paper.numel()
+
+
+def test_sieve_ties_kept_by_paper_rule_removed_by_strict():
+    q, p = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.6, 0.8]])
+    c = p.unsqueeze(1).clone()  # a candidate identical to the positive sits exactly on the mean
+    assert sieve_keep_mask(q, p, c).tolist() == [[True]]
+    assert sieve_keep_mask(q, p, c, strict=True).tolist() == [[False]]
+
+
+# --- registry ----------------------------------------------------------------------------------------
+
+def test_get_loss_and_registry():
+    assert set(LOSSES) == {"infonce", "peg", "ccr"}
+    loss = get_loss("peg", beta=0.2)
+    assert isinstance(loss, PEGLoss) and loss.config()["beta"] == 0.2
+    assert isinstance(get_loss("ccr", variant="authors_code", temperature=1.0), CCRLoss)
+    with pytest.raises(ConfigError, match="ccr, infonce, peg"):
+        get_loss("triplet")
+    with pytest.raises(ConfigError, match="temperature"):
+        get_loss("infonce", temprature=0.1)
+
+
+# --- every loss learns: one gradient step raises the positives' similarity ------------------------------
+
+@pytest.mark.parametrize("make_loss", [
+    lambda: InfoNCELoss(),
+    lambda: InfoNCELoss(symmetric=True),
+    lambda: PEGLoss(),
+    lambda: PEGLoss(detach_negative_scale=False, in_batch_negatives=False),
+    lambda: CCRLoss(),
+    lambda: CCRLoss(temperature=1.0, beta=0.1, variant="authors_code"),
+])
+def test_gradient_step_raises_positive_similarity(make_loss):
+    torch.manual_seed(1)
+    q = torch.randn(8, 16, requires_grad=True)
+    p = torch.randn(8, 16, requires_grad=True)
+    n = torch.randn(8, 2, 16, requires_grad=True)
+    loss_fn = make_loss()
+
+    def pos_sim() -> float:
+        return F.cosine_similarity(q, p, dim=-1).mean().item()
+
+    before = pos_sim()
+    optimizer = torch.optim.SGD([q, p, n], lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss_fn(ContrastiveBatch.from_groups(q, p, n)).loss.backward()
+        optimizer.step()
+    assert pos_sim() > before
