@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not args.verbose:  # libraries' per-file chatter (checkpoint writes, font cache) is noise at INFO
+        for name in ("accelerate", "matplotlib", "httpx", "urllib3"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0 if args.stage is None else 2

@@ -1,1 +1,13 @@
-"""robustir.training."""
+"""Fine-tuning: the batch engine (in-batch + hard negatives, GradCache, cross-process gather) and the trainer."""
+
+from .arguments import TrainConfig
+from .batch_engine import BatchEngine
+
+__all__ = ["BatchEngine", "TrainConfig", "train"]
+
+
+def train(config: TrainConfig):
+    """Fine-tune a model; see :func:`robustir.training.trainer.train`."""
+    from .trainer import train as _train
+
+    return _train(config)

@@ -1,0 +1,737 @@
+"""LLM backends for data construction: any OpenAI-compatible chat endpoint, or a local Hugging Face model.
+
+PEG (§Data construction) builds its fine-tuning data with an off-the-shelf LLM twice: to write questions for
+short passages, and to remove retrieved negatives the LLM deems relevant to the query (false negatives).
+Both stages talk to an LLM through one small interface, :class:`LLMBackend`::
+
+    backend.complete([messages, messages, ...]) -> [reply or None, ...]
+
+where ``messages`` is a chat conversation (``[{"role": "user", "content": "..."}]``) or a plain prompt string.
+Two backends implement it:
+
+* :class:`LLMClient` — POST ``{base_url}/chat/completions`` with ``Authorization: Bearer <key>``, so it works
+  with vLLM, Ollama (``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible.
+  Bounded thread concurrency, requests-per-minute limit, retries with exponential backoff + jitter that
+  honour ``Retry-After``, and clear :class:`~robustir.errors.EndpointError` messages for mistakes that no
+  retry can fix (wrong ``/v1`` base URL, unknown model, missing key).
+* :class:`HFGenerator` — a local ``transformers`` causal LM (chat template when the tokenizer has one), batched.
+
+Both share :class:`LLMCache`, an sqlite3 (WAL) cache keyed by sha256 of (messages, model, sampling params),
+written as soon as each reply arrives, so a re-run or a crash never pays for the same request twice.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal, Sequence, Union
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..errors import ConfigError, EndpointError
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]
+Conversation = Union[str, Sequence[Message]]
+
+# Status codes worth retrying: request timeout, rate limit, and server-side trouble.
+_RETRY_STATUS = {408, 409, 425, 429}
+# Client errors that are the same for every request (bad URL, key, model): stop at once, even under "skip".
+_FATAL_STATUS = {401, 403, 404, 405}
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass
+class LLMConfig:
+    """How to reach and sample from the LLM. Every field can be set from YAML or as ``llm.<field>=value``."""
+
+    backend: Literal["openai", "hf"] = "openai"
+    base_url: str = "http://localhost:8000/v1"
+    """API root, usually ending in ``/v1`` (vLLM :8000/v1, Ollama :11434/v1, OpenAI https://api.openai.com/v1)."""
+    model: str = ""
+    """Model name as the server knows it; for ``backend: hf`` the local model folder or Hub id."""
+    api_key: str | None = None
+    """The key itself (prefer ``api_key_env`` so keys stay out of config files)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    temperature: float = 0.7
+    top_p: float | None = None
+    max_tokens: int = 512
+    """Reply length limit (``max_tokens`` in the request); 0 sends none."""
+    seed: int | None = None
+    extra_body: dict = field(default_factory=dict)
+    """Merged into every request body, e.g. ``{"chat_template_kwargs": {"enable_thinking": false}}`` for vLLM."""
+    extra_headers: dict = field(default_factory=dict)
+    system_prompt: str | None = None
+    """Prepended as a system message to every conversation that has none."""
+    timeout_s: float = 120.0
+    max_retries: int = 5
+    backoff_s: float = 1.0
+    """First retry waits about this long; each further retry doubles it (with jitter), up to ``backoff_max_s``."""
+    backoff_max_s: float = 60.0
+    max_retry_after_s: float = 600.0
+    """Upper bound on a server's ``Retry-After`` wait."""
+    concurrency: int = 8
+    requests_per_minute: float = 0.0
+    """0 = unlimited."""
+    on_failure: Literal["raise", "skip"] = "raise"
+    """After the retries: ``raise`` an EndpointError, or ``skip`` (the reply is ``None`` and the stage records it)."""
+    max_consecutive_failures: int = 20
+    """Under ``skip``, this many failures in a row mean the endpoint is down: raise instead (0 = never)."""
+    cache_path: str | None = None
+    """sqlite file of finished replies (stages default to one next to their output); ``none`` disables caching."""
+    # local Hugging Face backend only
+    batch_size: int = 8
+    device: str | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"llm.concurrency must be >= 1, got {self.concurrency}")
+        if self.max_retries < 0:
+            raise ConfigError(f"llm.max_retries must be >= 0, got {self.max_retries}")
+        if self.requests_per_minute < 0:
+            raise ConfigError(f"llm.requests_per_minute must be >= 0 (0 = unlimited), got {self.requests_per_minute}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"llm.timeout_s must be > 0, got {self.timeout_s}")
+        if self.batch_size < 1:
+            raise ConfigError(f"llm.batch_size must be >= 1, got {self.batch_size}")
+
+    def resolved_api_key(self) -> str | None:
+        return self.api_key or os.environ.get(self.api_key_env) or None
+
+    def redacted(self) -> dict:
+        """The config as a dict, safe to write into reports (no key)."""
+        out = {k: v for k, v in self.__dict__.items()}
+        if out.get("api_key"):
+            out["api_key"] = "***"
+        return out
+
+
+@dataclass
+class Completion:
+    """One reply: ``text`` is ``None`` when the request failed (``error`` says why) under ``on_failure: skip``."""
+
+    text: str | None
+    cached: bool = False
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.text is not None
+
+
+@dataclass
+class LLMStats:
+    """Counters for the summary line and report; updated from worker threads under a lock."""
+
+    completions: int = 0
+    cache_hits: int = 0
+    requests: int = 0
+    retries: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+def as_messages(conversation: Conversation, system_prompt: str | None = None) -> list[Message]:
+    """Normalise a prompt string or a message list to a chat message list (adding ``system_prompt`` if absent)."""
+    if isinstance(conversation, str):
+        messages = [{"role": "user", "content": conversation}]
+    else:
+        messages = [dict(m) for m in conversation]
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ConfigError(f"a chat message must be a dict with 'role' and 'content', got {m!r}")
+    if system_prompt and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def cache_key(messages: Sequence[Message], model: str, params: dict) -> str:
+    """sha256 of the canonical JSON of (messages, model, sampling params): equal requests share one entry."""
+    blob = json.dumps({"messages": list(messages), "model": model, "params": params},
+                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class LLMCache:
+    """Persistent reply cache in one sqlite3 file (WAL mode, so shards in other processes may share it).
+
+    Only successful replies are stored, each committed as soon as it arrives: a crash loses at most the
+    requests that were still in flight.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False,
+                                       isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a process crash
+            self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, model TEXT, "
+                             "reply TEXT NOT NULL, usage TEXT, created REAL)")
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"LLM cache {self.path}: cannot open ({exc}); delete the file or choose another "
+                              f"cache_path") from None
+
+    def get(self, key: str) -> Completion | None:
+        with self._lock:
+            row = self._db.execute("SELECT reply, usage FROM replies WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        usage = json.loads(row[1]) if row[1] else {}
+        return Completion(row[0], cached=True, prompt_tokens=usage.get("prompt_tokens"),
+                          completion_tokens=usage.get("completion_tokens"))
+
+    def put(self, key: str, model: str, completion: Completion) -> None:
+        usage = json.dumps({"prompt_tokens": completion.prompt_tokens,
+                            "completion_tokens": completion.completion_tokens})
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?, ?)",
+                             (key, model, completion.text, usage, time.time()))
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM replies WHERE key = ?", (key,))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class LLMBackend(ABC):
+    """What a stage needs from an LLM: ordered, streamed, cached chat completions."""
+
+    def __init__(self, model: str, params: dict, *, cache: LLMCache | None = None,
+                 on_failure: str = "raise", system_prompt: str | None = None) -> None:
+        if on_failure not in ("raise", "skip"):
+            raise ConfigError(f"on_failure must be 'raise' or 'skip', got {on_failure!r}")
+        self.model = model
+        self.params = params
+        self.cache = cache
+        self.on_failure = on_failure
+        self.system_prompt = system_prompt
+        self.stats = LLMStats()
+
+    def key_for(self, conversation: Conversation) -> str:
+        return cache_key(as_messages(conversation, self.system_prompt), self.model, self.params)
+
+    def complete(self, conversations: Iterable[Conversation]) -> list[str | None]:
+        """Reply text per conversation, in order; ``None`` marks a failure under ``on_failure: skip``."""
+        return [c.text for c in self.stream(conversations)]
+
+    @abstractmethod
+    def stream(self, conversations: Iterable[Conversation]) -> Iterator[Completion]:
+        """Yield one :class:`Completion` per conversation, in input order, consuming the input lazily."""
+
+    def forget(self, conversation: Conversation) -> None:
+        """Drop a cached reply (e.g. one a stage could not use), so the next run asks again."""
+        if self.cache is not None:
+            self.cache.delete(self.key_for(conversation))
+
+    def _cached(self, key: str) -> Completion | None:
+        if self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.stats.add(completions=1, cache_hits=1)
+        return hit
+
+    def _store(self, key: str, completion: Completion) -> None:
+        if self.cache is not None and completion.text is not None:
+            self.cache.put(key, self.model, completion)
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> "LLMBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RateLimiter:
+    """Spaces request starts at least ``60 / rpm`` seconds apart across all threads (0 = no limit)."""
+
+    def __init__(self, requests_per_minute: float) -> None:
+        self.interval = 60.0 / requests_per_minute if requests_per_minute > 0 else 0.0
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self, stop: threading.Event | None = None) -> None:
+        if self.interval <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            slot = max(now, self._next)
+            self._next = slot + self.interval
+        delay = slot - now
+        if delay > 0:
+            (stop.wait(delay) if stop is not None else time.sleep(delay))
+
+
+class _Retryable(Exception):
+    """A failed attempt worth retrying; ``retry_after`` is the server's requested wait, if any."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _Permanent(Exception):
+    """A failed request that retrying cannot fix (e.g. 400 prompt too long); ``fatal`` = fails every request."""
+
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class LLMClient(LLMBackend):
+    """Client for an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, Ollama, llama.cpp, OpenAI)."""
+
+    def __init__(self, config: LLMConfig, *, cache: LLMCache | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if not config.model:
+            raise ConfigError("llm.model is empty: give the model name the server serves (e.g. --model "
+                              "Qwen/Qwen2.5-7B-Instruct for vLLM, --model qwen2.5:7b for Ollama)")
+        params: dict[str, Any] = {"temperature": config.temperature}
+        if config.max_tokens > 0:  # 0 leaves the limit to the server (or to extra_body: max_completion_tokens)
+            params["max_tokens"] = config.max_tokens
+        if config.top_p is not None:
+            params["top_p"] = config.top_p
+        if config.seed is not None:
+            params["seed"] = config.seed
+        if config.extra_body:
+            params["extra_body"] = config.extra_body
+        super().__init__(config.model, params, cache=cache, on_failure=config.on_failure,
+                         system_prompt=config.system_prompt)
+        self.config = config
+        self.base_url = normalize_base_url(config.base_url)
+        self.url = f"{self.base_url}/chat/completions"
+        headers = {"Content-Type": "application/json", **{str(k): str(v) for k, v in config.extra_headers.items()}}
+        key = config.resolved_api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._http = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(config.timeout_s),
+            limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
+            # A local server must not be sent through an HTTP(S)_PROXY from the environment; remote ones may need it.
+            transport=transport, trust_env=urlsplit(self.base_url).hostname not in _LOOPBACK)
+        if logging.getLogger("httpx").level == logging.NOTSET:
+            # httpx logs every request at INFO; one line per LLM call would drown the progress bar.
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="llm")
+        self._limiter = RateLimiter(config.requests_per_minute)
+        self._stop = threading.Event()
+        self._failure_lock = threading.Lock()
+        self._consecutive_failures = 0
+        self._inflight: dict[str, Future] = {}  # cache key -> request on its way (duplicates share it)
+        self._inflight_lock = threading.Lock()
+
+    # -- public -------------------------------------------------------------------------------------------
+
+    def stream(self, conversations: Iterable[Conversation]) -> Iterator[Completion]:
+        # A sliding window of futures keeps `concurrency` requests busy while yielding in input order;
+        # the window is a few times the concurrency so one slow request rarely stalls the others.
+        window = max(16, 4 * self.config.concurrency)
+        pending: deque[Future] = deque()
+        source = iter(conversations)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(pending) < window:
+                    try:
+                        conversation = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    pending.append(self._submit(conversation))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def preflight(self) -> list[str]:
+        """Check the endpoint answers before a long run: GET ``{base_url}/models``.
+
+        Raises :class:`EndpointError` when the server cannot be reached or rejects the key; logs a warning when
+        the model is not among the served ones. Returns the served model ids (empty when not listed).
+        """
+        url = f"{self.base_url}/models"
+        try:
+            response = self._http.get(url, timeout=min(self.config.timeout_s, 30.0))
+        except httpx.HTTPError as exc:
+            raise EndpointError(f"cannot reach the LLM endpoint {url}: {type(exc).__name__}: {exc}.\n"
+                                f"  Fix: start the server (vLLM: `vllm serve MODEL`, Ollama: `ollama serve`) or "
+                                f"correct --base-url (now {self.base_url!r})") from None
+        if response.status_code in (401, 403):
+            raise EndpointError(_describe_http_error(url, response.status_code, response.text, self.config))
+        if response.status_code != 200:
+            logger.debug("GET %s -> %s; skipping the model check", url, response.status_code)
+            return []
+        try:
+            served = [str(m.get("id")) for m in response.json().get("data", [])]
+        except (ValueError, AttributeError):
+            return []
+        if served and self.model not in served:
+            logger.warning("model %r is not among the models %s serves: %s", self.model, url, ", ".join(served[:20]))
+        return served
+
+    def close(self) -> None:
+        self._stop.set()  # wakes threads sleeping in a backoff so they give up quickly
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._http.close()
+        super().close()
+
+    # -- internals ----------------------------------------------------------------------------------------
+
+    def _submit(self, conversation: Conversation) -> Future:
+        messages = as_messages(conversation, self.system_prompt)
+        key = cache_key(messages, self.model, self.params)
+        hit = self._cached(key)
+        if hit is not None:
+            done: Future = Future()
+            done.set_result(hit)
+            return done
+        with self._inflight_lock:
+            twin = self._inflight.get(key)
+            if twin is not None:  # the same request is already on its way: share its reply, do not pay twice
+                self.stats.add(completions=1, cache_hits=1)
+                return twin
+            future = self._pool.submit(self._complete_one, messages, key)
+            self._inflight[key] = future
+        future.add_done_callback(lambda _, key=key: self._forget_inflight(key))
+        return future
+
+    def _forget_inflight(self, key: str) -> None:
+        with self._inflight_lock:
+            self._inflight.pop(key, None)
+
+    def _body(self, messages: list[Message]) -> dict:
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        body.update({k: v for k, v in self.params.items() if k != "extra_body"})
+        body.update(self.config.extra_body)
+        return body
+
+    def _complete_one(self, messages: list[Message], key: str) -> Completion:
+        body = self._body(messages)
+        last_error = "no attempt made"
+        for attempt in range(self.config.max_retries + 1):
+            if self._stop.is_set():
+                break
+            if attempt:
+                self.stats.add(retries=1)
+            self._limiter.wait(self._stop)
+            try:
+                completion = self._attempt(body)
+            except _Retryable as exc:
+                last_error = str(exc)
+                if attempt < self.config.max_retries:
+                    delay = self._backoff(attempt, exc.retry_after)
+                    logger.debug("LLM request failed (%s); retry %d/%d in %.1fs", last_error, attempt + 1,
+                                 self.config.max_retries, delay)
+                    self._stop.wait(delay)
+                continue
+            except _Permanent as exc:
+                return self._fail(str(exc), fatal=exc.fatal)
+            self._store(key, completion)
+            self.stats.add(completions=1, prompt_tokens=completion.prompt_tokens or 0,
+                           completion_tokens=completion.completion_tokens or 0)
+            with self._failure_lock:
+                self._consecutive_failures = 0
+            return completion
+        return self._fail(f"{self.url}: gave up after {self.config.max_retries + 1} attempt(s); last error: "
+                          f"{last_error}.\n  Fix: check the server is up and not overloaded; raise llm.timeout_s "
+                          f"or llm.max_retries, or lower llm.concurrency")
+
+    def _attempt(self, body: dict) -> Completion:
+        self.stats.add(requests=1)
+        try:
+            response = self._http.post(self.url, json=body)
+        except httpx.TimeoutException:
+            raise _Retryable(f"timed out after {self.config.timeout_s:g}s") from None
+        except httpx.TransportError as exc:  # connection refused/reset, DNS, protocol errors
+            raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
+        status = response.status_code
+        if status in _RETRY_STATUS or status >= 500:
+            raise _Retryable(f"HTTP {status}: {_excerpt(response.text)}",
+                             retry_after=parse_retry_after(response.headers.get("retry-after")))
+        if status >= 400:
+            raise _Permanent(_describe_http_error(self.url, status, response.text, self.config),
+                             fatal=status in _FATAL_STATUS)
+        if status != 200:
+            raise _Retryable(f"unexpected HTTP {status}: {_excerpt(response.text)}")
+        return parse_chat_response(response.text)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            # The server said how long to wait: honour it (bounded), plus a little jitter to de-synchronise threads.
+            return min(retry_after, self.config.max_retry_after_s) + random.uniform(0, 0.1 * max(retry_after, 0.1))
+        ceiling = min(self.config.backoff_max_s, self.config.backoff_s * (2 ** attempt))
+        return random.uniform(ceiling / 2, ceiling)  # "equal jitter": never zero, never synchronised
+
+    def _fail(self, message: str, *, fatal: bool = False) -> Completion:
+        self.stats.add(failures=1)
+        if fatal or self.on_failure == "raise":
+            raise EndpointError(message)
+        with self._failure_lock:
+            self._consecutive_failures += 1
+            streak = self._consecutive_failures
+        limit = self.config.max_consecutive_failures
+        if limit and streak >= limit:
+            raise EndpointError(f"{streak} LLM requests in a row failed, so the endpoint looks unusable; "
+                                f"last error: {message}")
+        logger.warning("LLM request failed, recorded and skipped: %s", message.splitlines()[0])
+        return Completion(None, error=message.splitlines()[0])
+
+
+def normalize_base_url(url: str) -> str:
+    """Strip whitespace, trailing slashes and a pasted ``/chat/completions`` suffix from a base URL."""
+    url = (url or "").strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"llm.base_url {url!r} must start with http:// or https:// "
+                          f"(e.g. http://localhost:8000/v1)")
+    for suffix in ("/chat/completions", "/completions"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: delta-seconds (also fractional) or an HTTP date; ``None`` if absent/unparseable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def parse_chat_response(text: str) -> Completion:
+    """Extract the reply from a chat-completions response body; malformed bodies raise a retryable error."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise _Retryable(f"reply is not JSON: {_excerpt(text)}") from None
+    if not isinstance(data, dict):
+        raise _Retryable(f"reply is not a JSON object: {_excerpt(text)}")
+    if "error" in data and not data.get("choices"):
+        raise _Retryable(f"server reported an error: {_excerpt(json.dumps(data['error'], ensure_ascii=False))}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _Retryable(f"reply has no choices: {_excerpt(text)}")
+    choice = choices[0]
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    if isinstance(content, list):  # some servers return content parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if not isinstance(content, str) or not content.strip():
+        reason = choice.get("finish_reason")
+        raise _Retryable(f"reply has empty content (finish_reason={reason!r})"
+                         + ("; raise llm.max_tokens" if reason == "length" else ""))
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    return Completion(content, prompt_tokens=_as_int(usage.get("prompt_tokens")),
+                      completion_tokens=_as_int(usage.get("completion_tokens")))
+
+
+_THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.S | re.I)
+
+
+def strip_reasoning(reply: str) -> str:
+    """Remove the ``<think>...</think>`` block reasoning models (Qwen3, DeepSeek-R1) put before their answer."""
+    text = _THINK.sub("", reply)
+    lowered = text.lower()
+    for closing in ("</think>", "</thinking>"):
+        if closing in lowered:  # opening tag was part of the prompt (chat template): keep what follows
+            text = text[lowered.rindex(closing) + len(closing):]
+            lowered = text.lower()
+    return text.strip()
+
+
+def _as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _excerpt(text: str, limit: int = 300) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _describe_http_error(url: str, status: int, body: str, config: LLMConfig) -> str:
+    message = f"{url} answered HTTP {status}: {_excerpt(body) or '(empty body)'}"
+    base = normalize_base_url(config.base_url)
+    if status in (401, 403):
+        fix = (f"the endpoint rejected the API key: export {config.api_key_env}=<key> (or set llm.api_key / "
+               f"llm.api_key_env); local vLLM/Ollama servers need a key only if started with one")
+    elif status in (404, 405):
+        fix = (f"check that base_url is the API root, usually ending in /v1 (vLLM http://localhost:8000/v1, "
+               f"Ollama http://localhost:11434/v1, OpenAI https://api.openai.com/v1; now {base!r}), and that "
+               f"the model {config.model!r} is served (GET {base}/models lists the names)")
+    else:
+        fix = (f"the server refused this request: check the model name {config.model!r}, that prompt + "
+               f"max_tokens ({config.max_tokens}) fits the context window, and the extra_body options")
+    return f"{message}\n  Fix: {fix}"
+
+
+class HFGenerator(LLMBackend):
+    """A local Hugging Face causal LM with the same interface as :class:`LLMClient` (batched, cached).
+
+    Uses the tokenizer's chat template when it has one, else a plain ``role: content`` transcript.
+    ``temperature == 0`` decodes greedily; otherwise samples with ``temperature``/``top_p``.
+    """
+
+    def __init__(self, model_path: str, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                 top_p: float = 1.0, batch_size: int = 8, device: str | None = None, dtype: str = "auto",
+                 seed: int | None = None, cache: LLMCache | None = None, on_failure: str = "raise",
+                 system_prompt: str | None = None, trust_remote_code: bool = False) -> None:
+        import torch  # local imports: the HTTP path must not pay for torch/transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        params = {"temperature": temperature, "max_tokens": max_new_tokens, "top_p": top_p, "seed": seed}
+        resolved = str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
+        super().__init__(f"hf:{resolved}", params, cache=cache, on_failure=on_failure, system_prompt=system_prompt)
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+            if dtype != "auto":
+                kwargs["dtype"] = getattr(torch, dtype)
+            self.lm = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(self.device).eval()
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot load a causal LM from {model_path!r}: {exc}") from None
+        self.tokenizer.padding_side = "left"  # decoder-only batches must be left-padded
+        if self.tokenizer.pad_token is None:
+            if self.tokenizer.eos_token is None:
+                raise ConfigError(f"{model_path}: the tokenizer has neither a pad nor an eos token")
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._torch = torch
+
+    def render(self, conversation: Conversation) -> str:
+        """The prompt text the model sees for one conversation."""
+        messages = as_messages(conversation, self.system_prompt)
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        return "\n".join(lines) + "\nassistant:"
+
+    def stream(self, conversations: Iterable[Conversation]) -> Iterator[Completion]:
+        batch: list[Conversation] = []
+        for conversation in conversations:
+            batch.append(conversation)
+            if len(batch) == self.batch_size:
+                yield from self._run_batch(batch)
+                batch = []
+        if batch:
+            yield from self._run_batch(batch)
+
+    def _run_batch(self, batch: list[Conversation]) -> list[Completion]:
+        keys = [self.key_for(c) for c in batch]
+        results: list[Completion | None] = [self._cached(k) for k in keys]
+        todo = [i for i, r in enumerate(results) if r is None]
+        if todo:
+            self.stats.add(requests=len(todo))
+            try:
+                texts = self._generate([self.render(batch[i]) for i in todo])
+            except (RuntimeError, ValueError) as exc:  # e.g. out of memory, prompt longer than the model allows
+                self.stats.add(failures=len(todo))
+                message = f"local model {self.model} failed on a batch of {len(todo)}: {exc}"
+                if self.on_failure == "raise":
+                    raise EndpointError(message + "\n  Fix: lower llm.batch_size or llm.max_tokens, or shorten "
+                                                  "the passages") from None
+                logger.warning("%s; recorded and skipped", message)
+                texts = [None] * len(todo)
+            for i, text in zip(todo, texts):
+                if text is None:
+                    results[i] = Completion(None, error="local generation failed")
+                    continue
+                completion = Completion(text)
+                self.stats.add(completions=1)
+                self._store(keys[i], completion)
+                results[i] = completion
+        return [r for r in results if r is not None]
+
+    def _generate(self, prompts: list[str]) -> list[str]:
+        torch = self._torch
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True,
+                                add_special_tokens=not has_template).to(self.device)
+        sampling: dict[str, Any] = {"do_sample": self.temperature > 0}
+        if self.temperature > 0:
+            sampling.update(temperature=self.temperature, top_p=self.top_p)
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
+        with torch.no_grad():
+            output = self.lm.generate(**inputs, max_new_tokens=self.max_new_tokens,
+                                      pad_token_id=self.tokenizer.pad_token_id,
+                                      eos_token_id=self.tokenizer.eos_token_id, **sampling)
+        new_tokens = output[:, inputs["input_ids"].shape[1]:]  # left padding: prompts all end at the same column
+        self.stats.add(prompt_tokens=int(inputs["attention_mask"].sum()),
+                       completion_tokens=int((new_tokens != self.tokenizer.pad_token_id).sum()))
+        return [t.strip() for t in self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+
+
+def build_backend(config: LLMConfig, *, cache_path: str | Path | None = None) -> LLMBackend:
+    """The backend ``config.backend`` names, with the cache at ``config.cache_path`` (else ``cache_path``)."""
+    path = config.cache_path or cache_path
+    cache = LLMCache(path) if path and str(path).lower() not in ("none", "off", "false") else None
+    if config.backend == "hf":
+        if not config.model:
+            raise ConfigError("llm.model is empty: for backend hf give a local model folder or Hub id")
+        return HFGenerator(config.model, max_new_tokens=config.max_tokens, temperature=config.temperature,
+                           top_p=config.top_p if config.top_p is not None else 1.0, batch_size=config.batch_size,
+                           device=config.device, dtype=config.dtype, seed=config.seed, cache=cache,
+                           on_failure=config.on_failure, system_prompt=config.system_prompt,
+                           trust_remote_code=config.trust_remote_code)
+    return LLMClient(config, cache=cache)

@@ -1,0 +1,267 @@
+"""Hard-negative mining with BM25 (bm25s) or a dense model (FAISS).
+
+For every query, candidates are retrieved to depth ``range_max``; then
+
+1. every positive is excluded — by id *and* by identical text — and so is the query itself;
+2. the rank window ``[range_min, range_max)`` and score limits apply: ``max_score`` / ``min_score``,
+   ``absolute_margin`` (keep if score <= positive − margin) and ``relative_margin`` (keep if
+   score <= positive × (1 − margin), NV-Retriever's "TopK-PercPos"); the positive score used is the
+   *lowest* of the query's positives, the conservative choice when a query has several;
+3. ``num_negatives`` are taken from the survivors, from the top or sampled at random (seeded).
+
+Queries are processed in chunks (never a full query × corpus matrix), results stream to a resumable
+JSONL file, corpus embeddings can be cached, and ``shard`` splits the queries across workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..data.beir import BeirDataset, load_beir
+from ..errors import ConfigError
+from ..index.bm25 import BM25Config, BM25Index
+from ..index.dense import DenseIndex, DenseIndexConfig
+from ..io import ResumableJsonlWriter, Shard, write_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MiningConfig:
+    method: Literal["bm25", "dense"] = "bm25"
+    num_negatives: int = 15
+    range_min: int = 0
+    range_max: int = 100
+    max_score: float | None = None
+    min_score: float | None = None
+    absolute_margin: float | None = None
+    relative_margin: float | None = None
+    sampling: Literal["top", "random"] = "top"
+    seed: int = 42
+    query_batch_size: int = 1024
+    encode_batch_size: int = 64
+    bf16: bool = False
+    cache_dir: str | None = None
+    index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
+    bm25: BM25Config = field(default_factory=BM25Config)
+
+    def validate(self) -> None:
+        if self.method not in ("bm25", "dense"):
+            raise ConfigError(f"mining method must be bm25 or dense, got {self.method!r}")
+        if not 0 <= self.range_min < self.range_max:
+            raise ConfigError(f"need 0 <= range_min < range_max, got {self.range_min}, {self.range_max}")
+        if self.num_negatives < 1:
+            raise ConfigError("num_negatives must be >= 1")
+        if self.sampling not in ("top", "random"):
+            raise ConfigError(f"sampling must be top or random, got {self.sampling!r}")
+
+
+@dataclass
+class MiningQuery:
+    query_id: str
+    text: str
+    positive_ids: list[str]
+
+
+@dataclass
+class MiningReport:
+    queries: int = 0
+    negatives: int = 0
+    unfilled: int = 0  # queries that got fewer than num_negatives
+    empty: int = 0  # queries that got none
+    excluded_positive: int = 0
+    excluded_by_score: int = 0
+    positive_scores: list[float] = field(default_factory=list)
+    negative_scores: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        def stats(values: list[float]) -> dict:
+            if not values:
+                return {}
+            arr = np.asarray(values)
+            return {"mean": float(arr.mean()), "min": float(arr.min()), "p25": float(np.percentile(arr, 25)),
+                    "median": float(np.median(arr)), "p75": float(np.percentile(arr, 75)), "max": float(arr.max())}
+
+        return {"queries": self.queries, "negatives": self.negatives, "unfilled_queries": self.unfilled,
+                "queries_without_negatives": self.empty, "excluded_positive_or_duplicate": self.excluded_positive,
+                "excluded_by_score_limits": self.excluded_by_score,
+                "positive_scores": stats(self.positive_scores), "negative_scores": stats(self.negative_scores)}
+
+    def format(self) -> str:
+        s = self.summary()
+        lines = [f"queries {s['queries']}, negatives {s['negatives']}, unfilled {s['unfilled_queries']} "
+                 f"(none at all: {s['queries_without_negatives']})",
+                 f"excluded: positives/duplicates {s['excluded_positive_or_duplicate']}, "
+                 f"score limits {s['excluded_by_score_limits']}"]
+        for name in ("positive_scores", "negative_scores"):
+            st = s[name]
+            if st:
+                lines.append(f"{name.replace('_', ' '):16s} mean {st['mean']:.3f}  min {st['min']:.3f}  "
+                             f"p25 {st['p25']:.3f}  median {st['median']:.3f}  p75 {st['p75']:.3f}  max {st['max']:.3f}")
+        return "\n".join(lines)
+
+
+class _Retriever:
+    """Scores for top-k retrieval and for specific (query, document) pairs, BM25 or dense."""
+
+    def __init__(self, config: MiningConfig, texts: list[str], encoder=None) -> None:
+        self.config = config
+        if config.method == "bm25":
+            self.bm25 = BM25Index(config.bm25).index(texts, show_progress=len(texts) > 50_000)
+        else:
+            if encoder is None:
+                raise ConfigError("dense mining needs a model (--model)")
+            self.encoder = encoder
+            self.doc_emb = encoder.encode_corpus(texts, cache_dir=config.cache_dir,
+                                                 batch_size=config.encode_batch_size, bf16=config.bf16,
+                                                 show_progress=True)
+            self.dense = DenseIndex(config.index).index(self.doc_emb)
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        if self.config.method == "bm25":
+            scores, indices = self.bm25.search(queries, k)
+            return scores, indices, None
+        q = self.encoder.encode(queries, "query", batch_size=self.config.encode_batch_size, bf16=self.config.bf16)
+        scores, indices = self.dense.search(q, k)
+        return scores, indices, q
+
+    def pair_scores(self, query: str, query_emb: np.ndarray | None, doc_rows: list[int]) -> list[float]:
+        if self.config.method == "bm25":
+            ids = self.bm25._tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)[0]
+            if not ids:
+                return [0.0] * len(doc_rows)
+            all_scores = self.bm25._retriever.get_scores(ids)
+            return [float(all_scores[r]) for r in doc_rows]
+        return [float(self.doc_emb[r] @ query_emb) for r in doc_rows]
+
+
+def select_negatives(candidates: list[tuple[int, float]], positive_score: float | None, config: MiningConfig,
+                     rng: random.Random, report: MiningReport) -> list[tuple[int, float]]:
+    """Apply score limits and sampling to ``(row, score)`` candidates already stripped of positives."""
+    kept = []
+    for row, score in candidates:
+        if config.max_score is not None and score > config.max_score:
+            report.excluded_by_score += 1
+            continue
+        if config.min_score is not None and score < config.min_score:
+            report.excluded_by_score += 1
+            continue
+        if positive_score is not None:
+            if config.absolute_margin is not None and score > positive_score - config.absolute_margin:
+                report.excluded_by_score += 1
+                continue
+            if config.relative_margin is not None and score > positive_score * (1 - config.relative_margin):
+                report.excluded_by_score += 1
+                continue
+        kept.append((row, score))
+    if config.sampling == "random" and len(kept) > config.num_negatives:
+        chosen = sorted(rng.sample(range(len(kept)), config.num_negatives))
+        kept = [kept[i] for i in chosen]
+    return kept[: config.num_negatives]
+
+
+def mine_negatives(queries: list[MiningQuery], doc_ids: list[str], doc_texts: list[str], output: str | Path,
+                   config: MiningConfig | None = None, encoder=None, shard: Shard | None = None,
+                   show_progress: bool = True) -> MiningReport:
+    """Mine hard negatives for ``queries`` from the documents; write training JSONL to ``output``.
+
+    Each output line: ``{"query", "pos", "neg", "pos_scores", "neg_scores", "query_id", "pos_ids", "neg_ids"}``.
+    A re-run continues after the last query written (resume); the report goes to ``<output>.report.json``.
+    """
+    config = config or MiningConfig()
+    config.validate()
+    shard = shard or Shard()
+    output = Path(output)
+    row_of = {doc_id: i for i, doc_id in enumerate(doc_ids)}
+    text_key = {}
+    for i, text in enumerate(doc_texts):
+        text_key.setdefault(text.strip(), []).append(i)
+    mine = [q for q in shard.select(queries)]
+    for q in mine:
+        missing = [p for p in q.positive_ids if p not in row_of]
+        if missing:
+            raise ConfigError(f"query {q.query_id!r}: positive id(s) {missing[:3]} not in the corpus")
+    report = MiningReport()
+    writer = ResumableJsonlWriter(output, key_field="query_id")
+    todo = [q for q in mine if q.query_id not in writer.done_keys]
+    if len(todo) < len(mine):
+        logger.info("resuming: %d of %d queries already mined", len(mine) - len(todo), len(mine))
+    retriever = _Retriever(config, doc_texts, encoder) if todo else None
+    bar = tqdm(total=len(todo), desc=f"mine ({config.method})", disable=not show_progress, unit="query")
+    try:
+        for start in range(0, len(todo), config.query_batch_size):
+            chunk = todo[start:start + config.query_batch_size]
+            depth = min(config.range_max + max(len(q.positive_ids) for q in chunk) + 1, len(doc_ids))
+            scores, indices, q_emb = retriever.search([q.text for q in chunk], depth)
+            for j, query in enumerate(chunk):
+                report.queries += 1
+                rng = random.Random(f"{config.seed}:{query.query_id}")
+                positive_rows = {row_of[p] for p in query.positive_ids}
+                positive_texts = {doc_texts[r].strip() for r in positive_rows}
+                hit_score = {int(r): float(s) for r, s in zip(indices[j], scores[j]) if r >= 0}
+                pos_rows = sorted(positive_rows)
+                missing = [r for r in pos_rows if r not in hit_score]
+                if missing:
+                    hit_score.update(zip(missing, retriever.pair_scores(
+                        query.text, None if q_emb is None else q_emb[j], missing)))
+                pos_scores = [hit_score[r] for r in pos_rows]
+                candidates = []
+                rank = 0
+                for r, s in zip(indices[j], scores[j]):
+                    r = int(r)
+                    if r < 0:
+                        continue
+                    text = doc_texts[r].strip()
+                    if r in positive_rows or text in positive_texts or text == query.text.strip() \
+                            or doc_ids[r] == query.query_id:
+                        report.excluded_positive += 1
+                        continue  # positives and their duplicates never become negatives, nor the query
+                    if config.range_min <= rank < config.range_max:
+                        candidates.append((r, float(s)))
+                    rank += 1
+                chosen = select_negatives(candidates, min(pos_scores) if pos_scores else None, config, rng, report)
+                report.negatives += len(chosen)
+                report.unfilled += len(chosen) < config.num_negatives
+                report.empty += not chosen
+                report.positive_scores.extend(pos_scores)
+                report.negative_scores.extend(s for _, s in chosen)
+                writer.write({
+                    "query": query.text, "pos": [doc_texts[r] for r in pos_rows],
+                    "neg": [doc_texts[r] for r, _ in chosen],
+                    "pos_scores": pos_scores, "neg_scores": [s for _, s in chosen],
+                    "query_id": query.query_id, "pos_ids": [doc_ids[r] for r in pos_rows],
+                    "neg_ids": [doc_ids[r] for r, _ in chosen],
+                })
+                bar.update(1)
+        writer.finish()
+    finally:
+        writer.close()
+        bar.close()
+    write_json(output.with_name(output.name + ".report.json"), {"config": _plain(config), **report.summary()})
+    return report
+
+
+def _plain(config: MiningConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def queries_from_beir(dataset: BeirDataset) -> list[MiningQuery]:
+    return [MiningQuery(qid, dataset.queries[qid], [d for d, g in dataset.qrels[qid].items() if g > 0])
+            for qid in dataset.qrels]
+
+
+def mine_beir(path: str | Path, split: str, output: str | Path, config: MiningConfig | None = None,
+              encoder=None, shard: Shard | None = None) -> MiningReport:
+    """Mine negatives for the queries of a BEIR split against its corpus."""
+    dataset = load_beir(path, split)
+    return mine_negatives(queries_from_beir(dataset), dataset.corpus.ids, dataset.corpus.texts_for_encoding(),
+                          output, config, encoder, shard)

@@ -1,0 +1,369 @@
+"""The one batch engine: in-batch + hard negatives, gradient caching and cross-process negatives.
+
+Every loss (:mod:`robustir.losses`) is a pure function of embeddings. :class:`BatchEngine` turns
+tokenised queries and passages into those embeddings and a :class:`ContrastiveBatch`, so every loss
+gets every capability below and no loss has a "cached" twin.
+
+Input layout (FlagEmbedding train groups): for ``b`` queries and ``k`` hard negatives,
+``passage_features`` has ``b * (1 + k)`` rows; row ``i * (1 + k)`` is query ``i``'s positive and the
+next ``k`` rows are its hard negatives.
+
+Column layout of ``ContrastiveBatch.passages`` (``W`` processes, this one has rank ``r``): the
+positives of all ranks in rank order, then the hard negatives of all ranks in rank order, so
+``positive_index[i] = r*b + i`` and ``hard_negative_index[i, j] = W*b + r*b*k + i*k + j``.
+
+Gradient caching (Gao et al., 2021, "Scaling Deep Contrastive Learning Batch Size under Memory
+Limited Setup"; algorithm of luyug/GradCache), used when ``chunk_size`` is smaller than the batch:
+
+1. forward every chunk of ``chunk_size`` rows without a graph, recording a :class:`RandContext`
+   before each chunk;
+2. treat the concatenated embeddings as leaves, compute the loss **once** on the full matrices
+   (so batch statistics such as PEG's sigma and momentum t see the whole batch and are updated
+   once per step) and back-propagate it to the leaves: their ``.grad`` is the gradient cache;
+3. replay every chunk with a graph under its saved RNG state (identical dropout masks) and
+   back-propagate the surrogate ``sum(embeddings_chunk * cached_grad_chunk)``, whose parameter
+   gradient equals the full-batch one.
+
+With ``step(..., backward=False)`` the returned loss carries a graph in both modes; in cached mode
+its backward runs step 3 from inside autograd, so the caller may scale it first
+(``scaler.scale(loss).backward()``, ``(loss / accumulation_steps).backward()``).
+
+Multi-process scaling: each process computes the loss of its *local* rows (mean over its ``b``
+rows) against the *gathered* columns. :func:`robustir.training.distributed.gather_with_grad` sums
+over processes the gradient that every process's loss sends into the gathered tensors, and
+DistributedDataParallel *averages* parameter gradients over processes; together the parameters
+receive the gradient of the mean of the per-process losses, which is the global-batch mean loss
+because every process has the same ``b``. Without DDP, average the parameter gradients over
+processes yourself (``all_reduce(SUM) / world_size``) to obtain the same gradient.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+from robustir.losses.base import ContrastiveBatch, ContrastiveLoss, LossOutput
+from robustir.training import distributed
+
+Features = Mapping[str, Any]
+ContextFactory = Callable[[], AbstractContextManager]
+
+__all__ = ["RandContext", "BatchEngine"]
+
+
+class RandContext:
+    """Snapshot of the RNG state, replayed on ``with`` so dropout draws the same masks again.
+
+    The CPU generator is always saved; the CUDA (or other accelerator) generator of every device
+    that holds one of ``tensors`` is saved as well, so the tensors must already be on their device
+    when the context is created. Entering forks the RNG (``torch.random.fork_rng``) and restores the
+    snapshot; leaving ends the fork, so the outer random stream continues as if nothing happened.
+    """
+
+    def __init__(self, *tensors: Any) -> None:
+        self.cpu_state = torch.get_rng_state()
+        self.device_ids, self.device_states = get_device_states(*tensors)
+        accelerator_types = {t.device.type for t in tensors
+                             if isinstance(t, Tensor) and t.device.type not in ("cpu", "meta")}
+        # Prefer cuda, as torch.utils.checkpoint does, if tensors live on several device types.
+        self.device_type = "cuda" if "cuda" in accelerator_types else next(iter(accelerator_types), "cuda")
+        self._fork: AbstractContextManager | None = None
+
+    def __enter__(self) -> "RandContext":
+        self._fork = torch.random.fork_rng(devices=self.device_ids, enabled=True, device_type=self.device_type)
+        self._fork.__enter__()
+        torch.set_rng_state(self.cpu_state)
+        set_device_states(self.device_ids, self.device_states, device_type=self.device_type)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._fork is not None, "RandContext.__exit__ without __enter__"
+        self._fork.__exit__(*exc)
+        self._fork = None
+
+
+def _num_rows(features: Features, what: str) -> int:
+    rows = {v.shape[0] for v in features.values() if isinstance(v, Tensor)}
+    if len(rows) != 1:
+        raise ValueError(f"{what}: every tensor must have the same number of rows (dim 0), got {sorted(rows)}")
+    return rows.pop()
+
+
+def _split_features(features: Features, chunk_size: int) -> list[dict[str, Any]]:
+    """Split every tensor of a feature dict into row chunks; non-tensors are shared by all chunks."""
+    n = _num_rows(features, "features")
+    return [{key: (v[start:start + chunk_size] if isinstance(v, Tensor) else v) for key, v in features.items()}
+            for start in range(0, n, chunk_size)]
+
+
+def _feature_tensors(features: Features) -> list[Tensor]:
+    return [v for v in features.values() if isinstance(v, Tensor)]
+
+
+def _loss_precision(reps: Tensor) -> Tensor:
+    # Similarities divided by tau = 0.01 need more than bf16/fp16's 8-11 mantissa bits.
+    return reps.float() if reps.dtype in (torch.float16, torch.bfloat16) else reps
+
+
+def _no_autocast(device_type: str) -> AbstractContextManager:
+    """Disable an autocast the caller may have wrapped around ``step`` (the loss runs in fp32)."""
+    available = getattr(torch.amp, "is_autocast_available", None)
+    if available is not None and not available(device_type):
+        return nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
+class _ReplayOnBackward(torch.autograd.Function):
+    """Identity on the cached embeddings whose backward runs the GradCache replay (step 3).
+
+    Lets ``step(..., backward=False)`` return a loss that the caller back-propagates itself (for
+    example ``scaler.scale(loss).backward()`` or ``(loss / accumulation_steps).backward()``): the
+    replay receives the gradient already multiplied by whatever the caller scaled the loss with.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, replay: Callable[[Tensor | None, Tensor | None], None], queries: Tensor, passages: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        ctx.replay = replay
+        return queries.clone(), passages.clone()
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx, grad_queries: Tensor | None, grad_passages: Tensor | None
+    ) -> tuple[None, None, None]:
+        ctx.replay(grad_queries, grad_passages)
+        return None, None, None
+
+
+class BatchEngine:
+    """Encode a batch, build the :class:`ContrastiveBatch`, compute the loss and its gradients.
+
+    Args:
+        loss: any :class:`ContrastiveLoss`; called exactly once per :meth:`step`.
+        chunk_size: rows per forward chunk for gradient caching; ``None`` (or a value covering both
+            the query and the passage rows) runs a plain forward/backward.
+        gather_across_processes: gather queries and passages from all processes so every process
+            sees the global batch as in-batch negatives (no-op in a single process).
+        mask_duplicate_positives: with ``passage_ids`` given to :meth:`step`, mask columns that carry
+            the same passage as a row's positive (they would be false negatives).
+        autocast: factory of the mixed-precision context used for *every* model forward (the
+            no-grad pass and the replay must match), e.g.
+            ``lambda: torch.autocast("cuda", dtype=torch.bfloat16)``. The loss itself always runs
+            outside autocast on float32 (or float64) embeddings.
+    """
+
+    def __init__(
+        self,
+        loss: ContrastiveLoss,
+        chunk_size: int | None = None,
+        gather_across_processes: bool = True,
+        mask_duplicate_positives: bool = True,
+        autocast: ContextFactory | None = None,
+    ) -> None:
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
+        self.loss = loss
+        self.chunk_size = chunk_size
+        self.gather_across_processes = gather_across_processes
+        self.mask_duplicate_positives = mask_duplicate_positives
+        self.autocast = autocast
+
+    # ------------------------------------------------------------------ batch layout
+
+    def _gathering(self) -> bool:
+        return self.gather_across_processes and distributed.is_distributed()
+
+    def build_batch(
+        self,
+        queries: Tensor,
+        passages: Tensor,
+        num_hard_negatives: int,
+        passage_ids: Tensor | None = None,
+    ) -> ContrastiveBatch:
+        """Build the :class:`ContrastiveBatch` from local ``(b, d)`` queries and ``(b*(1+k), d)`` grouped passages."""
+        b, d = queries.shape
+        k = num_hard_negatives
+        if passages.shape[0] != b * (1 + k):
+            raise ValueError(
+                f"expected {b} queries x (1 positive + {k} hard negatives) = {b * (1 + k)} passage rows, "
+                f"got {passages.shape[0]}. Passages must be grouped per query: positive, then its negatives."
+            )
+        gather = self._gathering()
+        world = distributed.world_size() if gather else 1
+        rank = distributed.rank() if gather else 0
+        gather_fn = distributed.gather_with_grad if gather else (lambda t: t)
+
+        groups = passages.view(b, 1 + k, d)
+        all_queries = gather_fn(queries)
+        columns = [gather_fn(groups[:, 0])]
+        if k > 0:
+            columns.append(gather_fn(groups[:, 1:].reshape(b * k, d)))
+        all_passages = torch.cat(columns, dim=0)
+
+        device = queries.device
+        positive_index = rank * b + torch.arange(b, device=device)
+        hard_negative_index = None
+        if k > 0:
+            hard_negative_index = world * b + rank * b * k + torch.arange(b * k, device=device).view(b, k)
+
+        candidate_mask = None
+        if passage_ids is not None and self.mask_duplicate_positives:
+            candidate_mask = self._duplicate_mask(passage_ids.to(device), b, k, positive_index, gather_fn)
+
+        return ContrastiveBatch(
+            queries=queries,
+            passages=all_passages,
+            positive_index=positive_index,
+            hard_negative_index=hard_negative_index,
+            candidate_mask=candidate_mask,
+            all_queries=all_queries,
+            query_offset=rank * b,
+            global_mean=distributed.global_mean,
+        )
+
+    @staticmethod
+    def _duplicate_mask(
+        passage_ids: Tensor, b: int, k: int, positive_index: Tensor, gather_fn: Callable[[Tensor], Tensor]
+    ) -> Tensor | None:
+        """``(b, N)`` mask, False where a column holds row i's positive passage but is not its positive column."""
+        if passage_ids.shape != (b * (1 + k),):
+            raise ValueError(f"passage_ids must have one id per passage row, shape ({b * (1 + k)},), "
+                             f"got {tuple(passage_ids.shape)}")
+        with torch.no_grad():
+            groups = passage_ids.view(b, 1 + k)
+            column_ids = [gather_fn(groups[:, 0].contiguous())]
+            if k > 0:
+                column_ids.append(gather_fn(groups[:, 1:].reshape(b * k)))
+            column_ids_t = torch.cat(column_ids)
+            duplicate = column_ids_t.unsqueeze(0) == groups[:, 0].unsqueeze(1)
+            duplicate[torch.arange(b, device=duplicate.device), positive_index] = False
+            if not bool(duplicate.any()):
+                return None  # nothing to mask: let the loss take its fast path
+            return ~duplicate
+
+    # ------------------------------------------------------------------ encoding
+
+    def _autocast(self) -> AbstractContextManager:
+        return self.autocast() if self.autocast is not None else nullcontext()
+
+    def _encode(self, model: Callable[[Features], Tensor], features: Features) -> Tensor:
+        with self._autocast():
+            return model(features)
+
+    def _loss(self, queries: Tensor, passages: Tensor, k: int, passage_ids: Tensor | None) -> LossOutput:
+        queries, passages = _loss_precision(queries), _loss_precision(passages)
+        with _no_autocast(queries.device.type):
+            return self.loss(self.build_batch(queries, passages, k, passage_ids))
+
+    def _is_plain(self, num_query_rows: int, num_passage_rows: int) -> bool:
+        return self.chunk_size is None or self.chunk_size >= max(num_query_rows, num_passage_rows)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(
+        self,
+        model: Callable[[Features], Tensor],
+        query_features: Features,
+        passage_features: Features,
+        num_hard_negatives: int,
+        passage_ids: Tensor | None = None,
+        backward: bool = True,
+        no_sync: ContextFactory | None = None,
+    ) -> LossOutput:
+        """Encode, compute the loss once and (by default) back-propagate it into ``model``'s parameters.
+
+        Args:
+            model: callable mapping a feature dict to ``(rows, d)`` embeddings (e.g. an ``nn.Module``,
+                possibly wrapped in DistributedDataParallel).
+            query_features: tokenised queries, ``b`` rows per tensor.
+            passage_features: tokenised passages, ``b * (1 + num_hard_negatives)`` rows, grouped per query.
+            num_hard_negatives: ``k``, hard negatives per query.
+            passage_ids: optional ``(b*(1+k),)`` int64 id per passage row (e.g. a text hash) to mask
+                duplicates of a row's positive among its negatives.
+            backward: run the backward pass here and return a detached loss. With ``False`` the
+                returned loss carries a graph and the caller calls ``.backward()`` on it (possibly
+                scaled); in cached mode that backward triggers the chunk replay.
+            no_sync: factory of the context that suppresses gradient synchronisation (DDP's
+                ``model.no_sync``); all replay chunks but the last run under it. Defaults to
+                ``model.no_sync`` when ``model`` is DistributedDataParallel.
+
+        Returns:
+            The loss and its logged components.
+        """
+        num_queries = _num_rows(query_features, "query_features")
+        num_passages = _num_rows(passage_features, "passage_features")
+        if num_passages != num_queries * (1 + num_hard_negatives):
+            raise ValueError(
+                f"{num_queries} queries with {num_hard_negatives} hard negatives each need "
+                f"{num_queries * (1 + num_hard_negatives)} passage rows, got {num_passages}"
+            )
+        if no_sync is None and isinstance(model, nn.parallel.DistributedDataParallel):
+            no_sync = model.no_sync
+
+        if self._is_plain(num_queries, num_passages):
+            out = self._loss(self._encode(model, query_features), self._encode(model, passage_features),
+                             num_hard_negatives, passage_ids)
+            if backward:
+                out.loss.backward()
+                return LossOutput(out.loss.detach(), out.components)
+            return out
+        return self._cached_step(model, query_features, passage_features, num_hard_negatives,
+                                 passage_ids, backward, no_sync)
+
+    def _cached_step(
+        self,
+        model: Callable[[Features], Tensor],
+        query_features: Features,
+        passage_features: Features,
+        k: int,
+        passage_ids: Tensor | None,
+        backward: bool,
+        no_sync: ContextFactory | None,
+    ) -> LossOutput:
+        assert self.chunk_size is not None
+        query_chunks = _split_features(query_features, self.chunk_size)
+        passage_chunks = _split_features(passage_features, self.chunk_size)
+
+        # Step 1: graph-free forward; the RNG snapshot must be taken right before each chunk.
+        states: list[RandContext] = []
+        reps: list[Tensor] = []
+        with torch.no_grad():
+            for chunk in query_chunks + passage_chunks:
+                states.append(RandContext(*_feature_tensors(chunk)))
+                reps.append(self._encode(model, chunk))
+        num_query_chunks = len(query_chunks)
+        query_reps = torch.cat(reps[:num_query_chunks]).detach().requires_grad_()
+        passage_reps = torch.cat(reps[num_query_chunks:]).detach().requires_grad_()
+        del reps
+
+        def replay(grad_queries: Tensor | None, grad_passages: Tensor | None) -> None:
+            # Step 3: re-run each chunk with a graph under its RNG snapshot, back-propagate the surrogate.
+            grads = []
+            for full_rows, grad in ((query_reps, grad_queries), (passage_reps, grad_passages)):
+                grad = torch.zeros_like(full_rows) if grad is None else grad
+                grads.extend(grad.split(self.chunk_size))
+            chunks = query_chunks + passage_chunks
+            for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads)):
+                # Under DDP only the last backward all-reduces the accumulated gradients.
+                sync = nullcontext() if (no_sync is None or i == len(chunks) - 1) else no_sync()
+                with sync:
+                    # enable_grad: in deferred mode this runs inside autograd's backward (grad off).
+                    with state, torch.enable_grad():
+                        chunk_reps = self._encode(model, chunk)
+                        surrogate = torch.dot(chunk_reps.flatten().to(grad.dtype), grad.flatten())
+                        surrogate.backward()
+
+        if backward:
+            # Step 2 at the top level, then the replay (GradCache order; DDP-friendly).
+            out = self._loss(query_reps, passage_reps, k, passage_ids)
+            out.loss.backward()
+            replay(query_reps.grad, passage_reps.grad)
+            return LossOutput(out.loss.detach(), out.components)
+        # Deferred: the caller's backward reaches _ReplayOnBackward, which runs step 3 (scaled).
+        queries, passages = _ReplayOnBackward.apply(replay, query_reps, passage_reps)
+        return self._loss(queries, passages, k, passage_ids)

@@ -1,0 +1,356 @@
+"""Contrastive fine-tuning: data → batch engine → AdamW, on one process or many (``torchrun``).
+
+Built on :mod:`accelerate` (device placement, DDP, bf16 autocast, checkpoint state incl. RNG). The
+loop itself is short because the :class:`~robustir.training.batch_engine.BatchEngine` does the
+interesting part: global in-batch negatives, GradCache and one loss call per optimizer step.
+
+Output folder::
+
+    model/                 final sentence-transformers model (+ model card README.md)
+    checkpoints/step-N/    accelerate state (model, optimizer, scheduler, loss state such as PEG's t, RNG)
+    train_log.jsonl        one line per logged step: loss components, lr, pairs/s
+    similarities.json      cosine similarities of a fixed probe set at start and end
+    report.png/.html       loss curves, PEG/CCR statistics, similarity distributions
+    eval_metrics.json      metrics on eval_data (base model too with eval_base)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..config import to_dict
+from ..data.training_data import TrainingExample, examples_from_beir, load_training_data
+from ..errors import ConfigError
+from ..io import write_json
+from ..losses import get_loss
+from ..models.encoder import Encoder
+from ..resources import default_model_path
+from .arguments import TrainConfig
+from .batch_engine import BatchEngine
+from .data import GroupSampler, collate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    model_path: Path
+    steps: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    base_metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- data preparation
+
+def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait) -> list[TrainingExample]:
+    """Load training examples; mine hard negatives when they come without (cached in the output folder)."""
+    source = Path(config.train_data)
+    if not config.train_data:
+        raise ConfigError("train_data is required: a training JSONL file/folder or a BEIR folder with a "
+                          f"'{config.train_split}' qrels split")
+    is_beir = source.is_dir() and (source / "qrels").is_dir()
+    if is_beir:
+        examples = examples_from_beir(source, config.train_split)
+    else:
+        examples, stats = load_training_data(source)
+        if stats["skipped_empty"]:
+            logger.warning("skipped %d training record(s) with an empty query or positive", stats["skipped_empty"])
+    need_mining = config.num_negatives > 0 and config.mine != "none" and not any(e.neg for e in examples)
+    if not need_mining:
+        config.mine = "none"  # recorded in the model card: negatives came with the data (or in-batch only)
+        return examples
+    mined = Path(config.output) / f"mined-{config.mine}.jsonl"
+    if is_main and not mined.exists():
+        mine_for_training(examples, source if is_beir else None, config, encoder, mined)
+    wait()
+    mined_examples, _ = load_training_data(mined)
+    return mined_examples
+
+
+def mine_for_training(examples: list[TrainingExample], beir_root: Path | None, config: TrainConfig,
+                      encoder: Encoder, output: Path) -> None:
+    from ..data.beir import load_corpus
+    from ..mining.negatives import MiningConfig, MiningQuery, mine_negatives
+
+    if beir_root is not None:
+        corpus, _ = load_corpus(beir_root / "corpus.jsonl" if (beir_root / "corpus.jsonl").exists()
+                                else beir_root / "corpus.jsonl.gz")
+        doc_ids, doc_texts = corpus.ids, corpus.texts_for_encoding()
+        queries = [MiningQuery(e.extra["query_id"], e.query, list(e.extra["pos_ids"])) for e in examples]
+    else:  # FlagEmbedding convention: the candidate pool is every passage in the file
+        pool = list(dict.fromkeys(p for e in examples for p in e.pos))
+        row = {text: f"p{i}" for i, text in enumerate(pool)}
+        doc_ids, doc_texts = [row[t] for t in pool], pool
+        queries = [MiningQuery(f"q{i}", e.query, [row[p] for p in e.pos]) for i, e in enumerate(examples)]
+    mining = MiningConfig(method=config.mine, num_negatives=config.mine_negatives, range_min=config.mine_range_min,
+                          bf16=config.eval_bf16)
+    logger.info("mining %d hard negatives per query with %s", config.mine_negatives, config.mine)
+    report = mine_negatives(queries, doc_ids, doc_texts, output, mining,
+                            encoder=encoder if config.mine == "dense" else None)
+    logger.info("mining done:\n%s", report.format())
+
+
+# ---------------------------------------------------------------------------- probe for the report
+
+def similarity_probe(encoder: Encoder, examples: list[TrainingExample], size: int, seed: int,
+                     bf16: bool) -> dict[str, list[float]]:
+    """Cosine similarities of a fixed sample: positives, hard negatives, in-batch (other queries') positives."""
+    rng = random.Random(seed)
+    sample = rng.sample(examples, min(size, len(examples)))
+    queries = encoder.encode([e.query for e in sample], "query", bf16=bf16)
+    positives = encoder.encode([e.pos[0] for e in sample], "passage", bf16=bf16)
+    with_neg = [i for i, e in enumerate(sample) if e.neg]
+    negatives = encoder.encode([sample[i].neg[0] for i in with_neg], "passage", bf16=bf16)
+    sims = queries @ positives.T
+    off_diagonal = sims[~np.eye(len(sample), dtype=bool)]
+    return {"positive": np.diag(sims).tolist(),
+            "hard_negative": [float(queries[i] @ negatives[j]) for j, i in enumerate(with_neg)],
+            "in_batch_negative": off_diagonal[: 20 * len(sample)].tolist()}
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+def _checkpoints(root: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in root.glob("step-*"):
+        if path.is_dir() and (path / "trainer_state.json").exists():
+            found.append((int(path.name.split("-")[1]), path))
+    return sorted(found)
+
+
+def _model_card(config: TrainConfig, encoder: Encoder, loss_config: dict, steps: int, examples: int,
+                metrics: dict, base_metrics: dict) -> str:
+    rows = ""
+    if metrics:
+        keys = [k for k in ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100") if k in metrics]
+        rows = "| model | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys) + "\n"
+        if base_metrics:
+            rows += "| base | " + " | ".join(f"{100 * base_metrics[k]:.2f}" for k in keys) + " |\n"
+        rows += "| this model | " + " | ".join(f"{100 * metrics[k]:.2f}" for k in keys) + " |\n"
+    return f"""---
+library_name: sentence-transformers
+tags: [sentence-transformers, feature-extraction, sentence-similarity, robustir]
+pipeline_tag: sentence-similarity
+---
+
+# Retrieval embedding model trained with robustir
+
+- **Base model:** `{config.model or 'all-MiniLM-L6-v2 (bundled)'}`
+- **Training data:** `{config.train_data}` (split `{config.train_split}` for BEIR folders), {examples} examples;
+  hard negatives: {'as given in the data (or in-batch only)' if config.mine == 'none' else f'mined with {config.mine} ({config.mine_negatives} per query, skipping the top {config.mine_range_min})'};
+  {config.num_negatives} hard negative(s) per query per step.
+- **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
+- **Steps:** {steps}; batch {config.batch_size} queries per process{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
+  lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, bf16 {config.bf16}.
+- **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
+  query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length},
+  query instruction {encoder.config.query_instruction!r}.
+
+{('## Evaluation on `' + str(config.eval_data) + '` (' + config.eval_split + ')' + chr(10) + chr(10) + rows) if rows else ''}
+## Usage
+
+```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("path/to/this/folder")
+q = model.encode(["a question"], prompt_name="query" if model.prompts.get("query") else None)
+p = model.encode(["a passage"])
+```
+
+Full configuration: see `training_config.json`.
+"""
+
+
+# ---------------------------------------------------------------------------- the loop
+
+def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
+    """Fine-tune ``config.model`` on ``config.train_data``; resumes from the latest checkpoint in ``output``.
+
+    ``stop_after``: leave after this many optimizer steps (with a checkpoint), as if the job had been
+    interrupted; a later call resumes. Used by tests and by time-boxed jobs.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+    from transformers import get_linear_schedule_with_warmup
+
+    if config.batch_size < 1 or config.num_negatives < 0:
+        raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
+    accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
+                              cpu=not torch.cuda.is_available(),
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    is_main = accelerator.is_main_process
+    out = Path(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    set_seed(config.seed)
+    started = time.perf_counter()
+
+    encoder = Encoder.from_pretrained(config.model or default_model_path(), pooling=config.pooling,
+                                      query_max_length=config.query_max_length,
+                                      passage_max_length=config.passage_max_length,
+                                      query_instruction=config.query_instruction,
+                                      passage_instruction=config.passage_instruction)
+    if config.gradient_checkpointing:
+        encoder.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    examples = prepare_examples(config, encoder, is_main, accelerator.wait_for_everyone)
+    loss = get_loss(config.loss, **config.loss_options)
+    sampler = GroupSampler(examples, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed)
+    total_steps = config.max_steps or max(1, math.ceil(config.epochs * sampler.steps_per_epoch))
+    save_steps = config.save_steps or sampler.steps_per_epoch
+
+    eval_dataset = None
+    base_metrics: dict[str, float] = {}
+    if config.eval_data:
+        from ..data.beir import load_beir
+
+        eval_dataset = load_beir(config.eval_data, config.eval_split)
+
+    decay, no_decay = [], []
+    for name, param in encoder.named_parameters():
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(param)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
+    model, optimizer = accelerator.prepare(encoder, optimizer)
+    loss.to(accelerator.device)
+    # the scheduler is stepped by hand once per optimizer step (accelerate would step it per process)
+    accelerator.register_for_checkpointing(scheduler, loss)
+    engine = BatchEngine(loss, chunk_size=config.chunk_size)
+
+    checkpoint_root = out / "checkpoints"
+    start_step = 0
+    existing = _checkpoints(checkpoint_root) if config.resume else []
+    if existing:
+        step, path = existing[-1]
+        accelerator.load_state(str(path))
+        start_step = step
+        logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
+    elif is_main:
+        write_json(out / "training_config.json", to_dict(config))
+        (out / "train_log.jsonl").unlink(missing_ok=True)
+
+    unwrapped: Encoder = accelerator.unwrap_model(model)
+    if start_step == 0 and is_main:
+        if config.report:
+            write_json(out / "similarities.json", {"start": similarity_probe(
+                unwrapped, examples, config.probe_size, config.seed, config.eval_bf16)})
+        if eval_dataset is not None and config.eval_base:
+            base_metrics = _evaluate(unwrapped, eval_dataset, config)
+            write_json(out / "base_metrics.json", base_metrics)
+    if (out / "base_metrics.json").exists():
+        base_metrics = json.loads((out / "base_metrics.json").read_text())
+
+    model.train()
+    loss.train()
+    bar = tqdm(total=total_steps, initial=start_step, desc=f"train ({config.loss})", disable=not is_main,
+               unit="step", dynamic_ncols=True)
+    log_handle = open(out / "train_log.jsonl", "a", encoding="utf-8") if is_main else None
+    pairs_per_step = config.batch_size * accelerator.num_processes
+    try:
+        for step in range(start_step, total_steps):
+            tick = time.perf_counter()
+            groups = sampler.batch(step, accelerator.process_index)
+            q, p, ids = collate(groups, unwrapped, config.query_max_length, config.passage_max_length)
+            output = engine.step(model, q, p, config.num_negatives, passage_ids=ids)
+            grad_norm = None
+            if config.max_grad_norm:
+                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            if done % config.logging_steps == 0 or done == total_steps:
+                values = {"loss": float(output.loss), **{k: float(v) for k, v in output.components.items()}}
+                if accelerator.num_processes > 1:  # components are per-process means: average them
+                    stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
+                                                 reduction="mean")
+                    values = dict(zip(values, stacked.tolist()))
+                record = {"step": done, "epoch": step / sampler.steps_per_epoch, "lr": scheduler.get_last_lr()[0],
+                          "grad_norm": grad_norm, "pairs_per_s": pairs_per_step / (time.perf_counter() - tick),
+                          **values}
+                if is_main:
+                    log_handle.write(json.dumps(record) + "\n")
+                    log_handle.flush()
+                    bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
+            if eval_dataset is not None and config.eval_steps and done % config.eval_steps == 0 and done < total_steps:
+                if is_main:
+                    metrics = _evaluate(unwrapped, eval_dataset, config)
+                    log_handle.write(json.dumps({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}}) + "\n")
+                    log_handle.flush()
+                    logger.info("step %d: eval ndcg@10 %.4f", done, metrics["ndcg@10"])
+                    model.train()
+                accelerator.wait_for_everyone()
+            interrupted = stop_after is not None and done >= stop_after and done < total_steps
+            if done % save_steps == 0 or done == total_steps or interrupted:
+                _save_checkpoint(accelerator, checkpoint_root, done, config.save_total_limit)
+            bar.update(1)
+            if interrupted:
+                accelerator.end_training()
+                return TrainResult(out / "model", done, time.perf_counter() - started, {}, base_metrics)
+    finally:
+        bar.close()
+        if log_handle:
+            log_handle.close()
+
+    metrics: dict[str, float] = {}
+    model_path = out / "model"
+    if is_main:
+        if eval_dataset is not None:
+            metrics = _evaluate(unwrapped, eval_dataset, config)
+            write_json(out / "eval_metrics.json", {"model": metrics, "base": base_metrics})
+        card = _model_card(config, unwrapped, loss.config(), total_steps, len(examples), metrics, base_metrics)
+        unwrapped.save(model_path, model_card=card)
+        write_json(model_path / "training_config.json", to_dict(config))
+        if config.report:
+            sims = json.loads((out / "similarities.json").read_text()) if (out / "similarities.json").exists() else {}
+            sims["end"] = similarity_probe(unwrapped, examples, config.probe_size, config.seed, config.eval_bf16)
+            write_json(out / "similarities.json", sims)
+            from .report import write_training_report
+
+            write_training_report(out)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return TrainResult(model_path, total_steps, time.perf_counter() - started, metrics, base_metrics)
+
+
+def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float]:
+    from ..evaluation.retrieval import EvalConfig, evaluate
+
+    was_training = encoder.training
+    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, bf16=config.eval_bf16))
+    encoder.train(was_training)
+    return result.metrics
+
+
+def _save_checkpoint(accelerator, root: Path, step: int, keep: int) -> None:
+    """Write ``step-N`` via a temporary folder (a crash mid-save never leaves a half checkpoint behind)."""
+    final = root / f"step-{step}"
+    tmp = root / f".step-{step}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_json(tmp / "trainer_state.json", {"step": step})
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for _, old in _checkpoints(root)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def config_summary(config: TrainConfig) -> dict:
+    return asdict(config)

@@ -1,0 +1,311 @@
+"""BatchEngine: gradient caching equals the plain step, column layout, duplicate masking, RNG replay."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from robustir.losses import get_loss
+from robustir.losses.base import ContrastiveBatch, ContrastiveLoss, LossOutput
+from robustir.training.batch_engine import BatchEngine, RandContext
+
+LOSS_NAMES = ["infonce", "peg", "ccr"]
+
+
+class TinyEncoder(nn.Module):
+    """Embedding + token dropout + masked mean pooling + linear: small, but with real dropout."""
+
+    def __init__(self, vocab: int = 40, dim: int = 12, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        mask = features["attention_mask"].unsqueeze(-1).to(self.embed.weight.dtype)
+        tokens = self.dropout(self.embed(features["input_ids"])) * mask
+        return self.proj(tokens.sum(1) / mask.sum(1).clamp_min(1.0))
+
+
+class ChunkedForward(nn.Module):
+    """Runs the wrapped model chunk by chunk *with* grad: the same RNG consumption as the cached pass.
+
+    For models with several dropout layers (BERT) a single full-batch forward draws different masks
+    than chunk-wise forwards, so the fair plain reference is one graph over the same chunks.
+    """
+
+    def __init__(self, model: nn.Module, chunk_size: int) -> None:
+        super().__init__()
+        self.model, self.chunk_size = model, chunk_size
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        n = next(iter(features.values())).shape[0]
+        return torch.cat([self.model({k: v[s:s + self.chunk_size] for k, v in features.items()})
+                          for s in range(0, n, self.chunk_size)])
+
+
+class DotLoss(ContrastiveLoss):
+    """Minimal dot-product InfoNCE, independent of the losses package (layout tests)."""
+
+    name = "dot"
+
+    def forward(self, batch: ContrastiveBatch) -> LossOutput:
+        scores = batch.queries @ batch.passages.T
+        if batch.candidate_mask is not None:
+            scores = scores.masked_fill(~batch.candidate_mask, float("-inf"))
+        return LossOutput(F.cross_entropy(scores, batch.positive_index), {})
+
+
+def random_features(n: int, seq_len: int = 6, vocab: int = 40, seed: int = 0) -> dict[str, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (n, seq_len), generator=g)
+    lengths = torch.randint(1, seq_len + 1, (n,), generator=g)
+    mask = (torch.arange(seq_len).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def make_batch(b: int = 6, k: int = 2) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+    queries = random_features(b, seed=1)
+    passages = random_features(b * (1 + k), seed=2)
+    ids = torch.arange(b * (1 + k), dtype=torch.int64) + 100
+    # query 2's positive is the same text as query 0's positive, and query 1's last hard negative
+    # is the last query's positive: both would be false negatives unless masked.
+    for dst, src in ((2 * (1 + k), 0), ((1 + k) + k, (b - 1) * (1 + k))):
+        ids[dst] = ids[src]
+        for key in passages:
+            passages[key][dst] = passages[key][src]
+    return queries, passages, ids
+
+
+def grads(model: nn.Module) -> dict[str, Tensor]:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def run_step(model: nn.Module, loss: ContrastiveLoss, chunk_size: int | None, seed: int = 123, **step_kw):
+    torch.manual_seed(seed)  # same dropout stream for both modes
+    engine = BatchEngine(loss, chunk_size=chunk_size)
+    return engine.step(model, *step_kw.pop("inputs"), **step_kw)
+
+
+def assert_same_grads(a: dict[str, Tensor], b: dict[str, Tensor], atol: float = 1e-6, rtol: float = 1e-5) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=atol, rtol=rtol), (name, (a[name] - b[name]).abs().max())
+
+
+# ---------------------------------------------------------------------------------- (a) cached == plain
+
+
+@pytest.mark.parametrize("chunk_size", [3, 4])  # 3 divides 6 queries / 18 passages, 4 divides neither
+@pytest.mark.parametrize("loss_name", LOSS_NAMES)
+def test_cached_equals_plain_with_dropout(loss_name: str, chunk_size: int) -> None:
+    b, k = 6, 2
+    queries, passages, ids = make_batch(b, k)
+    torch.manual_seed(0)
+    plain_model = TinyEncoder().double().train()
+    cached_model = copy.deepcopy(plain_model)
+    plain_loss, cached_loss = get_loss(loss_name), get_loss(loss_name)
+    layout = BatchEngine(DotLoss()).build_batch(torch.zeros(b, 1), torch.zeros(b * (1 + k), 1), k, ids)
+    assert layout.candidate_mask is not None and (~layout.candidate_mask).sum() == 3  # the duplicates matter
+
+    plain = run_step(plain_model, plain_loss, None, inputs=(queries, passages, k), passage_ids=ids)
+    cached = run_step(cached_model, cached_loss, chunk_size, inputs=(queries, passages, k), passage_ids=ids)
+
+    assert not cached.loss.requires_grad and not plain.loss.requires_grad
+    assert torch.allclose(plain.loss.double(), cached.loss.double(), atol=1e-6, rtol=1e-6)
+    assert_same_grads(grads(plain_model), grads(cached_model))
+    assert plain.components.keys() == cached.components.keys()
+    if loss_name == "peg":
+        # the loss ran exactly once per step in both modes: t moved once, to the same value
+        assert float(plain_loss.t) != 0.0
+        assert torch.equal(plain_loss.t, cached_loss.t)
+
+
+def test_dropout_is_really_on() -> None:
+    """Guard for the test above: two plain steps with different seeds differ (dropout is active)."""
+    b, k = 6, 2
+    queries, passages, _ = make_batch(b, k)
+    torch.manual_seed(0)
+    model = TinyEncoder().double().train()
+    first = run_step(model, get_loss("infonce"), None, seed=1, inputs=(queries, passages, k))
+    second = run_step(model, get_loss("infonce"), None, seed=2, inputs=(queries, passages, k))
+    assert not torch.allclose(first.loss, second.loss)
+
+
+@pytest.mark.parametrize("loss_name", LOSS_NAMES)
+def test_deferred_backward_scales_like_plain(loss_name: str) -> None:
+    """backward=False: the caller back-propagates (here 3 * loss); the cached replay gets the scale too."""
+    b, k = 4, 1
+    queries, passages, ids = make_batch(b, k)
+    torch.manual_seed(0)
+    plain_model = TinyEncoder().double().train()
+    cached_model = copy.deepcopy(plain_model)
+
+    plain = run_step(plain_model, get_loss(loss_name), None, inputs=(queries, passages, k), backward=False)
+    cached = run_step(cached_model, get_loss(loss_name), 3, inputs=(queries, passages, k), backward=False)
+    assert plain.loss.requires_grad and cached.loss.requires_grad
+    assert all(p.grad is None for p in cached_model.parameters())  # nothing ran yet
+    (3 * plain.loss).backward()
+    (3 * cached.loss).backward()
+    assert torch.allclose(plain.loss, cached.loss)
+    assert_same_grads(grads(plain_model), grads(cached_model))
+
+
+def test_cached_equals_plain_on_tiny_bert(tiny_model_dir: str) -> None:
+    """A real transformer (several dropout layers, attention dropout), reference over the same chunks."""
+    from transformers import AutoModel, AutoTokenizer
+
+    class MeanPooled(nn.Module):
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self.bert = AutoModel.from_pretrained(path)
+
+        def forward(self, features: dict[str, Tensor]) -> Tensor:
+            hidden = self.bert(**features).last_hidden_state
+            mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            return (hidden * mask).sum(1) / mask.sum(1)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    b, k, chunk = 4, 1, 3
+    query_texts = ["what is a cat", "capital of france", "how do planes fly", "boiling point of water"]
+    passage_texts = ["a cat is a small animal", "dogs bark", "paris is the capital of france", "rome",
+                     "wings produce lift", "trains run on rails", "water boils at 100 degrees", "ice is cold"]
+    queries = dict(tokenizer(query_texts, padding=True, return_tensors="pt"))
+    passages = dict(tokenizer(passage_texts, padding=True, return_tensors="pt"))
+
+    torch.manual_seed(0)
+    cached_model = MeanPooled(tiny_model_dir).train()
+    reference_model = copy.deepcopy(cached_model)
+    cached = run_step(cached_model, get_loss("peg"), chunk, inputs=(queries, passages, k))
+    reference = run_step(ChunkedForward(reference_model, chunk), get_loss("peg"), None, inputs=(queries, passages, k))
+
+    assert torch.allclose(cached.loss, reference.loss, atol=1e-5)
+    assert_same_grads(grads(reference_model), grads(cached_model), atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_autocast_on_cpu() -> None:
+    """The autocast factory wraps both passes; the loss runs in float32 on the embeddings."""
+    b, k = 4, 1
+    queries, passages, _ = make_batch(b, k)
+    torch.manual_seed(0)
+    plain_model = TinyEncoder().train()
+    cached_model = copy.deepcopy(plain_model)
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    seen: list[torch.dtype] = []
+
+    class Spy(ContrastiveLoss):
+        def forward(self, batch: ContrastiveBatch) -> LossOutput:
+            seen.append(batch.queries.dtype)
+            return get_loss("infonce")(batch)
+
+    results = []
+    for model, chunk in ((plain_model, None), (cached_model, 3)):
+        torch.manual_seed(5)
+        results.append(BatchEngine(Spy(), chunk_size=chunk, autocast=autocast).step(model, queries, passages, k))
+    assert seen == [torch.float32, torch.float32]
+    assert torch.allclose(results[0].loss, results[1].loss, atol=1e-2)
+    for name, g in grads(plain_model).items():
+        other = grads(cached_model)[name]
+        assert torch.isfinite(other).all()
+        assert torch.allclose(g, other, atol=2e-2 * float(g.abs().max()) + 1e-6), name
+
+
+def test_no_sync_wraps_all_but_last_chunk() -> None:
+    b, k, chunk = 4, 1, 3  # 2 query chunks + 3 passage chunks
+    queries, passages, _ = make_batch(b, k)
+    entered: list[int] = []
+
+    class Counter:
+        def __enter__(self) -> None:
+            entered.append(1)
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    model = TinyEncoder().double()
+    BatchEngine(DotLoss(), chunk_size=chunk).step(model, queries, passages, k, no_sync=Counter)
+    assert len(entered) == 2 + 3 - 1
+
+
+# ---------------------------------------------------------------------------------- (b) layout and mask
+
+
+def test_column_layout_single_process() -> None:
+    b, k, d = 3, 2, 4
+    queries = torch.randn(b, d)
+    passages = torch.randn(b * (1 + k), d)
+    batch = BatchEngine(DotLoss()).build_batch(queries, passages, k)
+    groups = passages.view(b, 1 + k, d)
+    assert torch.equal(batch.passages[:b], groups[:, 0])  # positives first
+    assert torch.equal(batch.passages[b:], groups[:, 1:].reshape(b * k, d))  # then hard negatives
+    assert batch.positive_index.tolist() == [0, 1, 2]
+    assert batch.hard_negative_index.tolist() == [[3, 4], [5, 6], [7, 8]]
+    for i in range(b):
+        assert torch.equal(batch.passages[batch.positive_index[i]], groups[i, 0])
+        for j in range(k):
+            assert torch.equal(batch.passages[batch.hard_negative_index[i, j]], groups[i, 1 + j])
+    assert batch.query_offset == 0 and torch.equal(batch.all_queries, queries)
+    assert batch.candidate_mask is None
+    assert float(batch.global_mean(torch.tensor([1.0, 2.0, 6.0]))) == 3.0
+
+
+def test_no_hard_negatives() -> None:
+    queries, passages = torch.randn(3, 4), torch.randn(3, 4)
+    batch = BatchEngine(DotLoss()).build_batch(queries, passages, 0)
+    assert batch.hard_negative_index is None and batch.positive_index.tolist() == [0, 1, 2]
+    assert torch.equal(batch.passages, passages)
+
+
+def test_candidate_mask_masks_duplicates_of_the_positive() -> None:
+    b, k, d = 3, 1, 4
+    # rows (grouped): q0: pos 10, neg 11 | q1: pos 10 (same text as q0's pos), neg 12 | q2: pos 13, neg 13
+    ids = torch.tensor([10, 11, 10, 12, 13, 13])
+    batch = BatchEngine(DotLoss()).build_batch(torch.randn(b, d), torch.randn(b * (1 + k), d), k, ids)
+    # columns: positives [10, 10, 13], negatives [11, 12, 13]
+    expected = torch.tensor([
+        [True, False, True, True, True, True],   # q0: q1's positive duplicates its own
+        [False, True, True, True, True, True],   # q1: q0's positive duplicates its own
+        [True, True, True, True, True, False],   # q2: its own hard negative is its positive's text
+    ])
+    assert torch.equal(batch.candidate_mask, expected)
+    # own positive column is always kept
+    assert batch.candidate_mask[torch.arange(b), batch.positive_index].all()
+
+    unmasked = BatchEngine(DotLoss(), mask_duplicate_positives=False).build_batch(
+        torch.randn(b, d), torch.randn(b * (1 + k), d), k, ids)
+    assert unmasked.candidate_mask is None
+    distinct = BatchEngine(DotLoss()).build_batch(torch.randn(b, d), torch.randn(b * (1 + k), d), k,
+                                                  torch.arange(6))
+    assert distinct.candidate_mask is None  # nothing to mask
+
+
+def test_shape_errors_are_explained() -> None:
+    engine = BatchEngine(DotLoss(), chunk_size=2)
+    model = TinyEncoder()
+    with pytest.raises(ValueError, match="passage rows"):
+        engine.step(model, random_features(3), random_features(5), num_hard_negatives=1)
+    with pytest.raises(ValueError, match="chunk_size"):
+        BatchEngine(DotLoss(), chunk_size=0)
+
+
+# ---------------------------------------------------------------------------------- (c) RandContext
+
+
+def test_rand_context_replays_dropout_and_keeps_outer_stream() -> None:
+    x = torch.ones(1000)
+    torch.manual_seed(0)
+    state = RandContext(x)
+    first = F.dropout(x, 0.5)
+    second = F.dropout(x, 0.5)
+    assert not torch.equal(first, second)
+    outer = torch.get_rng_state()
+    with state:
+        replayed = F.dropout(x, 0.5)
+    assert torch.equal(first, replayed)
+    assert torch.equal(torch.get_rng_state(), outer)  # the fork left the outer stream untouched
+    with state:  # reusable
+        assert torch.equal(F.dropout(x, 0.5), first)

@@ -1,0 +1,543 @@
+"""LLM client, query generation and LLM judge, against a fake OpenAI-compatible server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from robustir.errors import EndpointError
+from robustir.mining.generate import (DEFAULT_TEMPLATE_EN, cjk_share, generate_queries, parse_questions,
+                                      render_template)
+from robustir.mining.llm import LLMCache, LLMClient, LLMConfig, parse_retry_after, strip_reasoning
+from robustir.mining.llm_judge import judge_negatives, parse_yes_no
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_llm_server import FakeLLMServer, last_user  # noqa: E402
+
+
+def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
+    settings = dict(base_url=server.url, model="fake-model", backoff_s=0.01, backoff_max_s=0.05, timeout_s=5.0,
+                    max_retries=3, concurrency=4)
+    cache_path = overrides.pop("cache_path", None)
+    settings.update(overrides)
+    return LLMClient(LLMConfig(**settings), cache=LLMCache(cache_path) if cache_path else None)
+
+
+def write_passages(path: Path, n: int, *, chinese: int = 0) -> Path:
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(n):
+            text = f"Passage number {i} talks about topic {i} in some detail."
+            handle.write(json.dumps({"_id": f"p{i}", "title": f"Title {i}", "text": text}) + "\n")
+        for i in range(chinese):
+            handle.write(json.dumps({"_id": f"zh{i}", "title": "", "text": f"这是第{i}段中文文本，介绍北京的历史。"},
+                                    ensure_ascii=False) + "\n")
+    return path
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def passage_of(prompt: str) -> str:
+    return prompt.split("Passage number ")[1].split(" ")[0]
+
+
+# --------------------------------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("1. What is A?\n2. What is B?\n3. What is C?", ["What is A?", "What is B?", "What is C?"]),
+    ("Here are three questions:\n\n1) What is A?\n2) **What is B?**\n- What is C?\nHope this helps!",
+     ["What is A?", "What is B?", "What is C?"]),
+    ('```json\n["What is A?", "What is B?", ""]\n```', ["What is A?", "What is B?"]),
+    ('{"questions": [{"question": "What is A?"}, "What is B?"]}', ["What is A?", "What is B?"]),
+    ("1、北京的历史有多长？\n2．北京是哪个国家的首都？\n（3）北京的历史有多长？", ["北京的历史有多长？", "北京是哪个国家的首都？"]),
+    ("一、什么是北京？\n二、北京在哪里？", ["什么是北京？", "北京在哪里？"]),
+    ("<think>the user wants questions\n1. not this</think>\nQ1: What is A?\nQ2: What is a?", ["What is A?"]),
+    ("What is A?\nWhat is B?", ["What is A?", "What is B?"]),
+    ("1. " + "x" * 400 + "\n2. ok?\n3. \n4. What is D?", ["What is D?"]),
+    ("", []),
+])
+def test_parse_questions(reply, expected):
+    assert parse_questions(reply, max_queries=5) == expected
+
+
+def test_parse_questions_caps_at_n():
+    assert parse_questions("1. a one?\n2. b two?\n3. c three?", max_queries=2) == ["a one?", "b two?"]
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("Yes", True), ("yes.", True), ("**Yes** - it answers the query", True), ("Answer: no", False),
+    ("No, the passage is about something else.", False), ("The passage is not relevant.", False),
+    ("The passage is relevant to the query.", True), ("Irrelevant", False), ("是", True), ("否", False),
+    ("不相关。", False), ("相关", True), ("答案：是", True), ("不是", False), ("<think>hmm yes?</think>No", False),
+    ("I cannot tell", None), ("I am not sure.", None), ("It does not answer the query.", False),
+    ("The passage is not really relevant", False), ("", None), (None, None), ("maybe", None),
+])
+def test_parse_yes_no(reply, expected):
+    assert parse_yes_no(reply) is expected
+
+
+def test_small_helpers():
+    assert cjk_share("北京 is big") == pytest.approx(2 / 7)
+    assert cjk_share("") == 0.0
+    assert parse_retry_after("2") == 2.0 and parse_retry_after(None) is None and parse_retry_after("x") is None
+    assert strip_reasoning("<think>a</think> b") == "b" and strip_reasoning("chain</think>answer") == "answer"
+    # empty title: the "Title:" line disappears; other braces survive
+    prompt = render_template("T: {title}\n{text} {\"k\": 1} {n}\n", {"title": "", "text": "body", "n": 2})
+    assert prompt == 'body {"k": 1} 2\n'
+
+
+# --------------------------------------------------------------------------------------------------- client
+
+
+def test_retries_recover_from_500_429_and_timeout():
+    with FakeLLMServer() as server:
+        server.script({"status": 500}, {"status": 429, "headers": {"Retry-After": "1"}}, {"delay": 1.5},
+                      {"status": 503})
+        client = make_client(server, timeout_s=0.5, max_retries=5)
+        started = time.monotonic()
+        replies = client.complete(["hello"])
+        elapsed = time.monotonic() - started
+        client.close()
+    assert replies[0].startswith("1. What is")
+    assert server.count == 5 and client.stats.retries == 4 and client.stats.failures == 0
+    assert elapsed >= 1.0  # Retry-After: 1 was honoured although backoff_s is 0.01
+
+
+@pytest.mark.parametrize("on_failure", ["raise", "skip"])
+def test_wrong_base_url_is_a_clear_error_without_retries(on_failure):
+    with FakeLLMServer() as server:
+        client = make_client(server, base_url=server.url[: -len("/v1")], on_failure=on_failure)
+        with pytest.raises(EndpointError) as info:
+            client.complete(["hello"])
+        client.close()
+    message = str(info.value)
+    assert "404" in message and server.url[: -len("/v1")] + "/chat/completions" in message
+    assert "/v1" in message and "fake-model" in message and "no route" in message
+    assert server.posts == 1  # a 404 is never retried
+
+
+def test_missing_api_key_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("ROBUSTIR_TEST_KEY", raising=False)
+    with FakeLLMServer(api_key="sk-right") as server:
+        client = make_client(server, api_key_env="ROBUSTIR_TEST_KEY")
+        with pytest.raises(EndpointError, match="(?s)/models answered HTTP 401.*ROBUSTIR_TEST_KEY"):
+            client.preflight()
+        with pytest.raises(EndpointError, match="ROBUSTIR_TEST_KEY"):
+            client.complete(["hello"])
+        client.close()
+        assert server.posts == 1
+        monkeypatch.setenv("ROBUSTIR_TEST_KEY", "sk-right")
+        client = make_client(server, api_key_env="ROBUSTIR_TEST_KEY")
+        assert client.complete(["hello"])[0]
+        client.close()
+
+
+def test_unreachable_endpoint_preflight():
+    with FakeLLMServer() as server:
+        url = server.url
+    client = LLMClient(LLMConfig(base_url=url, model="m", timeout_s=2))  # server stopped: connection refused
+    with pytest.raises(EndpointError, match="cannot reach"):
+        client.preflight()
+    client.close()
+
+
+def test_bad_request_is_skipped_per_item_under_skip():
+    def reply(messages):
+        return {"status": 400} if "too long" in last_user(messages) else "fine"
+
+    with FakeLLMServer(reply) as server:
+        client = make_client(server, on_failure="skip")
+        assert client.complete(["a", "too long", "b"]) == ["fine", None, "fine"]
+        client.close()
+        assert server.count == 3  # the 400 was not retried
+        client = make_client(server, on_failure="raise")
+        with pytest.raises(EndpointError, match="(?s)400.*context window"):
+            client.complete(["too long"])
+        client.close()
+
+
+def test_malformed_replies_retry_then_fail_cleanly():
+    bad = [{"body": "<html>not json</html>"}, {"json": {"choices": []}}, {"content": "   "}, {"json": [1, 2]}]
+    with FakeLLMServer() as server:
+        server.script(*bad)
+        client = make_client(server, max_retries=4)
+        assert client.complete(["x"])[0].startswith("1.")  # four malformed replies, then a good one
+        assert server.count == 5
+        client.close()
+
+        server.script(*bad)
+        client = make_client(server, max_retries=3)
+        with pytest.raises(EndpointError, match="gave up after 4 attempt"):
+            client.complete(["y"])
+        client.close()
+
+        server.script(*bad)
+        client = make_client(server, max_retries=3, on_failure="skip", concurrency=1)
+        replies = client.complete(["z", "w"])
+        assert replies[0] is None and replies[1].startswith("1.")
+        assert client.stats.failures == 1
+        client.close()
+
+
+def test_consecutive_failures_stop_a_skip_run():
+    with FakeLLMServer(lambda m: {"status": 500}) as server:
+        client = make_client(server, on_failure="skip", max_retries=0, max_consecutive_failures=3, concurrency=1)
+        with pytest.raises(EndpointError, match="3 LLM requests in a row failed"):
+            client.complete([f"q{i}" for i in range(10)])
+        client.close()
+
+
+def test_cache_avoids_repeated_requests(tmp_path):
+    cache = tmp_path / "cache.sqlite"
+    prompts = ["one", "two", "three", "two"]
+    with FakeLLMServer() as server:
+        first = make_client(server, cache_path=cache, concurrency=1)
+        replies = first.complete(prompts)
+        first.close()
+        assert server.count == 3 and first.stats.cache_hits == 1  # the repeated prompt came from the cache
+        second = make_client(server, cache_path=cache)
+        assert second.complete(prompts) == replies
+        assert server.count == 3 and second.stats.cache_hits == 4
+        second.close()
+        other = make_client(server, cache_path=cache, temperature=0.1)  # other sampling params: other key
+        other.complete(["one"])
+        other.close()
+        assert server.count == 4
+
+
+def test_concurrency_limit_is_respected():
+    with FakeLLMServer(delay=0.25) as server:
+        client = make_client(server, concurrency=3)
+        started = time.monotonic()
+        replies = client.complete([f"prompt {i}" for i in range(9)])
+        elapsed = time.monotonic() - started
+        client.close()
+    assert len(replies) == 9 and all(replies)
+    assert server.max_in_flight == 3
+    assert 0.7 <= elapsed < 2.0  # 3 waves of 0.25 s, not 9 sequential ones
+
+
+def test_requests_per_minute_limit():
+    with FakeLLMServer() as server:
+        client = make_client(server, concurrency=4, requests_per_minute=600)  # one start per 0.1 s
+        started = time.monotonic()
+        client.complete([f"p{i}" for i in range(5)])
+        elapsed = time.monotonic() - started
+        client.close()
+    assert elapsed >= 0.38
+
+
+def test_replies_keep_input_order():
+    import random
+
+    def reply(messages):
+        time.sleep(random.uniform(0, 0.03))
+        return "echo " + last_user(messages)
+
+    with FakeLLMServer(reply) as server:
+        client = make_client(server, concurrency=4)
+        prompts = [f"n{i}" for i in range(40)]
+        assert client.complete(prompts) == [f"echo {p}" for p in prompts]
+        client.close()
+
+
+# --------------------------------------------------------------------------------------------------- generate
+
+
+def test_generate_end_to_end(tmp_path):
+    passages = write_passages(tmp_path / "corpus.jsonl", 5, chinese=2)
+    out = tmp_path / "train.jsonl"
+
+    def reply(messages):
+        prompt = last_user(messages)
+        if "下面是一段文本" in prompt:
+            return "1. 北京的历史有多长？\n2. 北京在哪里？"
+        return f"Sure! Here are the questions:\n1. What is topic {passage_of(prompt)}?\n2. Why topic?\n3. Why topic?"
+
+    with FakeLLMServer(reply) as server:
+        client = make_client(server, cache_path=tmp_path / "cache.sqlite")
+        report = generate_queries(passages, out, client, num_queries=3, beir_dir=tmp_path / "beir", progress=False)
+        client.close()
+    rows = read_lines(out)
+    assert len(rows) == 5 * 2 + 2 * 2  # duplicates dropped: 2 distinct English questions per passage
+    first = rows[0]
+    assert first == {"query": "What is topic 0?", "pos": ["Passage number 0 talks about topic 0 in some detail."],
+                     "neg": [], "pos_id": "p0", "doc_id": "p0", "qid": "p0-q0"}
+    assert {r["query"] for r in rows if r["pos_id"] == "zh1"} == {"北京的历史有多长？", "北京在哪里？"}
+    zh_prompt = [p for p in server.prompts() if "第1段" in p][0]
+    assert "标题" not in zh_prompt  # no title: the title line is left out
+    assert "Title: Title 3" in [p for p in server.prompts() if "number 3" in p][0]
+    assert report.generated == 7 and report.queries_written == 14 and report.failed == 0
+    assert report.llm["requests"] == 7 and report.llm["prompt_tokens"] > 0
+    saved = json.loads((tmp_path / "train.jsonl.report.json").read_text())
+    assert saved["queries_written"] == 14
+    assert len(read_lines(tmp_path / "beir" / "queries.jsonl")) == 14
+    assert (tmp_path / "beir" / "qrels" / "train.tsv").read_text().splitlines()[1] == "p0-q0\tp0\t1"
+    assert not (tmp_path / "train.jsonl.partial").exists()
+
+
+def test_generate_custom_template_file(tmp_path):
+    passages = write_passages(tmp_path / "corpus.jsonl", 2)
+    template = tmp_path / "prompt.txt"
+    template.write_text('Give {n} queries as JSON {"queries": [...]} for: {text}', encoding="utf-8")
+    from robustir.mining.generate import load_template
+
+    with FakeLLMServer(lambda m: '{"queries": ["q a one", "q b two"]}') as server:
+        client = make_client(server)
+        generate_queries(passages, tmp_path / "out.jsonl", client, num_queries=2,
+                         template=load_template(template, ("text",)), progress=False)
+        client.close()
+    assert ('Give 2 queries as JSON {"queries": [...]} for: '
+            "Passage number 0 talks about topic 0 in some detail.") in server.prompts()
+    assert [r["query"] for r in read_lines(tmp_path / "out.jsonl")][:2] == ["q a one", "q b two"]
+
+
+class ExplodingBackend:
+    """Delegates to a real client but raises after ``after`` replies: a crash in the middle of a run."""
+
+    def __init__(self, inner, after: int) -> None:
+        self.inner, self.after = inner, after
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def stream(self, conversations):
+        for i, completion in enumerate(self.inner.stream(conversations)):
+            if i == self.after:
+                raise RuntimeError("injected crash")
+            yield completion
+
+
+def check_complete_output(out: Path, n: int, per_passage: int = 3) -> None:
+    rows = read_lines(out)
+    counts = Counter(r["pos_id"] for r in rows)
+    assert counts == {f"p{i}": per_passage for i in range(n)}  # no passage lost, none duplicated
+    assert len({(r["pos_id"], r["query"]) for r in rows}) == len(rows)
+
+
+def test_generate_crash_resume_pays_nothing_twice(tmp_path):
+    passages = write_passages(tmp_path / "corpus.jsonl", 12)
+    out, cache = tmp_path / "train.jsonl", tmp_path / "cache.sqlite"
+    with FakeLLMServer() as server:
+        client = make_client(server, cache_path=cache, concurrency=2)
+        with pytest.raises(RuntimeError, match="injected"):
+            generate_queries(passages, out, ExplodingBackend(client, after=4), progress=False)
+        client.close()  # waits for requests still in flight; their replies land in the cache
+        assert not out.exists() and len(read_lines(tmp_path / "train.jsonl.partial")) >= 3 * 3
+        client = make_client(server, cache_path=cache)
+        report = generate_queries(passages, out, client, progress=False)
+        client.close()
+        check_complete_output(out, 12)
+        assert report.resumed >= 3
+        assert Counter(passage_of(p) for p in server.prompts()) == {str(i): 1 for i in range(12)}
+
+        # a third run over the finished output requests nothing and changes nothing
+        before = out.read_text()
+        client = make_client(server, cache_path=cache)
+        report = generate_queries(passages, out, client, progress=False)
+        client.close()
+        assert server.count == 12 and out.read_text() == before and report.generated == 1  # last group redone
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    from robustir.mining.generate import generate_queries
+    from robustir.mining.llm import LLMCache, LLMClient, LLMConfig
+    url, passages, out, cache = sys.argv[1:5]
+    client = LLMClient(LLMConfig(base_url=url, model="fake-model", concurrency=2), cache=LLMCache(cache))
+    generate_queries(passages, out, client, progress=False)
+""")
+
+
+def test_generate_resume_after_sigkill(tmp_path):
+    passages = write_passages(tmp_path / "corpus.jsonl", 16)
+    out, cache = tmp_path / "train.jsonl", tmp_path / "cache.sqlite"
+    partial = tmp_path / "train.jsonl.partial"
+    with FakeLLMServer(delay=0.08) as server:
+        proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, server.url, str(passages), str(out), str(cache)],
+                                env={**os.environ, "NO_PROXY": "127.0.0.1"})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not partial.exists() or len(partial.read_text().splitlines()) < 12):
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        written_before = {r["pos_id"] for r in read_lines(partial)}
+        assert 4 <= len(written_before) < 16 and not out.exists()
+        requests_before = server.count
+        client = make_client(server, cache_path=cache)
+        generate_queries(passages, out, client, progress=False)
+        client.close()
+    check_complete_output(out, 16)
+    asked = Counter(passage_of(p) for p in server.prompts())
+    assert all(asked[pid[1:]] == 1 for pid in written_before)  # finished passages were never asked again
+    assert server.count <= 16 + 2 and server.count - requests_before <= 16 - len(written_before) + 2
+
+
+def test_generate_failures_are_recorded_and_retried(tmp_path):
+    passages = write_passages(tmp_path / "corpus.jsonl", 6)
+    out, cache = tmp_path / "train.jsonl", tmp_path / "cache.sqlite"
+    broken = {"2": {"status": 400}, "4": "I am sorry, I cannot help with that:"}
+
+    def reply(messages):
+        number = passage_of(last_user(messages))
+        return broken.get(number, f"1. What is {number}?\n2. Where is {number}?")
+
+    with FakeLLMServer(reply) as server:
+        client = make_client(server, cache_path=cache, on_failure="skip")
+        report = generate_queries(passages, out, client, num_queries=2, progress=False)
+        client.close()
+        assert report.failed == 2 and report.generated == 4
+        failed = read_lines(tmp_path / "train.jsonl.failed.jsonl")
+        assert [f["_id"] for f in failed] == ["p2", "p4"] and "400" in failed[0]["error"]
+        assert out.exists() and {r["pos_id"] for r in read_lines(out)} == {"p0", "p1", "p3", "p5"}
+
+        broken.clear()  # the endpoint recovers: the next run retries only the failed passages
+        client = make_client(server, cache_path=cache, on_failure="skip")
+        report = generate_queries(passages, out, client, num_queries=2, progress=False)
+        client.close()
+    assert report.generated == 3 and report.failed == 0  # p2, p4 and the redone last group (a cache hit)
+    check_complete_output(out, 6, per_passage=2)
+    assert not (tmp_path / "train.jsonl.failed.jsonl").exists()
+    assert Counter(passage_of(p) for p in server.prompts()) == {"0": 1, "1": 1, "2": 2, "3": 1, "4": 2, "5": 1}
+
+
+def test_cli_generate_with_shards(tmp_path, capsys):
+    from robustir.cli.main import main
+
+    passages = write_passages(tmp_path / "corpus.jsonl", 6)
+    with FakeLLMServer() as server:
+        for shard in ("1/2", "2/2"):
+            code = main(["generate", "--input", str(passages), "--output", str(tmp_path / "q.jsonl"),
+                         "--base-url", server.url, "--model", "fake-model", "--num-queries", "2",
+                         "--concurrency", "2", "--shard", shard, "--no-progress", "llm.temperature=0.0"])
+            assert code == 0
+        assert all(body["temperature"] == 0.0 and body["model"] == "fake-model" for body in server.requests)
+    first = read_lines(tmp_path / "q.shard-00001-of-00002.jsonl")
+    second = read_lines(tmp_path / "q.shard-00002-of-00002.jsonl")
+    assert {r["pos_id"] for r in first} == {"p0", "p2", "p4"} and {r["pos_id"] for r in second} == {"p1", "p3", "p5"}
+    assert len(first) == 6 and "6 queries written" in capsys.readouterr().out
+    assert (tmp_path / "q.shard-00001-of-00002.jsonl.llm-cache.sqlite").exists()
+
+
+def test_cli_generate_reports_bad_endpoint_without_traceback(tmp_path, capsys):
+    from robustir.cli.main import main
+
+    passages = write_passages(tmp_path / "corpus.jsonl", 2)
+    with FakeLLMServer() as server:
+        code = main(["generate", "--input", str(passages), "--output", str(tmp_path / "q.jsonl"),
+                     "--base-url", server.url[:-3], "--model", "fake-model", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "robustir generate: error:" in err and "404" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------------- judge
+
+
+def test_llm_judge_removes_negatives_judged_relevant(tmp_path):
+    records = [
+        {"query": "what is topic A", "pos": ["A is a letter."],
+         "neg": ["RELEVANT: A again", "B is a letter", "UNSURE text", "A is a letter."],
+         "neg_scores": [0.9, 0.8, 0.7, 0.6], "pos_id": "p1"},
+        {"query": "北京在哪里", "pos": ["北京在中国。"], "neg": ["相关文本RELEVANT", "上海在中国。"]},
+        {"query": "no negatives", "pos": ["x"], "neg": []},
+        {"query": "what is C", "pos": ["C"], "neg": ["RELEVANT C", "FAIL this one"]},
+    ]
+    source = tmp_path / "mined.jsonl"
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    original = source.read_bytes()
+
+    def reply(messages):
+        prompt = last_user(messages)
+        chinese = "查询：" in prompt
+        if "FAIL" in prompt:
+            return {"status": 500}
+        if "RELEVANT" in prompt:
+            return "是" if chinese else "Yes."
+        if "UNSURE" in prompt:
+            return "It is hard to say."
+        return "否" if chinese else "No"
+
+    with FakeLLMServer(reply) as server:
+        client = make_client(server, cache_path=tmp_path / "cache.sqlite", on_failure="skip", max_retries=1)
+        report = judge_negatives(source, tmp_path / "clean.jsonl", client, progress=False)
+        client.close()
+    assert source.read_bytes() == original
+    rows = read_lines(tmp_path / "clean.jsonl")
+    assert [r["query"] for r in rows] == [r["query"] for r in records]
+    assert rows[0]["neg"] == ["B is a letter", "UNSURE text"] and rows[0]["neg_scores"] == [0.8, 0.7]
+    assert rows[0]["removed"] == [{"text": "RELEVANT: A again", "reason": "llm_judge"},
+                                  {"text": "A is a letter.", "reason": "equals_positive"}]
+    assert rows[0]["pos_id"] == "p1"
+    assert rows[1]["neg"] == ["上海在中国。"] and rows[2]["neg"] == [] and rows[3]["neg"] == ["FAIL this one"]
+    assert server.count == 3 + 2 + 1 + 2  # equals_positive is never asked; FAIL was tried twice
+    assert (report.negatives_judged, report.removed, report.removed_equal_positive) == (7, 3, 1)
+    assert (report.undecidable, report.failed, report.kept, report.queries_with_removals) == (2, 1, 4, 3)
+    assert report.removed_per_query == {"0": 1, "1": 2, "2": 1}
+    saved = json.loads((tmp_path / "clean.jsonl.report.json").read_text())
+    assert saved["removed"] == 3 and saved["undecidable"] == 2
+    with pytest.raises(Exception, match="never overwrites"):
+        judge_negatives(source, source, client, progress=False)
+
+
+def test_llm_judge_resume(tmp_path):
+    source = tmp_path / "mined.jsonl"
+    records = [{"query": f"query {i}", "pos": [f"pos {i}"], "neg": [f"neg {i}a", f"neg {i}b RELEVANT"]}
+               for i in range(8)]
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out, cache = tmp_path / "clean.jsonl", tmp_path / "cache.sqlite"
+    with FakeLLMServer(lambda m: "yes" if "RELEVANT" in last_user(m) else "no") as server:
+        client = make_client(server, cache_path=cache, concurrency=2)
+        with pytest.raises(RuntimeError):
+            judge_negatives(source, out, ExplodingBackend(client, after=7), progress=False)
+        client.close()
+        client = make_client(server, cache_path=cache)
+        report = judge_negatives(source, out, client, progress=False)
+        client.close()
+        assert server.count == 16  # every (query, negative) asked exactly once over both runs
+    rows = read_lines(out)
+    assert [r["query"] for r in rows] == [r["query"] for r in records]
+    assert all(r["neg"] == [f"neg {i}a"] for i, r in enumerate(rows))
+    assert report.resumed == 3 and report.records_judged == 5
+
+
+# --------------------------------------------------------------------------------------------------- local HF
+
+
+def test_hf_backend_on_tiny_random_model(tmp_path, minilm_path):
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from robustir.mining.llm import HFGenerator
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "tiny-lm")
+    tokenizer.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}[assistant]{% endif %}")
+    tokenizer.save_pretrained(tmp_path / "tiny-lm")
+
+    generator = HFGenerator(str(tmp_path / "tiny-lm"), max_new_tokens=6, batch_size=2, device="cpu",
+                            cache=LLMCache(tmp_path / "cache.sqlite"))
+    conversations = ["write a question", [{"role": "user", "content": "another, longer prompt here"}], "third"]
+    assert "[user] write a question" in generator.render(conversations[0])
+    replies = generator.complete(conversations)
+    assert len(replies) == 3 and all(isinstance(r, str) for r in replies)
+    assert generator.complete(conversations) == replies and generator.stats.cache_hits == 3
+
+    greedy = HFGenerator(str(tmp_path / "tiny-lm"), max_new_tokens=6, batch_size=3, device="cpu")
+    assert all(isinstance(r, str) for r in greedy.complete(conversations))
+    generate_queries(write_passages(tmp_path / "c.jsonl", 2), tmp_path / "o.jsonl", greedy,
+                     template=DEFAULT_TEMPLATE_EN, progress=False)

@@ -1,0 +1,147 @@
+"""The trainer: resume gives the same result as an uninterrupted run, configs and overrides, outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robustir.cli.main import main as cli_main
+from robustir.config import load_config
+from robustir.errors import ConfigError
+from robustir.training.arguments import TrainConfig
+from robustir.training.data import GroupSampler
+from robustir.data.training_data import TrainingExample
+from robustir.training.trainer import train
+
+
+def write_train_file(path: Path, n: int = 24, with_negatives: bool = True) -> Path:
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(n):
+            record = {"query": f"what does report {i} say about topic {i % 5}",
+                      "pos": [f"report {i} explains topic {i % 5} with detail number {i * 13}"]}
+            if with_negatives:
+                record["neg"] = [f"report {i + 1} is about something else {i}", f"unrelated text {i * 7}"]
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def small_config(tiny_model_dir: str, data: Path, output: Path, **overrides) -> TrainConfig:
+    values = dict(model=tiny_model_dir, train_data=str(data), output=str(output), batch_size=4, max_steps=4,
+                  save_steps=2, passage_max_length=32, query_max_length=16, probe_size=8, lr=1e-3,
+                  loss="peg", num_negatives=1, seed=7)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
+    data = write_train_file(tmp_path / "train.jsonl")
+    full = train(small_config(tiny_model_dir, data, tmp_path / "full", chunk_size=3))
+    first = train(small_config(tiny_model_dir, data, tmp_path / "resumed", chunk_size=3), stop_after=2)
+    assert first.steps == 2 and not (tmp_path / "resumed" / "model").exists()
+    second = train(small_config(tiny_model_dir, data, tmp_path / "resumed", chunk_size=3))
+    assert second.steps == 4
+    a, b = weights(full.model_path), weights(second.model_path)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
+    log_full = [json.loads(x) for x in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+    log_resumed = [json.loads(x) for x in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log_resumed] == [1, 2, 3, 4]
+    for x, y in zip(log_full, log_resumed):  # PEG's t carried through the checkpoint
+        assert x["t"] == pytest.approx(y["t"], abs=1e-6) and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+    # weights moved, and the final checkpoint holds PEG's state
+    start = weights_of_base(tiny_model_dir)
+    assert any(not torch.equal(start[k], a[k]) for k in a if k in start)
+
+
+def weights_of_base(path: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModel
+
+    return {k: v for k, v in AutoModel.from_pretrained(path).state_dict().items()}
+
+
+def test_outputs_report_and_model_card(tiny_model_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    data = write_train_file(tmp_path / "train.jsonl")
+    result = train(small_config(tiny_model_dir, data, tmp_path / "out", loss="ccr", max_steps=2))
+    out = tmp_path / "out"
+    for name in ("train_log.jsonl", "similarities.json", "report.png", "report.html", "training_config.json"):
+        assert (out / name).exists(), name
+    sims = json.loads((out / "similarities.json").read_text())
+    assert set(sims) == {"start", "end"} and len(sims["end"]["positive"]) == 8
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert {"loss", "nce", "ccr", "lr", "pairs_per_s"} <= set(log[0])
+    card = (result.model_path / "README.md").read_text()
+    assert "ccr" in card and "beta" in card and str(data) in card
+    st = SentenceTransformer(str(result.model_path), device="cpu")
+    assert st.encode(["hello"]).shape == (1, 32)
+
+
+def test_beir_folder_with_bm25_mining(tiny_model_dir, tmp_path):
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"d{i}", "title": f"title {i}", "text": f"document {i} about subject {i % 4} words {i * 3}"}
+            for i in range(30)]
+    (root / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    queries = [{"_id": f"q{i}", "text": f"subject {i % 4} document {i}"} for i in range(12)]
+    (root / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries) + "\n")
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                              "".join(f"q{i}\td{i}\t1\n" for i in range(12)))
+    config = small_config(tiny_model_dir, root, tmp_path / "out", loss="infonce", max_steps=2, mine_negatives=5)
+    train(config)
+    mined = [json.loads(x) for x in (tmp_path / "out" / "mined-bm25.jsonl").read_text().splitlines()]
+    assert len(mined) == 12
+    for record in mined:
+        assert len(record["neg"]) == 5 and not set(record["neg_ids"]) & set(record["pos_ids"])
+
+
+def test_config_file_flags_and_overrides(tmp_path):
+    from robustir.cli.main import build_parser
+    from robustir.cli.train import build_config
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("loss: peg\nlr: 1.0e-5\nbatch_size: 16\nloss_options:\n  beta: 0.2\n")
+    args = build_parser().parse_args(["train", "--config", str(cfg), "--batch-size", "8",
+                                      "loss_options.alpha=0.3", "epochs=2"])
+    config = build_config(args)
+    assert (config.loss, config.lr, config.batch_size, config.epochs) == ("peg", 1e-5, 8, 2.0)
+    assert config.loss_options == {"beta": 0.2, "alpha": 0.3}
+    with pytest.raises(ConfigError, match="did you mean 'batch_size'"):
+        load_config(TrainConfig, None, ["batchsize=3"])
+    with pytest.raises(ConfigError, match="expected an integer"):
+        load_config(TrainConfig, None, ["batch_size=abc"])
+    with pytest.raises(ConfigError, match="not one of"):
+        load_config(TrainConfig, None, ["loss=focal"])
+
+
+def test_cli_reports_errors_without_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q", "pos": "not a list"}\n')
+    code = cli_main(["train", "--train-data", str(bad), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "line 1, field 'pos'" in err and "Traceback" not in err
+
+
+def test_group_sampler_is_deterministic_and_partitions_ranks():
+    examples = [TrainingExample(f"q{i}", [f"p{i}"], [f"n{i}a", f"n{i}b", f"n{i}c"]) for i in range(20)]
+    a = GroupSampler(examples, 2, 4, 2, seed=3)
+    b = GroupSampler(examples, 2, 4, 2, seed=3)
+    assert [g.passages for g in a.batch(1, 0)] == [g.passages for g in b.batch(1, 0)]
+    queries = [g.query for r in (0, 1) for g in a.batch(0, r)]
+    assert len(set(queries)) == 8  # two ranks take disjoint slices of the global batch
+    for g in a.batch(0, 0):
+        i = g.query[1:]
+        assert g.passages[0] == f"p{i}" and set(g.passages[1:]) <= {f"n{i}a", f"n{i}b", f"n{i}c"}
+        assert len(set(g.passages[1:])) == 2
+    assert np.array_equal(a.permutation(0), b.permutation(0)) and not np.array_equal(a.permutation(0), a.permutation(1))
