@@ -1,0 +1,141 @@
+"""Helpers shared by the pre-training models (RetroMAE, GUR): an encoder-only masked LM and its folder.
+
+* :func:`load_masked_lm` loads any BERT-family checkpoint as ``AutoModelForMaskedLM``. A checkpoint
+  without MLM head weights (e.g. sentence-transformers' all-MiniLM-L6-v2, saved as ``BertModel``) gets a
+  freshly initialised head whose decoder is tied to the word embeddings; transformers prints a load
+  report listing the head weights as MISSING (and the unused pooler as UNEXPECTED) - that is expected.
+* :func:`mlm_head` returns the module mapping hidden states to vocabulary logits.
+* :func:`masked_lm_loss` applies that head only at labelled positions (cheaper than full logits).
+* :func:`save_encoder_folder` writes the masked LM + tokenizer as a HF folder that ``AutoModel`` and
+  ``SentenceTransformer`` both load (legacy sentence-transformers layout, readable by v2-v6).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from robustir.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["load_masked_lm", "load_tokenizer", "masked_lm_loss", "mlm_head", "save_encoder_folder"]
+
+POOLING_MODES = ("cls", "mean")
+
+
+def load_masked_lm(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
+    """``AutoModelForMaskedLM.from_pretrained`` plus a check that the MLM head is usable and tied."""
+    from transformers import AutoModelForMaskedLM
+
+    model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
+    head = mlm_head(model)  # fail early on an architecture we cannot drive
+    head_prefix = next(name for name, module in model.named_children() if module is head)
+    missing_head = sorted(k for k in info.get("missing_keys", ()) if k.startswith(head_prefix + "."))
+    if missing_head:
+        # e.g. sentence-transformers checkpoints: expected, and why transformers prints a load report.
+        logger.warning(
+            "%s has no MLM head weights (%d missing, e.g. %s): using a newly initialised head tied to the "
+            "word embeddings. Fine for pre-training from an embedding model.",
+            name_or_path, len(missing_head), missing_head[0],
+        )
+    if getattr(model.config, "tie_word_embeddings", True):
+        # A newly created head must share the input embedding matrix, as in BERT pre-training.
+        model.tie_weights()
+    return model
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any | None:
+    """The folder's tokenizer, or ``None`` when it has none (the caller may pass one to ``save_pretrained``)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(name_or_path))
+    except (OSError, ValueError):
+        return None
+
+
+def mlm_head(model: nn.Module) -> nn.Module:
+    """The hidden-state -> vocabulary-logits head of a masked LM (BERT ``cls``, RoBERTa ``lm_head``)."""
+    for name in ("cls", "lm_head"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise ConfigError(
+        f"{type(model).__name__} has no 'cls' or 'lm_head' MLM head; robustir's pre-training models "
+        "support encoder-only BERT-family checkpoints (BERT, RoBERTa, MiniLM, ...)."
+    )
+
+
+def masked_lm_loss(head: nn.Module, hidden: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy of ``head(hidden)`` at positions with ``labels != -100``.
+
+    With no labelled position the loss is an exact 0 that still belongs to the graph, so a batch of very
+    short texts cannot produce NaN.
+    """
+    selected = labels != -100
+    if not bool(selected.any()):
+        return hidden.sum() * 0.0
+    logits = head(hidden[selected])
+    return F.cross_entropy(logits.float(), labels[selected])
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
+    """Sentence vector from token states: the first ([CLS]) token, or the mask-weighted mean."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "mean":
+        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+    raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
+
+
+def save_encoder_folder(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    tokenizer: Any | None = None,
+    pooling: str = "cls",
+    max_seq_length: int | None = None,
+) -> Path:
+    """Write the masked LM as a HF folder, plus the files that make it a sentence-transformers model.
+
+    The weights include the MLM head (useful to continue MLM-style pre-training); ``AutoModel`` ignores
+    it. ``AutoModel`` also reports a newly initialised pooler (BERT's MLM model has none); retrieval
+    never uses it. The sentence-transformers files declare ``pooling`` (Transformer -> Pooling).
+    """
+    if pooling not in POOLING_MODES:
+        raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    if max_seq_length is None:
+        limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
+        positions = int(getattr(model.config, "max_position_embeddings", 512))
+        max_seq_length = min(int(limit), positions) if limit and limit < 10**6 else positions
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    pooling_config = {
+        "word_embedding_dimension": int(model.config.hidden_size),
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": int(max_seq_length), "do_lower_case": False}, indent=2) + "\n"
+    )
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2) + "\n")
+    return out
