@@ -145,3 +145,27 @@ def test_group_sampler_is_deterministic_and_partitions_ranks():
         assert g.passages[0] == f"p{i}" and set(g.passages[1:]) <= {f"n{i}a", f"n{i}b", f"n{i}c"}
         assert len(set(g.passages[1:])) == 2
     assert np.array_equal(a.permutation(0), b.permutation(0)) and not np.array_equal(a.permutation(0), a.permutation(1))
+
+
+def test_torchrun_two_processes(tiny_model_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 -m robustir.cli.main train ...` on CPU (gloo): a global batch of 2 x 4."""
+    import socket
+    import subprocess
+    import sys
+
+    data = write_train_file(tmp_path / "train.jsonl", n=16)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "robustir.cli.main", "train", "--model", tiny_model_dir,
+           "--train-data", str(data), "--output", str(tmp_path / "out"), "--batch-size", "4", "--max-steps", "2",
+           "--chunk-size", "3", "--loss", "peg", "probe_size=8", "passage_max_length=32", "query_max_length=16"]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = [json.loads(x) for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert log[1]["epoch"] == pytest.approx(0.5)  # 16 examples / (4 per process x 2 processes) = 2 steps per epoch
+    assert (tmp_path / "out" / "model" / "model.safetensors").exists()
+    assert proc.stdout.count("model saved to") == 1

@@ -55,8 +55,12 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     from ..training.trainer import train
 
+    import os
+
     config = build_config(args)
     result = train(config)
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only the main process reports
     print(f"model saved to {result.model_path} after {result.steps} steps ({result.seconds / 60:.1f} min)")
     if result.metrics:
         rows = {"base": result.base_metrics} if result.base_metrics else {}

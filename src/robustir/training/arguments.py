@@ -12,7 +12,8 @@ class TrainConfig:
     model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
     pooling: Literal["cls", "mean"] | None = None  # None = read from the model folder
     query_max_length: int = 64
-    passage_max_length: int = 256
+    passage_max_length: int = 256  # saved with the model; used for evaluation
+    train_passage_max_length: int | None = None  # shorter truncation while training (cheaper); None = same
     query_instruction: str | None = None
     passage_instruction: str | None = None
     # data

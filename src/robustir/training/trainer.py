@@ -19,9 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +37,8 @@ from ..models.encoder import Encoder
 from ..resources import default_model_path
 from .arguments import TrainConfig
 from .batch_engine import BatchEngine
+from .checkpoints import list_checkpoints as _checkpoints
+from .checkpoints import save_checkpoint as _save_checkpoint
 from .data import GroupSampler, collate
 
 logger = logging.getLogger(__name__)
@@ -123,14 +123,6 @@ def similarity_probe(encoder: Encoder, examples: list[TrainingExample], size: in
 
 # ---------------------------------------------------------------------------- checkpoints
 
-def _checkpoints(root: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in root.glob("step-*"):
-        if path.is_dir() and (path / "trainer_state.json").exists():
-            found.append((int(path.name.split("-")[1]), path))
-    return sorted(found)
-
-
 def _model_card(config: TrainConfig, encoder: Encoder, loss_config: dict, steps: int, examples: int,
                 metrics: dict, base_metrics: dict) -> str:
     rows = ""
@@ -156,7 +148,8 @@ pipeline_tag: sentence-similarity
 - **Steps:** {steps}; batch {config.batch_size} queries per process{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
   lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, bf16 {config.bf16}.
 - **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
-  query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length},
+  query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length}
+  (training truncated passages at {config.train_passage_max_length or encoder.config.passage_max_length}),
   query instruction {encoder.config.query_instruction!r}.
 
 {('## Evaluation on `' + str(config.eval_data) + '` (' + config.eval_split + ')' + chr(10) + chr(10) + rows) if rows else ''}
@@ -261,7 +254,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         for step in range(start_step, total_steps):
             tick = time.perf_counter()
             groups = sampler.batch(step, accelerator.process_index)
-            q, p, ids = collate(groups, unwrapped, config.query_max_length, config.passage_max_length)
+            q, p, ids = collate(groups, unwrapped, config.query_max_length,
+                                config.train_passage_max_length or config.passage_max_length)
             output = engine.step(model, q, p, config.num_negatives, passage_ids=ids)
             grad_norm = None
             if config.max_grad_norm:
@@ -331,25 +325,6 @@ def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float
     result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, bf16=config.eval_bf16))
     encoder.train(was_training)
     return result.metrics
-
-
-def _save_checkpoint(accelerator, root: Path, step: int, keep: int) -> None:
-    """Write ``step-N`` via a temporary folder (a crash mid-save never leaves a half checkpoint behind)."""
-    final = root / f"step-{step}"
-    tmp = root / f".step-{step}.tmp"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        root.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_json(tmp / "trainer_state.json", {"step": step})
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for _, old in _checkpoints(root)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
 
 
 def config_summary(config: TrainConfig) -> dict:
