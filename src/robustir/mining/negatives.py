@@ -68,6 +68,8 @@ class MiningQuery:
     query_id: str
     text: str
     positive_ids: list[str]
+    extra: dict = field(default_factory=dict)
+    """Other fields of an input training record, copied to the output (mined fields take precedence)."""
 
 
 @dataclass
@@ -233,6 +235,7 @@ def mine_negatives(queries: list[MiningQuery], doc_ids: list[str], doc_texts: li
                 report.positive_scores.extend(pos_scores)
                 report.negative_scores.extend(s for _, s in chosen)
                 writer.write({
+                    **query.extra,
                     "query": query.text, "pos": [doc_texts[r] for r in pos_rows],
                     "neg": [doc_texts[r] for r, _ in chosen],
                     "pos_scores": pos_scores, "neg_scores": [s for _, s in chosen],
@@ -257,6 +260,89 @@ def _plain(config: MiningConfig) -> dict:
 def queries_from_beir(dataset: BeirDataset) -> list[MiningQuery]:
     return [MiningQuery(qid, dataset.queries[qid], [d for d, g in dataset.qrels[qid].items() if g > 0])
             for qid in dataset.qrels]
+
+
+def load_jsonl_for_mining(path: str | Path, corpus: str | Path | None = None
+                          ) -> tuple[list[MiningQuery], list[str], list[str]]:
+    """Queries and candidate documents for mining negatives for a training JSONL (``query``/``pos``[/``neg``]).
+
+    * With ``corpus`` (a BEIR ``corpus.jsonl``: ``_id``, ``title``, ``text``): candidates are its documents. A
+      record's positives are matched by ``pos_ids`` / ``pos_id`` when those are corpus ids, else by identical
+      text; a positive found in neither way is added to the pool under a synthetic id (``pos:<n>``), so it is
+      scored and excluded like any positive.
+    * Without: the FlagEmbedding convention -- the candidate pool is every distinct ``pos`` and ``neg`` text
+      in the file (ids ``p0``, ``p1``, ...).
+
+    Existing ``neg`` lists are replaced by the mined ones (without a corpus they are still candidates).
+    Query ids: the record's ``query_id`` / ``qid`` when every record has a distinct one, else ``L<line>``.
+    Other record fields are carried to the output unchanged.
+    """
+    from ..data.training_data import parse_example
+    from ..io import read_jsonl
+
+    path = Path(path)
+    records = []
+    for line, obj in read_jsonl(path):
+        example = parse_example(obj, path, line)  # DataError names file, line and field
+        if example is None:
+            logger.warning("%s, line %d: empty query or positive, skipped", path, line)
+            continue
+        records.append((line, example))
+    if not records:
+        from ..errors import DataError
+
+        raise DataError(path, "no usable record", fix='each line needs "query" and a non-empty "pos" list')
+    given = [str(e.extra.get("query_id", e.extra.get("qid", ""))) for _, e in records]
+    unique_ids = all(given) and len(set(given)) == len(given)
+    doc_ids: list[str] = []
+    doc_texts: list[str] = []
+    by_text: dict[str, str] = {}
+    known_ids: set[str] = set()
+    if corpus is not None:
+        from ..data.beir import load_corpus
+
+        loaded, _ = load_corpus(corpus)
+        doc_ids, doc_texts = list(loaded.ids), list(loaded.texts_for_encoding())
+        known_ids = set(doc_ids)
+        for doc_id, text, raw in zip(doc_ids, doc_texts, loaded.texts):
+            by_text.setdefault(text.strip(), doc_id)
+            by_text.setdefault(raw.strip(), doc_id)
+    else:
+        for _, example in records:
+            for text in (*example.pos, *example.neg):
+                if text.strip() not in by_text:
+                    by_text[text.strip()] = f"p{len(doc_ids)}"
+                    doc_ids.append(by_text[text.strip()])
+                    doc_texts.append(text)
+    queries = []
+    for (line, example), qid in zip(records, given):
+        declared = example.extra.get("pos_ids", example.extra.get("pos_id"))
+        declared = [declared] if isinstance(declared, str) else declared
+        positives: list[str] = []
+        for i, text in enumerate(example.pos):
+            doc_id = None
+            if isinstance(declared, list) and i < len(declared) and str(declared[i]) in known_ids:
+                doc_id = str(declared[i])
+            doc_id = doc_id or by_text.get(text.strip())
+            if doc_id is None:  # positive text absent from the corpus: add it so it can be scored
+                doc_id = f"pos:{len(doc_ids)}"
+                by_text[text.strip()] = doc_id
+                doc_ids.append(doc_id)
+                doc_texts.append(text)
+            positives.append(doc_id)
+        extra = {k: v for k, v in example.extra.items() if k not in ("pos_ids", "neg_ids", "query_id")}
+        if example.prompt is not None:
+            extra["prompt"] = example.prompt
+        queries.append(MiningQuery(qid if unique_ids else f"L{line}", example.query,
+                                   list(dict.fromkeys(positives)), extra))
+    return queries, doc_ids, doc_texts
+
+
+def mine_jsonl(path: str | Path, output: str | Path, config: MiningConfig | None = None, encoder=None,
+               shard: Shard | None = None, corpus: str | Path | None = None) -> MiningReport:
+    """Mine negatives for the records of a training JSONL (see :func:`load_jsonl_for_mining`)."""
+    queries, doc_ids, doc_texts = load_jsonl_for_mining(path, corpus)
+    return mine_negatives(queries, doc_ids, doc_texts, output, config, encoder, shard)
 
 
 def mine_beir(path: str | Path, split: str, output: str | Path, config: MiningConfig | None = None,

@@ -22,6 +22,15 @@ def _read_log(path: Path) -> tuple[list[dict], list[dict]]:
     return steps, evals
 
 
+def _smooth(values: list[float], weight: float = 0.8) -> list[float]:
+    """Exponential moving average (as TensorBoard's smoothing), so the trend shows through batch noise."""
+    out, last = [], None
+    for value in values:
+        last = value if last is None else weight * last + (1 - weight) * value
+        out.append(last)
+    return out
+
+
 def write_training_report(output: str | Path) -> Path:
     """Write ``report.png`` and ``report.html`` into a training output folder; returns the PNG path."""
     import matplotlib
@@ -36,10 +45,11 @@ def write_training_report(output: str | Path) -> Path:
     ax = axes[0][0]
     if steps:
         x = [r["step"] for r in steps]
-        ax.plot(x, [r["loss"] for r in steps], label="loss", lw=1)
-        for key in ("nce", "ccr"):
-            if key in steps[0] and key != "loss":
-                ax.plot(x, [r[key] for r in steps], label=key, lw=1, alpha=0.8)
+        ax.plot(x, [r["loss"] for r in steps], label="loss", lw=0.8, alpha=0.35, color="tab:blue")
+        ax.plot(x, _smooth([r["loss"] for r in steps]), label="loss (smoothed)", lw=2, color="tab:blue")
+        for key, color in (("nce", "tab:orange"), ("ccr", "tab:purple")):
+            if key in steps[0]:
+                ax.plot(x, _smooth([r[key] for r in steps]), label=f"{key} (smoothed)", lw=1.5, color=color)
         if evals:
             twin = ax.twinx()
             twin.plot([r["step"] for r in evals], [r["eval_ndcg@10"] for r in evals], "o-", color="black",

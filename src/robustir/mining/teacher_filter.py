@@ -1,0 +1,421 @@
+"""False-negative removal by teacher margin (NV-Retriever's positive-aware rule).
+
+A teacher scores every (query, positive) and (query, negative) pair of a training record; a negative that
+scores too close to the positive is likely relevant too (a false negative) and is removed:
+
+    absolute margin a:  remove if  s(q, n) > s(q, p) - a
+    relative margin r:  remove if  s(q, n) > s(q, p) - |s(q, p)| * r      (= s(q, p) * (1 - r) for s >= 0;
+                                                                           NV-Retriever "TopK-PercPos", r = 0.05)
+
+``s(q, p)`` is the *lowest* score among the record's positives -- the conservative choice, and the same one
+``robustir mine`` makes. (The ``|s|`` form only matters for teachers with negative scores such as raw
+cross-encoder logits: it keeps the threshold below the positive.) A negative whose text equals a positive is
+removed without scoring (reason ``equals_positive``).
+
+Teachers: an embedding model (:class:`~robustir.models.encoder.Encoder`, cosine) or a cross-encoder
+(``sentence_transformers.CrossEncoder`` on a local folder; scores after its default activation, a sigmoid for
+one-label models). ``kind="auto"`` picks the cross-encoder when the folder's ``config.json`` names a
+``*ForSequenceClassification`` architecture.
+
+This module also holds the streaming engine shared with the passage sieve (:mod:`robustir.mining.sieve`):
+records are read in input order, decided in batches, and appended to a resumable output (a re-run with the same
+input and shard skips what the partial output already holds). The input is never overwritten; aligned
+per-negative fields (``neg_scores``, ``neg_ids``, any list field ``neg_*`` as long as ``neg``) are filtered
+along with ``neg``; with ``keep_removed`` each record gets a ``removed`` list
+``[{"text", "reason", "score"}]`` appended to any list an earlier filter left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TeacherFilterConfig", "FilterReport", "Decision", "FilterRecord", "EmbeddingTeacher",
+           "CrossEncoderTeacher", "load_teacher", "margin_reason", "teacher_filter", "run_filter"]
+
+REASON_EQUALS_POSITIVE = "equals_positive"
+REASON_ABSOLUTE = "teacher_absolute_margin"
+REASON_RELATIVE = "teacher_relative_margin"
+
+
+# ----------------------------------------------------------------------------------------------- engine
+
+@dataclass
+class FilterRecord:
+    """One validated input record."""
+
+    line: int
+    data: dict
+    query: str
+    pos: list[str]
+    neg: list[str]
+
+
+@dataclass
+class Decision:
+    """Verdict on each negative of one record: ``reasons[j]`` is None to keep negative j, else why it goes."""
+
+    reasons: list[str | None]
+    scores: list[float | None]
+    positive_score: float | None = None
+
+
+@dataclass
+class FilterReport:
+    """What a filter run removed and why (``resumed`` records came from an earlier run and are not counted)."""
+
+    method: str
+    input: str
+    output: str
+    records: int = 0
+    resumed: int = 0
+    negatives: int = 0
+    kept: int = 0
+    removed: int = 0
+    removed_by_reason: dict = field(default_factory=dict)
+    queries_with_removals: int = 0
+    queries_left_without_negatives: int = 0
+    removed_per_query: dict = field(default_factory=dict)
+    """Histogram: number of negatives removed from a record -> number of records."""
+    scores: dict = field(default_factory=dict)
+    """Score statistics of positives, kept negatives and removed negatives (per reason)."""
+    config: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+    """Method-specific additions (the sieve's model, training run and similarity lists)."""
+    elapsed_s: float = 0.0
+
+    def summary(self) -> str:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.removed_by_reason.items())) or "none"
+        return (f"{self.method}: {self.records} records ({self.resumed} from an earlier run), {self.negatives} "
+                f"negatives, {self.removed} removed ({reasons}), {self.kept} kept; {self.queries_with_removals} "
+                f"records lost at least one, {self.queries_left_without_negatives} have none left -> {self.output}")
+
+
+def score_stats(values: Sequence[float]) -> dict:
+    if not len(values):
+        return {"count": 0}
+    arr = np.asarray(values, dtype=np.float64)
+    return {"count": int(arr.size), "mean": float(arr.mean()), "min": float(arr.min()),
+            "p25": float(np.percentile(arr, 25)), "median": float(np.median(arr)),
+            "p75": float(np.percentile(arr, 75)), "max": float(arr.max())}
+
+
+def parse_record(path: Path, line: int, obj: dict) -> FilterRecord:
+    """Validate ``query`` (str), ``pos`` (non-empty list of str) and ``neg`` (list of str, may be absent)."""
+    query, pos, neg = obj.get("query"), obj.get("pos"), obj.get("neg", [])
+    if not isinstance(query, str):
+        raise DataError(path, "missing field 'query'" if query is None else
+                        f"expected a string, got {type(query).__name__}", line=line, field="query",
+                        fix='every line needs "query": "question text"')
+    for name, value in (("pos", pos), ("neg", neg)):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            got = "nothing" if value is None else type(value).__name__
+            raise DataError(path, f"expected a list of strings, got {got}", line=line, field=name,
+                            fix=f'write "{name}": ["passage text", ...]')
+    if not pos:
+        raise DataError(path, "empty positive list", line=line, field="pos",
+                        fix="every record needs at least one positive to compare its negatives with")
+    return FilterRecord(line, obj, query, pos, neg)
+
+
+def check_paths(input_path: str | Path, output_path: str | Path, overwrite: bool) -> tuple[Path, Path]:
+    """Refuse a missing input, an output that is the input, and (unless ``overwrite``) a complete output."""
+    input_path, output = Path(input_path), Path(output_path)
+    if not input_path.exists():
+        raise DataError(input_path, "file not found", fix="give a training JSONL with query/pos/neg")
+    if output.resolve() == input_path.resolve():
+        raise ConfigError(f"output {output} is the input file; filters never overwrite their input, "
+                          "choose a new file")
+    partial = output.with_name(output.name + ".partial")
+    if overwrite:
+        for stale in (output, partial, output.with_name(output.name + ".report.json")):
+            stale.unlink(missing_ok=True)
+    elif output.exists():
+        raise ConfigError(f"{output} already exists (complete); pass overwrite=True / --overwrite to redo it")
+    return input_path, output
+
+
+def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable[[list[FilterRecord]], list[Decision]],
+               *, method: str, config: dict, batch_records: int = 256, keep_removed: bool = True,
+               shard: Shard | None = None, overwrite: bool = False, progress: bool = True,
+               on_finish: Callable[[FilterReport, dict], None] | None = None) -> FilterReport:
+    """Stream ``input_path`` through ``decide`` (a batch of records -> one :class:`Decision` each) into a new file.
+
+    ``on_finish(report, collected)`` may add to the report before it is written; ``collected`` holds the raw
+    score lists ``positive``, ``kept`` and ``removed:<reason>``.
+    """
+    from tqdm.auto import tqdm
+
+    shard = shard or Shard()
+    input_path, output = check_paths(input_path, output_path, overwrite)
+    started = time.monotonic()
+    report = FilterReport(method=method, input=str(input_path), output=str(output), config=config)
+    reasons: Counter[str] = Counter()
+    histogram: Counter[int] = Counter()
+    collected: dict[str, list[float]] = {"positive": [], "kept": []}
+    writer = ResumableJsonlWriter(output, key_field=None)
+    already = writer.count  # records are written in input order: skip that many owned records
+    bar = tqdm(desc=method, unit="record", disable=not progress)
+
+    def flush(batch: list[FilterRecord]) -> None:
+        decisions = decide(batch)
+        for record, decision in zip(batch, decisions):
+            writer.write(_apply(record, decision, keep_removed, report, reasons, histogram, collected))
+        bar.update(len(batch))
+
+    finished = False
+    try:
+        batch: list[FilterRecord] = []
+        owned = 0
+        for line, obj in shard.select(read_jsonl(input_path)):
+            owned += 1
+            if owned <= already:
+                report.resumed += 1
+                continue
+            batch.append(parse_record(input_path, line, obj))
+            if len(batch) >= batch_records:
+                flush(batch)
+                batch = []
+        if batch:
+            flush(batch)
+        writer.finish()
+        finished = True
+    finally:
+        writer.close()
+        bar.close()
+    report.removed_by_reason = dict(sorted(reasons.items()))
+    report.removed_per_query = {str(k): histogram[k] for k in sorted(histogram)}
+    report.scores = {"positive": score_stats(collected["positive"]), "kept": score_stats(collected["kept"]),
+                     **{k: score_stats(v) for k, v in collected.items() if k.startswith("removed:")}}
+    report.elapsed_s = round(time.monotonic() - started, 3)
+    if on_finish is not None:
+        on_finish(report, collected)
+    if finished:
+        write_json(output.with_name(output.name + ".report.json"), asdict(report))
+    logger.info("%s", report.summary())
+    return report
+
+
+def _apply(record: FilterRecord, decision: Decision, keep_removed: bool, report: FilterReport,
+           reasons: Counter, histogram: Counter, collected: dict[str, list[float]]) -> dict:
+    out = dict(record.data)
+    n = len(record.neg)
+    if len(decision.reasons) != n:
+        raise RuntimeError(f"filter decided {len(decision.reasons)} negatives of a record with {n}")
+    keep = [reason is None for reason in decision.reasons]
+    removed = []
+    for text, reason, score in zip(record.neg, decision.reasons, decision.scores):
+        if reason is None:
+            if score is not None:
+                collected["kept"].append(score)
+            continue
+        reasons[reason] += 1
+        entry: dict = {"text": text, "reason": reason}
+        if score is not None:
+            entry["score"] = round(float(score), 6)
+            collected.setdefault(f"removed:{reason}", []).append(score)
+        removed.append(entry)
+    if decision.positive_score is not None:
+        collected["positive"].append(decision.positive_score)
+    out["neg"] = [text for text, k in zip(record.neg, keep) if k]
+    for key, value in record.data.items():  # keep aligned per-negative fields aligned
+        if key.startswith("neg_") and isinstance(value, list) and len(value) == n:
+            out[key] = [v for v, k in zip(value, keep) if k]
+    if keep_removed:
+        earlier = record.data.get("removed")
+        out["removed"] = (earlier if isinstance(earlier, list) else []) + removed
+    report.records += 1
+    report.negatives += n
+    report.removed += len(removed)
+    report.kept += n - len(removed)
+    report.queries_with_removals += bool(removed)
+    report.queries_left_without_negatives += bool(n) and not out["neg"]
+    histogram[len(removed)] += 1
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- teachers
+
+class Teacher(Protocol):
+    def score(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        """Score each pair ``(queries[i], passages[i])``; higher = more relevant."""
+
+
+class EmbeddingTeacher:
+    """Cosine similarity of an embedding model's query and passage embeddings."""
+
+    def __init__(self, encoder, batch_size: int = 64, bf16: bool = False) -> None:
+        self.encoder = encoder
+        self.batch_size = batch_size
+        self.bf16 = bf16
+
+    def score(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        # each distinct text is encoded once per batch (a query appears once per negative)
+        q_texts = list(dict.fromkeys(queries))
+        p_texts = list(dict.fromkeys(passages))
+        q_emb = self.encoder.encode(q_texts, "query", batch_size=self.batch_size, bf16=self.bf16)
+        p_emb = self.encoder.encode(p_texts, "passage", batch_size=self.batch_size, bf16=self.bf16)
+        q_emb = q_emb / np.maximum(np.linalg.norm(q_emb, axis=1, keepdims=True), 1e-12)
+        p_emb = p_emb / np.maximum(np.linalg.norm(p_emb, axis=1, keepdims=True), 1e-12)
+        q_row = {t: i for i, t in enumerate(q_texts)}
+        p_row = {t: i for i, t in enumerate(p_texts)}
+        qi = np.fromiter((q_row[t] for t in queries), dtype=np.int64, count=len(queries))
+        pi = np.fromiter((p_row[t] for t in passages), dtype=np.int64, count=len(passages))
+        return np.einsum("nd,nd->n", q_emb[qi], p_emb[pi])
+
+
+class CrossEncoderTeacher:
+    """``sentence_transformers.CrossEncoder`` relevance scores (default activation: sigmoid for one label)."""
+
+    def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, bf16: bool = False) -> None:
+        from sentence_transformers import CrossEncoder
+
+        self.model = CrossEncoder(path, max_length=max_length, device="cpu" if not _cuda() else None)
+        if bf16:
+            self.model.model.to(dtype=__import__("torch").bfloat16)
+        self.batch_size = batch_size
+
+    def score(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        if not queries:
+            return np.zeros(0, dtype=np.float32)
+        scores = self.model.predict(list(zip(queries, passages)), batch_size=self.batch_size,
+                                    show_progress_bar=False, convert_to_numpy=True)
+        return np.asarray(scores, dtype=np.float32).reshape(len(queries), -1)[:, 0]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-encoder"] = "auto", *,
+                 batch_size: int = 64, bf16: bool = False, max_length: int | None = None) -> Teacher:
+    """The teacher in folder ``path`` (None = the bundled MiniLM embedding model)."""
+    from ..resources import default_model_path
+
+    path = path or default_model_path()
+    if kind not in ("auto", "embedding", "cross-encoder"):
+        raise ConfigError(f"teacher kind must be auto, embedding or cross-encoder, got {kind!r}")
+    if kind == "auto":
+        kind = "cross-encoder" if _is_cross_encoder(Path(path)) else "embedding"
+    if kind == "cross-encoder":
+        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, bf16=bf16)
+    from ..models.encoder import Encoder
+
+    overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}
+    return EmbeddingTeacher(Encoder.from_pretrained(path, **overrides), batch_size=batch_size, bf16=bf16)
+
+
+def _is_cross_encoder(path: Path) -> bool:
+    config = path / "config.json"
+    if not config.exists():
+        return False
+    try:
+        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except json.JSONDecodeError:
+        return False
+    # a sentence-transformers embedding folder has modules.json; a cross-encoder is a classification head
+    return any(a.endswith("ForSequenceClassification") for a in architectures) and not (path / "modules.json").exists()
+
+
+# ----------------------------------------------------------------------------------------------- the filter
+
+@dataclass
+class TeacherFilterConfig:
+    """Options of the teacher-margin filter (``robustir filter --method teacher``)."""
+
+    model: str | None = None
+    """Teacher folder: embedding model or cross-encoder (None = the bundled all-MiniLM-L6-v2)."""
+    kind: Literal["auto", "embedding", "cross-encoder"] = "auto"
+    absolute_margin: float | None = None
+    relative_margin: float | None = 0.05
+    """NV-Retriever's TopK-PercPos default; set None to use only the absolute margin."""
+    batch_size: int = 64
+    max_length: int | None = None
+    bf16: bool = False
+    batch_records: int = 256
+    keep_removed: bool = True
+    shard: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.absolute_margin is None and self.relative_margin is None:
+            raise ConfigError("teacher filter: set absolute_margin and/or relative_margin")
+        if self.relative_margin is not None and not 0 <= self.relative_margin < 1:
+            raise ConfigError(f"relative_margin must be in [0, 1), got {self.relative_margin}")
+
+
+def margin_reason(negative_score: float, positive_score: float, absolute_margin: float | None,
+                  relative_margin: float | None) -> str | None:
+    """Why a negative scoring ``negative_score`` is a likely false negative, or None to keep it."""
+    if absolute_margin is not None and negative_score > positive_score - absolute_margin:
+        return REASON_ABSOLUTE
+    if relative_margin is not None and negative_score > positive_score - abs(positive_score) * relative_margin:
+        return REASON_RELATIVE
+    return None
+
+
+def teacher_filter(input_path: str | Path, output_path: str | Path, config: TeacherFilterConfig | None = None,
+                   teacher: Teacher | None = None) -> FilterReport:
+    """Remove negatives scored within the margin of the record's (lowest) positive; write a new file + report."""
+    config = config or TeacherFilterConfig()
+    config.validate()
+    check_paths(input_path, output_path, config.overwrite)  # fail before loading a model
+    if teacher is None:
+        teacher = load_teacher(config.model, config.kind, batch_size=config.batch_size, bf16=config.bf16,
+                               max_length=config.max_length)
+
+    def decide(batch: list[FilterRecord]) -> list[Decision]:
+        queries: list[str] = []
+        passages: list[str] = []
+        for record in batch:
+            positives = {p.strip() for p in record.pos}
+            for text in record.pos:
+                queries.append(record.query)
+                passages.append(text)
+            for text in record.neg:
+                if text.strip() not in positives:
+                    queries.append(record.query)
+                    passages.append(text)
+        scores = iter(teacher.score(queries, passages).tolist())
+        decisions = []
+        for record in batch:
+            positives = {p.strip() for p in record.pos}
+            pos_score = min(next(scores) for _ in record.pos)
+            reasons: list[str | None] = []
+            neg_scores: list[float | None] = []
+            for text in record.neg:
+                if text.strip() in positives:
+                    reasons.append(REASON_EQUALS_POSITIVE)
+                    neg_scores.append(None)
+                    continue
+                score = next(scores)
+                reasons.append(margin_reason(score, pos_score, config.absolute_margin, config.relative_margin))
+                neg_scores.append(score)
+            decisions.append(Decision(reasons, neg_scores, pos_score))
+        return decisions
+
+    return run_filter(input_path, output_path, decide, method="teacher", config=asdict(config),
+                      batch_records=config.batch_records, keep_removed=config.keep_removed,
+                      shard=Shard.parse(config.shard), overwrite=False, progress=config.progress)
+
+
+def iter_records(path: str | Path) -> Iterator[FilterRecord]:
+    """Validated records of a training JSONL (for callers that want the same checks as the filters)."""
+    path = Path(path)
+    for line, obj in read_jsonl(path):
+        yield parse_record(path, line, obj)

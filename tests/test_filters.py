@@ -1,0 +1,249 @@
+"""False-negative removal: teacher margin, passage sieve, LLM judge (through ``robustir filter``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from robustir.cli.main import main
+from robustir.errors import ConfigError, DataError
+from robustir.mining import teacher_filter as teacher_module
+from robustir.mining.sieve import SieveConfig, sieve_decision, sieve_negatives
+from robustir.mining.teacher_filter import TeacherFilterConfig, load_teacher, margin_reason, teacher_filter
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class TableTeacher:
+    """Scores looked up from the passage text: ``"<score>|..."``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score(self, queries, passages):
+        self.calls += 1
+        return np.array([float(p.split("|")[0]) for p in passages])
+
+
+def test_margin_rules():
+    assert margin_reason(0.96, 1.0, None, 0.05) == "teacher_relative_margin"
+    assert margin_reason(0.95, 1.0, None, 0.05) is None  # equal to pos * (1 - r): kept
+    assert margin_reason(0.85, 1.0, 0.2, None) == "teacher_absolute_margin"
+    assert margin_reason(0.8, 1.0, 0.2, None) is None
+    assert margin_reason(-1.0, -2.0, None, 0.05) == "teacher_relative_margin"  # above a negative positive
+    assert margin_reason(-2.2, -2.0, None, 0.05) is None
+
+
+def test_teacher_filter_hand_made_case(tmp_path):
+    rows = [
+        {"query": "q1", "pos": ["1.0|pos a", "0.9|pos b"], "neg": ["0.2|far", "0.88|too close", "0.9|pos b", "0.85|ok"],
+         "neg_scores": [1, 2, 3, 4], "neg_ids": ["n1", "n2", "n3", "n4"], "qid": "x",
+         "removed": [{"text": "earlier", "reason": "llm_judge"}]},
+        {"query": "q2", "pos": ["0.5|p"], "neg": []},
+        {"query": "q3", "pos": ["0.5|p"], "neg": ["0.49|close"]},
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    original = source.read_bytes()
+    report = teacher_filter(source, tmp_path / "out.jsonl", TeacherFilterConfig(relative_margin=0.05, progress=False),
+                            teacher=TableTeacher())
+    assert source.read_bytes() == original
+    out = read(tmp_path / "out.jsonl")
+    # positive score = min(1.0, 0.9) = 0.9 -> threshold 0.855: 0.88 goes, 0.85 stays
+    assert out[0]["neg"] == ["0.2|far", "0.85|ok"] and out[0]["neg_scores"] == [1, 4] and out[0]["neg_ids"] == ["n1", "n4"]
+    assert out[0]["qid"] == "x"
+    assert [r["reason"] for r in out[0]["removed"]] == ["llm_judge", "teacher_relative_margin", "equals_positive"]
+    assert out[0]["removed"][1]["score"] == pytest.approx(0.88)
+    assert out[1]["neg"] == [] and out[2]["neg"] == [] and out[2]["removed"][0]["reason"] == "teacher_relative_margin"
+    assert (report.removed, report.kept, report.queries_with_removals) == (3, 2, 2)
+    assert report.removed_by_reason == {"equals_positive": 1, "teacher_relative_margin": 2}
+    assert report.queries_left_without_negatives == 1
+    saved = json.loads((tmp_path / "out.jsonl.report.json").read_text())
+    assert saved["removed"] == 3 and saved["scores"]["kept"]["count"] == 2
+    # absolute margin, no removed list; never the input, never a complete output without overwrite
+    teacher_filter(source, tmp_path / "abs.jsonl", TeacherFilterConfig(absolute_margin=0.1, relative_margin=None,
+                                                                       keep_removed=False, progress=False),
+                   teacher=TableTeacher())
+    first = read(tmp_path / "abs.jsonl")[0]
+    assert first["neg"] == ["0.2|far"] and first["removed"] == [{"text": "earlier", "reason": "llm_judge"}]
+    with pytest.raises(ConfigError, match="never overwrite"):
+        teacher_filter(source, source, teacher=TableTeacher())
+    with pytest.raises(ConfigError, match="already exists"):
+        teacher_filter(source, tmp_path / "out.jsonl", teacher=TableTeacher())
+
+
+def test_teacher_filter_resumes_after_crash(tmp_path, monkeypatch):
+    rows = [{"query": f"q{i}", "pos": ["1.0|p"], "neg": [f"0.{i}|n", "0.99|close"]} for i in range(7)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    teacher_filter(source, tmp_path / "ref.jsonl", TeacherFilterConfig(batch_records=2, progress=False),
+                   teacher=TableTeacher())
+
+    class Crashing(teacher_module.ResumableJsonlWriter):
+        def write(self, record):
+            if self.count >= 3:
+                raise RuntimeError("crash")
+            super().write(record)
+
+    monkeypatch.setattr(teacher_module, "ResumableJsonlWriter", Crashing)
+    with pytest.raises(RuntimeError):
+        teacher_filter(source, tmp_path / "out.jsonl", TeacherFilterConfig(batch_records=2, progress=False),
+                       teacher=TableTeacher())
+    monkeypatch.undo()
+    report = teacher_filter(source, tmp_path / "out.jsonl", TeacherFilterConfig(batch_records=2, progress=False),
+                            teacher=TableTeacher())
+    assert report.resumed == 3 and report.records == 4
+    assert (tmp_path / "out.jsonl").read_text() == (tmp_path / "ref.jsonl").read_text()
+
+
+def test_teacher_filter_with_embedding_model_and_cli(tmp_path, minilm_path, capsys):
+    positive = "Aspirin reduces the risk of heart attack in adults with cardiovascular disease."
+    rows = [{"query": "Does aspirin prevent heart attacks?", "pos": [positive],
+             "neg": ["The Eiffel Tower is in Paris.", "Aspirin lowers the risk of heart attacks in adults with "
+                                                      "cardiovascular disease.", "Bananas are rich in potassium."]}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(tmp_path / "o.jsonl"),
+                 "--model", minilm_path, "--max-length", "64", "--no-progress"]) == 0
+    assert "1 removed" in capsys.readouterr().out
+    out = read(tmp_path / "o.jsonl")[0]
+    assert out["neg"] == ["The Eiffel Tower is in Paris.", "Bananas are rich in potassium."]
+    assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(tmp_path / "o.jsonl")]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(source)]) == 2
+
+
+def test_cross_encoder_teacher(tmp_path, minilm_path):
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    folder = tmp_path / "tiny-ce"
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64, num_labels=1)
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    teacher = load_teacher(str(folder), max_length=32)
+    assert type(teacher).__name__ == "CrossEncoderTeacher"
+    scores = teacher.score(["a question", "a question"], ["first passage", "second passage"])
+    assert scores.shape == (2,) and np.all((scores > 0) & (scores < 1))  # sigmoid of one logit
+    rows = [{"query": "a question", "pos": ["first passage"], "neg": ["second passage", "third passage"]}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    report = teacher_filter(source, tmp_path / "o.jsonl", TeacherFilterConfig(absolute_margin=10.0,
+                                                                              relative_margin=None, progress=False),
+                            teacher=teacher)
+    assert report.removed == 2  # a margin of 10 removes everything: scores are only in (0, 1)
+
+
+class VectorEncoder:
+    """Fake encoder: texts are ``"name"`` looked up in a table of 2-d vectors (the query is [1, 0])."""
+
+    def __init__(self, table: dict[str, list[float]]) -> None:
+        self.table = table
+
+    def encode(self, texts, kind="passage", **kwargs):
+        return np.array([self.table.get(t, [1.0, 0.0]) for t in texts], dtype=np.float32)
+
+
+def angle(degrees: float) -> list[float]:
+    return [float(np.cos(np.radians(degrees))), float(np.sin(np.radians(degrees)))]
+
+
+def test_sieve_mean_rule_hand_made(tmp_path):
+    # cosines to the query: pos 1.0 (0 deg), a 0.98 (11.5 deg), b 0.5, c 0.0, d -0.5 -> mean over pos+4 = 0.396
+    table = {"pos": angle(0), "a": [0.98, float(np.sqrt(1 - 0.98 ** 2))], "b": angle(60), "c": angle(90),
+             "d": angle(120), "e": angle(30)}
+    keep, cos, pos_cos = sieve_decision(np.array([1.0, 0.0]), np.array(table["pos"]),
+                                        np.array([table[k] for k in "abcd"]), wanted=10)
+    assert keep == ["sieve", "sieve", None, None] and pos_cos == pytest.approx(1.0)
+    assert cos == pytest.approx([0.98, 0.5, 0.0, -0.5], abs=1e-6)
+    # a tie with the mean is kept, unless strict: pool {pos 1, x 0, y 0.5} has mean 0.5 = cos(y)
+    tie = np.array([angle(90), angle(60)])
+    assert sieve_decision(np.array([1.0, 0.0]), np.array(angle(0)), tie, 5)[0] == [None, None]
+    assert sieve_decision(np.array([1.0, 0.0]), np.array(angle(0)), tie, 5, strict=True)[0] == [None, "sieve"]
+    # all removed -> the lowest-scored candidate is kept
+    alike = np.array([angle(0), angle(0)])
+    assert sieve_decision(np.array([1.0, 0.0]), np.array(angle(90)), alike, 5)[0] in ([None, "sieve"], ["sieve", None])
+
+    rows = [{"query": "q", "pos": ["pos"], "neg": ["a", "pos", "b", "c", "d", "e"], "neg_ids": [1, 2, 3, 4, 5, 6]}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    original = source.read_bytes()
+    # num_negatives 1 -> pool = first 2 non-positive negatives (a, b); c, d, e are beyond the pool
+    report = sieve_negatives(source, tmp_path / "s1.jsonl", SieveConfig(num_negatives=1, progress=False),
+                             encoder=VectorEncoder(table))
+    out = read(tmp_path / "s1.jsonl")[0]
+    # pool {pos 1.0, a 0.98, b 0.5}: mean 0.827 -> a removed, b kept
+    assert out["neg"] == ["b"] and out["neg_ids"] == [3]
+    assert {r["text"]: r["reason"] for r in out["removed"]} == {"a": "sieve", "pos": "equals_positive",
+                                                                 "c": "beyond_pool", "d": "beyond_pool",
+                                                                 "e": "beyond_pool"}
+    assert report.removed_by_reason == {"beyond_pool": 3, "equals_positive": 1, "sieve": 1}
+    # num_negatives 2 -> pool a, b, c, d: a, b removed; c, d kept; e beyond
+    sieve_negatives(source, tmp_path / "s2.jsonl", SieveConfig(num_negatives=2, progress=False),
+                    encoder=VectorEncoder(table))
+    assert read(tmp_path / "s2.jsonl")[0]["neg"] == ["c", "d"]
+    # more survivors than wanted: the first ones in the record's order are kept
+    rows2 = [{"query": "q", "pos": ["pos"], "neg": ["c", "d", "a"]}]
+    src2 = write_jsonl(tmp_path / "in2.jsonl", rows2)
+    rep = sieve_negatives(src2, tmp_path / "s3.jsonl", SieveConfig(num_negatives=2, progress=False),
+                          encoder=VectorEncoder(table))
+    assert read(tmp_path / "s3.jsonl")[0]["neg"] == ["c", "d"] and rep.removed_by_reason == {"sieve": 1}
+    rep = sieve_negatives(src2, tmp_path / "s4.jsonl", SieveConfig(num_negatives=1, progress=False),
+                          encoder=VectorEncoder(table))
+    assert read(tmp_path / "s4.jsonl")[0]["neg"] == ["c"]  # pool c, d (both kept by the sieve), a beyond it
+    assert rep.removed_by_reason == {"beyond_pool": 1, "over_limit": 1}
+    assert source.read_bytes() == original
+    saved = json.loads((tmp_path / "s1.jsonl.report.json").read_text())
+    sims = saved["details"]["similarities"]
+    assert sims["kept"] == [0.5] and sims["removed"] == [0.98] and sims["positive"] == [1.0]
+    assert Path(saved["details"]["plot"]).stat().st_size > 1000
+    with pytest.raises(ConfigError, match="never overwrite"):
+        sieve_negatives(source, source, SieveConfig(progress=False), encoder=VectorEncoder(table))
+
+
+def test_sieve_cli_no_train_and_brief_training(tmp_path, tiny_model_dir):
+    rows = [{"query": f"question {i} about cells", "pos": [f"cells answer {i}"],
+             "neg": [f"other passage {j} on topic {i}" for j in range(6)]} for i in range(6)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert main(["filter", "--method", "sieve", "--input", str(source), "--output", str(tmp_path / "nt.jsonl"),
+                 "--model", tiny_model_dir, "--no-train", "--num-negatives", "3", "--no-progress"]) == 0
+    out = read(tmp_path / "nt.jsonl")
+    assert all(1 <= len(r["neg"]) <= 3 for r in out)
+    assert main(["filter", "--method", "sieve", "--input", str(source), "--output", str(tmp_path / "t.jsonl"),
+                 "--model", tiny_model_dir, "--num-negatives", "3", "--max-steps", "2", "--no-progress",
+                 "train_batch_size=2", "train_negatives=2", "query_max_length=16", "passage_max_length=16"]) == 0
+    saved = json.loads((tmp_path / "t.jsonl.report.json").read_text())
+    assert saved["details"]["training"]["steps"] == 2
+    assert (tmp_path / "t.jsonl.sieve-work" / "train" / "model").is_dir()
+
+
+def test_filter_malformed_input_names_file_and_line(tmp_path):
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"query": "q", "pos": ["1|p"], "neg": []}\n{"query": "q", "pos": ["1|p"], "neg": "x"}\n')
+    with pytest.raises(DataError) as info:
+        teacher_filter(source, tmp_path / "o.jsonl", TeacherFilterConfig(progress=False), teacher=TableTeacher())
+    assert "bad.jsonl" in str(info.value) and "line 2" in str(info.value) and "'neg'" in str(info.value)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_llm_filter_cli_with_fake_server(tmp_path, capsys):
+    from fake_llm_server import FakeLLMServer, last_user
+
+    rows = [{"query": "q1", "pos": ["p1"], "neg": ["RELEVANT one", "unrelated", "p1"]},
+            {"query": "q2", "pos": ["p2"], "neg": ["nothing"]}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    with FakeLLMServer(lambda m: "Yes" if "RELEVANT" in last_user(m) else "No") as server:
+        assert main(["filter", "--method", "llm", "--input", str(source), "--output", str(tmp_path / "o.jsonl"),
+                     "--base-url", server.url, "--model", "fake-model", "--no-progress"]) == 0
+    out = read(tmp_path / "o.jsonl")
+    assert out[0]["neg"] == ["unrelated"] and out[1]["neg"] == ["nothing"]
+    assert [r["reason"] for r in out[0]["removed"]] == ["llm_judge", "equals_positive"]
+    assert json.loads((tmp_path / "o.jsonl.report.json").read_text())["removed"] == 1
