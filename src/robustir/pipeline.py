@@ -1,0 +1,414 @@
+"""The whole pipeline from one config: raw corpus -> training pairs -> pre-training -> mining -> filtering ->
+fine-tuning -> evaluation (``robustir run pipeline.yaml``).
+
+Stages and the files they hand on (all under ``work_dir``)::
+
+    corpus/corpus.jsonl      the raw documents as BEIR-style JSONL (_id, title, text), streamed from the source
+    queries/train.jsonl      training pairs: LCS sentence pairs (GUR), LLM-generated queries, or a BEIR train split
+    pretrain/model           retromae | gur pre-trained encoder (stage absent with pretrain: null)
+    mine/train.jsonl         the pairs with hard negatives (BM25 or dense)
+    filter/train.jsonl       false negatives removed (teacher margin or passage sieve; absent with filter: null)
+    train/model              the fine-tuned model (robustir.training.trainer.train)
+    eval/<system>.json       metrics on the evaluation split: base, pretrained (if any), finetuned
+    results.md / .json       the comparison table
+
+Caching: a finished stage writes ``<stage>/DONE.json`` holding a fingerprint of its settings *and of every
+stage before it*. A re-run skips a stage whose fingerprint is unchanged; a stage whose settings (or upstream
+results) changed is redone from scratch, and so is everything after it. An interrupted stage resumes where the
+stage itself can (pair mining, negative mining, training and pre-training all resume), unless its settings
+changed meanwhile (``<stage>/STARTED.json``), in which case its folder is cleared first.
+``run_pipeline(config, force=["train"])`` (``robustir run CFG --force train``) redoes a stage regardless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from .config import from_dict, load_config
+from .errors import ConfigError
+from .io import atomic_write, read_jsonl, write_json
+from .mining.negatives import MiningConfig
+from .mining.pairs import PairMiningConfig
+from .training.arguments import TrainConfig
+from .training.pretrain import PretrainConfig, resolve_data_path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EvalStage", "FilterStage", "PipelineConfig", "PipelineResult", "QueriesStage", "load_pipeline_config",
+           "run_pipeline"]
+
+STAGES = ("corpus", "queries", "pretrain", "mine", "filter", "train", "eval")
+
+
+@dataclass
+class QueriesStage:
+    """Where the (query, positive) training pairs come from."""
+
+    source: Literal["pairs", "generate", "beir"] = "pairs"
+    pairs: PairMiningConfig = field(default_factory=PairMiningConfig)  # source pairs: GUR LCS pair mining
+    generate: dict = field(default_factory=dict)  # source generate: GenerateConfig fields (llm: {...})
+    split: str = "train"  # source beir: qrels split of the corpus folder
+    max_examples: int | None = None  # keep a seeded random sample of at most this many pairs
+    seed: int = 0
+
+
+@dataclass
+class FilterStage:
+    """False-negative removal after mining."""
+
+    method: Literal["teacher", "sieve"] = "teacher"
+    options: dict = field(default_factory=dict)  # TeacherFilterConfig / SieveConfig fields
+
+
+@dataclass
+class EvalStage:
+    data: str | None = None  # BEIR folder (``bundled:scifact`` works); None = the corpus when it is a BEIR folder
+    split: str = "test"
+    base: bool = True  # evaluate the base model too
+    pretrained: bool = True  # and the pre-trained-only model, when there is one
+    batch_size: int = 64
+    bf16: bool = False
+    query_max_length: int | None = None  # None = the model's own settings
+    passage_max_length: int | None = None
+
+
+@dataclass
+class PipelineConfig:
+    work_dir: str = "runs/pipeline"
+    model: str | None = None  # base model; None = the bundled all-MiniLM-L6-v2
+    corpus: str = "bundled:scifact"  # raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text
+    corpus_format: Literal["auto", "jsonl", "text", "beir"] = "auto"
+    text_unit: Literal["block", "line"] = "line"  # plain text: one document per line or per blank-line block
+    queries: QueriesStage = field(default_factory=QueriesStage)
+    pretrain: PretrainConfig | None = None  # None = no pre-training; else mode retromae | gur (+ options)
+    mine: MiningConfig | None = field(default_factory=MiningConfig)  # None = in-batch negatives only
+    mine_pool: Literal["auto", "corpus", "file"] = "auto"  # candidates: corpus documents or the file's texts
+    filter: FilterStage | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalStage = field(default_factory=EvalStage)
+
+
+@dataclass
+class PipelineResult:
+    stages: dict[str, str]  # stage -> "ran" | "skipped" | "off"
+    metrics: dict[str, dict[str, float]]  # system -> metrics
+    table: str
+    model_path: Path
+    seconds: float
+
+
+def load_pipeline_config(path: str | Path | None, overrides: list[str] | None = None) -> PipelineConfig:
+    return load_config(PipelineConfig, path, overrides)
+
+
+# ---------------------------------------------------------------------------- stage bookkeeping
+
+def _fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _Runner:
+    def __init__(self, work: Path, force: set[str]) -> None:
+        self.work = work
+        self.force = force
+        self.upstream = ""  # a stage's fingerprint covers the settings and the finished runs of every earlier stage
+        self.status: dict[str, str] = {}
+
+    def stage(self, name: str, settings: Any, body: Callable[[Path], dict]) -> dict:
+        folder = self.work / name
+        fingerprint = _fingerprint({"stage": name, "settings": settings, "upstream": self.upstream})
+        done, started = folder / "DONE.json", folder / "STARTED.json"
+        if name in self.force:
+            shutil.rmtree(folder, ignore_errors=True)
+        if done.exists():
+            saved = json.loads(done.read_text())
+            if saved.get("fingerprint") == fingerprint:
+                logger.info("stage %s: complete, skipped (%s)", name, folder)
+                self.status[name] = "skipped"
+                self.upstream = _fingerprint([fingerprint, saved.get("finished")])
+                return saved["outputs"]
+            logger.warning("stage %s: settings or earlier stages changed since it finished: redoing it", name)
+            shutil.rmtree(folder, ignore_errors=True)
+        elif started.exists() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
+            logger.warning("stage %s: the interrupted run had other settings: starting it afresh", name)
+            shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(started, {"fingerprint": fingerprint})
+        logger.info("stage %s: running (%s)", name, folder)
+        tick = time.perf_counter()
+        outputs = body(folder)
+        finished = time.time()
+        write_json(done, {"fingerprint": fingerprint, "finished": finished, "settings": settings, "outputs": outputs,
+                          "seconds": round(time.perf_counter() - tick, 2)})
+        self.status[name] = "ran"
+        self.upstream = _fingerprint([fingerprint, finished])
+        return outputs
+
+
+# ---------------------------------------------------------------------------- stages
+
+def _corpus_stage(config: PipelineConfig, folder: Path) -> dict:
+    """Stream the raw documents into a BEIR-style ``corpus.jsonl`` (ids kept, or line/block numbers for text)."""
+    from .data.documents import read_documents
+
+    source = resolve_data_path(config.corpus)
+    fmt = config.corpus_format
+    if source.is_dir() and not (source / "corpus.jsonl").exists() and (source / "corpus.jsonl.gz").exists():
+        source, fmt = source / "corpus.jsonl.gz", "jsonl"  # read_documents reads a folder's plain corpus.jsonl only
+    if str(source).endswith(".jsonl.gz") and fmt == "auto":
+        fmt = "jsonl"
+    target = folder / "corpus.jsonl"
+    count = 0
+    with atomic_write(target) as handle:
+        for doc in read_documents(source, fmt, text_unit=config.text_unit):
+            handle.write(json.dumps({"_id": doc.id, "title": doc.title, "text": doc.text}, ensure_ascii=False) + "\n")
+            count += 1
+    return {"corpus": str(target), "documents": count}
+
+
+def _queries_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
+    stage = config.queries
+    target = folder / "train.jsonl"
+    if stage.source == "pairs":
+        from .mining.pairs import mine_pairs
+
+        raw = folder / "pairs.jsonl"
+        stats = mine_pairs(corpus["corpus"], raw, stage.pairs)
+        logger.info("pairs: %d from %d documents", stats.pairs, stats.documents)
+    elif stage.source == "generate":
+        from .mining.generate import GenerateConfig, generate_queries, load_template
+        from .mining.llm import LLMClient, build_backend
+
+        options = dict(stage.generate)
+        options.setdefault("input", corpus["corpus"])
+        options.setdefault("output", str(folder / "generated.jsonl"))
+        gen = from_dict(GenerateConfig, options, where="queries.generate")
+        raw = Path(gen.output)
+        template = load_template(gen.prompt_template, ("text",)) if gen.prompt_template else None
+        template_zh = load_template(gen.prompt_template_zh, ("text",)) if gen.prompt_template_zh else None
+        backend = build_backend(gen.llm, cache_path=raw.with_name(raw.name + ".llm-cache.sqlite"))
+        with backend:
+            if gen.preflight and isinstance(backend, LLMClient):
+                backend.preflight()
+            report = generate_queries(gen.input, raw, backend, num_queries=gen.num_queries, template=template,
+                                      template_zh=template_zh, language=gen.language,
+                                      cjk_threshold=gen.cjk_threshold, max_passage_chars=gen.max_passage_chars,
+                                      max_query_chars=gen.max_query_chars, progress=gen.progress)
+        if report.failed:
+            raise ConfigError(f"query generation: {report.failed} passage(s) failed (listed in {report.failed_path}); "
+                              "re-run to retry them")
+        logger.info("generated queries: %s", report.summary())
+    else:
+        from .data.training_data import examples_from_beir
+
+        source = resolve_data_path(config.corpus)
+        if not (source.is_dir() and (source / "qrels").is_dir()):
+            raise ConfigError(f"queries.source beir needs a BEIR folder as corpus, got {config.corpus!r}")
+        raw = folder / "beir-train.jsonl"
+        with atomic_write(raw) as handle:
+            for e in examples_from_beir(source, stage.split):
+                handle.write(json.dumps({"query": e.query, "pos": e.pos, "neg": [], **e.extra}, ensure_ascii=False)
+                             + "\n")
+    total, kept = _sample_records(raw, target, stage.max_examples, stage.seed)
+    return {"train": str(target), "examples": kept, "available": total}
+
+
+def _sample_records(source: Path, target: Path, limit: int | None, seed: int) -> tuple[int, int]:
+    """Copy ``source`` to ``target``, or a seeded uniform sample of ``limit`` lines (reservoir, file order kept)."""
+    if limit is None:
+        with open(source, encoding="utf-8") as handle:
+            total = sum(1 for line in handle if line.strip())
+        shutil.copyfile(source, target)
+        return total, total
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, str]] = []
+    total = 0
+    with open(source, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            if len(reservoir) < limit:
+                reservoir.append((total, line))
+            else:
+                j = rng.randrange(total + 1)
+                if j < limit:
+                    reservoir[j] = (total, line)
+            total += 1
+    with atomic_write(target) as handle:
+        handle.writelines(line for _, line in sorted(reservoir))
+    return total, len(reservoir)
+
+
+def _pretrain_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
+    from .training.pretrain import pretrain
+
+    settings = _pretrain_settings(config, corpus, queries, folder)
+    result = pretrain(settings)
+    return {"model": str(result.model_path), "heads": str(result.heads_path), "steps": result.steps,
+            "last_losses": result.last_losses}
+
+
+def _pretrain_settings(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> PretrainConfig:
+    settings = PretrainConfig(**asdict(config.pretrain))
+    if not settings.data:  # retromae: the raw documents; gur: the mined LCS pairs
+        settings.data = corpus["corpus"] if settings.mode == "retromae" else _gur_pairs(config, queries)
+    settings.model = settings.model or config.model
+    settings.output = str(folder)
+    return settings
+
+
+def _gur_pairs(config: PipelineConfig, queries: dict) -> str:
+    if config.queries.source == "pairs":  # every mined pair, not only the fine-tuning sample
+        return str(Path(queries["train"]).with_name("pairs.jsonl"))
+    return queries["train"]
+
+
+def _mine_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
+    from .mining.negatives import mine_jsonl
+
+    assert config.mine is not None
+    pool = config.mine_pool
+    if pool == "auto":  # sentence pairs compete with sentences; queries for documents with documents
+        pool = "file" if config.queries.source == "pairs" else "corpus"
+    encoder = None
+    if config.mine.method == "dense":
+        from .models.encoder import Encoder
+        from .resources import default_model_path
+
+        encoder = Encoder.from_pretrained(config.model or default_model_path())
+    target = folder / "train.jsonl"
+    report = mine_jsonl(queries["train"], target, config.mine, encoder=encoder,
+                        corpus=corpus["corpus"] if pool == "corpus" else None)
+    logger.info("mining done:\n%s", report.format())
+    return {"train": str(target), "pool": pool}
+
+
+def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
+    assert config.filter is not None
+    target = folder / "train.jsonl"
+    options = dict(config.filter.options)
+    if config.filter.method == "teacher":
+        from .mining.teacher_filter import TeacherFilterConfig, teacher_filter
+
+        report = teacher_filter(mined["train"], target, from_dict(TeacherFilterConfig, options, where="filter.options"))
+    else:
+        from .mining.sieve import SieveConfig, sieve_negatives
+
+        options.setdefault("model", config.model)
+        options.setdefault("work_dir", str(folder / "sieve-work"))
+        report = sieve_negatives(mined["train"], target, from_dict(SieveConfig, options, where="filter.options"))
+    summary = getattr(report, "summary", None)
+    return {"train": str(target), "report": summary() if callable(summary) else str(report)}
+
+
+def _train_settings(config: PipelineConfig, train_data: str, start_model: str | None, folder: Path) -> TrainConfig:
+    settings = TrainConfig(**asdict(config.train))
+    settings.model = start_model
+    settings.train_data = train_data
+    settings.output = str(folder)
+    if config.mine is not None:
+        settings.mine = "none"  # the pipeline mined already
+    settings.eval_data = None  # the eval stage evaluates every system the same way
+    return settings
+
+
+def _evaluate(model_path: str, config: PipelineConfig, data: Path, target: Path) -> dict[str, float]:
+    from .evaluation.retrieval import EvalConfig, evaluate
+
+    options = {"query_max_length": config.eval.query_max_length, "passage_max_length": config.eval.passage_max_length}
+    result = evaluate(model_path, data, config.eval.split,
+                      EvalConfig(batch_size=config.eval.batch_size, bf16=config.eval.bf16), **options)
+    write_json(target, result.metrics)
+    return result.metrics
+
+
+# ---------------------------------------------------------------------------- driver
+
+def run_pipeline(config: PipelineConfig, force: list[str] | None = None) -> PipelineResult:
+    """Run every stage of ``config`` not yet complete in ``config.work_dir``; return the comparison table.
+
+    ``force``: stage names to redo even when complete (later stages follow, their inputs having changed).
+    """
+    from .evaluation.metrics import format_table
+    from .resources import default_model_path
+
+    unknown = set(force or ()) - set(STAGES)
+    if unknown:
+        raise ConfigError(f"--force: unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
+    started = time.perf_counter()
+    work = Path(config.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / "pipeline_config.json", asdict(config))
+    base_model = config.model or default_model_path()
+    runner = _Runner(work, set(force or ()))
+
+    corpus = runner.stage("corpus", {"corpus": config.corpus, "format": config.corpus_format,
+                                     "text_unit": config.text_unit}, lambda f: _corpus_stage(config, f))
+    queries = runner.stage("queries", asdict(config.queries), lambda f: _queries_stage(config, corpus, f))
+
+    pretrained_model: str | None = None
+    if config.pretrain is not None:
+        settings = asdict(_pretrain_settings(config, corpus, queries, work / "pretrain"))
+        pretrained = runner.stage("pretrain", settings, lambda f: _pretrain_stage(config, corpus, queries, f))
+        pretrained_model = pretrained["model"]
+    else:
+        runner.status["pretrain"] = "off"
+
+    train_data = queries["train"]
+    if config.mine is not None:
+        mined = runner.stage("mine", {"mining": asdict(config.mine), "pool": config.mine_pool},
+                             lambda f: _mine_stage(config, corpus, queries, f))
+        train_data = mined["train"]
+    else:
+        runner.status["mine"] = "off"
+    if config.filter is not None:
+        source = {"train": train_data}
+        filtered = runner.stage("filter", asdict(config.filter), lambda f: _filter_stage(config, source, f))
+        train_data = filtered["train"]
+    else:
+        runner.status["filter"] = "off"
+
+    start_model = pretrained_model or config.model
+    train_settings = _train_settings(config, train_data, start_model, work / "train")
+
+    def train_body(folder: Path) -> dict:
+        from .training.trainer import train
+
+        result = train(_train_settings(config, train_data, start_model, folder))
+        return {"model": str(result.model_path), "steps": result.steps}
+
+    trained = runner.stage("train", asdict(train_settings), train_body)
+
+    eval_data = resolve_data_path(config.eval.data) if config.eval.data else resolve_data_path(config.corpus)
+    if not (eval_data.is_dir() and (eval_data / "qrels").is_dir()):
+        raise ConfigError(f"eval.data: {eval_data} is not a BEIR folder; set eval.data (e.g. bundled:scifact)")
+    systems = {"finetuned": trained["model"]}
+    if config.eval.base:
+        systems = {"base": base_model, **systems}
+    if pretrained_model and config.eval.pretrained:
+        systems = {**{k: v for k, v in systems.items() if k == "base"}, "pretrained": pretrained_model,
+                   "finetuned": trained["model"]}
+
+    def eval_body(folder: Path) -> dict:
+        metrics = {}
+        for name, path in systems.items():
+            cached = folder / f"{name}.json"  # an interrupted eval keeps the systems already done
+            metrics[name] = json.loads(cached.read_text()) if cached.exists() else \
+                _evaluate(path, config, eval_data, cached)
+        return {"metrics": metrics}
+
+    evaluated = runner.stage("eval", {**asdict(config.eval), "data": str(eval_data), "systems": systems}, eval_body)
+    metrics = evaluated["metrics"]
+    table = format_table(metrics, title=f"{eval_data.name} / {config.eval.split}")
+    (work / "results.md").write_text("```\n" + table + "\n```\n", encoding="utf-8")
+    write_json(work / "results.json", {"metrics": metrics, "stages": runner.status,
+                                       "model": trained["model"]})
+    return PipelineResult(runner.status, metrics, table, Path(trained["model"]), time.perf_counter() - started)

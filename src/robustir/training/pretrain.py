@@ -1,0 +1,580 @@
+"""Retrieval-oriented pre-training (RetroMAE or GUR) on streamed raw text, one process or many (``torchrun``).
+
+The loop mirrors the fine-tuning trainer (:mod:`robustir.training.trainer`): :mod:`accelerate` for device
+placement, DDP (``find_unused_parameters``) and bf16 autocast; AdamW with linear warm-up and decay; gradient
+clipping; atomic ``checkpoints/step-N`` (:mod:`robustir.training.checkpoints`) and resume from the latest one.
+What differs is the data: a pre-training corpus may be far larger than memory, so it is **streamed**
+(:class:`StreamingExamples`: round-robin sharding per process, a seeded shuffle buffer, endless epochs, resume
+by skipping the examples already consumed) and masks are drawn per step from a generator seeded by
+``(seed, step, rank)``, so an interrupted run resumed from a checkpoint gives the same weights.
+
+Data (``data``):
+
+* ``mode="retromae"``: raw text - a JSONL file with ``"text"`` (and optional ``"title"``, joined in front as
+  BEIR does), a BEIR folder or its ``corpus.jsonl(.gz)``, or plain text with one document per line
+  (``.gz`` allowed everywhere).
+* ``mode="gur"``: sentence pairs - JSONL from ``robustir pairs`` (``{"query": a, "pos": [b, ...]}``, the
+  first positive is the partner) or ``{"a": ..., "b": ...}``.
+
+Output folder::
+
+    model/                   the encoder alone: HF + sentence-transformers folder (``robustir train --model``)
+    decoder_head/            RetroMAE's enhanced decoder (continue with ``heads=output``)
+    projection_head/         GUR's projection head config (+ weights when ``projection``)
+    checkpoints/step-N/      accelerate state (model incl. head, optimizer, scheduler, RNG) + trainer_state.json
+    train_log.jsonl          one line per logged step: every loss component, lr, grad norm, examples/s
+    pretrain_config.json     the configuration
+    pretrain_report.png      loss components and learning rate over the steps
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..config import to_dict
+from ..errors import ConfigError, DataError
+from ..io import open_binary, read_jsonl, write_json
+from ..resources import default_model_path
+from .checkpoints import list_checkpoints, save_checkpoint
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PretrainConfig", "PretrainResult", "StreamingExamples", "pretrain", "read_pairs", "read_texts",
+           "write_pretrain_report"]
+
+DEFAULT_LR = 1e-4  # both papers' code: RetroMAE README (bert-base), GUR train_files.py (methods-notes §3.4, §4.2)
+DEFAULT_MAX_LENGTH = {"retromae": 512, "gur": 128}  # RetroMAE recipe 512; GUR truncates sentences to 128
+
+
+@dataclass
+class PretrainConfig:
+    """Everything ``robustir pretrain`` accepts (YAML/JSON config + flags + ``key=value`` overrides)."""
+
+    mode: Literal["retromae", "gur"] = "retromae"
+    # model
+    model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
+    heads: str | None = None  # decoder_head / projection_head folder (or a pre-training output) to continue from
+    # data
+    data: str = ""  # retromae: raw text (JSONL "text", BEIR, plain text); gur: pairs JSONL
+    data_format: Literal["auto", "jsonl", "beir", "text", "pairs"] = "auto"
+    max_length: int | None = None  # tokens per text; None = 512 (retromae) / 128 (gur)
+    shuffle_buffer: int = 10_000  # examples held for shuffling a stream (per process)
+    # RetroMAE (methods-notes §4)
+    encoder_mask_ratio: float = 0.3
+    decoder_mask_ratio: float = 0.5
+    encoder_loss_weight: float = 1.0
+    decoder_loss_weight: float = 1.0
+    # GUR (methods-notes §3)
+    mask_ratio: float = 0.15  # paper
+    mask_ratio_range: list[float] | None = None  # [0.10, 0.29] = the authors' code (ratio drawn per sentence)
+    pooling: Literal["cls", "mean"] = "cls"
+    projection: bool = False
+    projection_dim: int | None = None
+    similarity: Literal["cosine", "dot"] = "cosine"
+    temperature: float = 0.1
+    alpha: float = 1.0  # weight of the contrastive loss
+    mlm_weight: float = 1.0
+    # optimisation
+    batch_size: int = 32  # texts (retromae) or pairs (gur) per process per step
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs (and saves the counting pass over the data)
+    lr: float = DEFAULT_LR
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    seed: int = 42
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    # output, checkpoints, logging
+    output: str = "runs/pretrain"
+    save_steps: int | None = None  # None = at the end only (and on stop_after)
+    save_total_limit: int = 2
+    logging_steps: int = 1
+    resume: bool = True
+    report: bool = True
+
+    def resolved_max_length(self) -> int:
+        return int(self.max_length or DEFAULT_MAX_LENGTH[self.mode])
+
+    def validate(self) -> None:
+        if self.mode not in ("retromae", "gur"):
+            raise ConfigError(f"mode must be 'retromae' or 'gur', got {self.mode!r}")
+        if not self.data:
+            raise ConfigError("data is required: raw text for retromae (JSONL with 'text', BEIR folder, plain text), "
+                              "a pairs JSONL from `robustir pairs` for gur")
+        if self.batch_size < 1 or (self.mode == "gur" and self.batch_size < 2):
+            raise ConfigError("batch_size must be >= 1 (>= 2 for gur: the contrastive loss needs in-batch negatives)")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.max_steps is None and self.epochs <= 0:
+            raise ConfigError(f"epochs must be > 0, got {self.epochs}")
+        if self.mask_ratio_range is not None and len(self.mask_ratio_range) != 2:
+            raise ConfigError(f"mask_ratio_range must be [low, high], got {self.mask_ratio_range}")
+        if self.logging_steps < 1:
+            raise ConfigError("logging_steps must be >= 1")
+
+
+@dataclass
+class PretrainResult:
+    model_path: Path  # the encoder (sentence-transformers folder)
+    heads_path: Path  # decoder_head (retromae) or projection_head (gur)
+    steps: int
+    seconds: float
+    last_losses: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- streaming data
+
+def _is_jsonl(path: Path) -> bool:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    return bool(suffixes) and suffixes[-1] in (".jsonl", ".json", ".ndjson")
+
+
+def _beir_corpus(folder: Path) -> Path:
+    for name in ("corpus.jsonl", "corpus.jsonl.gz"):
+        if (folder / name).exists():
+            return folder / name
+    raise DataError(folder, "folder has no corpus.jsonl(.gz)", fix="point data at a BEIR folder or a text/JSONL file")
+
+
+def read_texts(path: str | Path, fmt: str = "auto") -> Iterator[str]:
+    """Stream the texts of a raw-text source, one at a time (see the module docstring). Empty texts are skipped."""
+    path = Path(path)
+    if path.is_dir():
+        if fmt not in ("auto", "beir"):
+            raise ConfigError(f"{path} is a folder: only data_format beir (or auto) reads folders")
+        path, fmt = _beir_corpus(path), "jsonl"
+    elif not path.exists():
+        raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
+    if fmt == "auto":
+        fmt = "jsonl" if _is_jsonl(path) else "text"
+    if fmt in ("jsonl", "beir"):
+        for line, obj in read_jsonl(path):
+            text = obj.get("text")
+            if not isinstance(text, str):
+                raise DataError(path, f"expected a string, got {type(text).__name__}", line=line, field="text",
+                                fix='every line needs "text": "..." (a pairs file needs mode gur)')
+            title = obj.get("title") or ""
+            joined = f"{title} {text}".strip() if isinstance(title, str) and title else text.strip()
+            if joined:
+                yield joined
+    elif fmt == "text":
+        with open_binary(path) as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as exc:
+                    raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
+                                    fix="re-encode the file as UTF-8") from None
+                if line:
+                    yield line
+    else:
+        raise ConfigError(f"data_format {fmt!r} is not a raw-text format (auto, jsonl, beir, text)")
+
+
+def read_pairs(path: str | Path) -> Iterator[tuple[str, str]]:
+    """Stream ``(a, b)`` pairs from a pairs JSONL (``query``/``pos`` as written by ``robustir pairs``, or ``a``/``b``)."""
+    path = Path(path)
+    for line, obj in read_jsonl(path):
+        if "a" in obj and "b" in obj:
+            a, b = obj["a"], obj["b"]
+        else:
+            pos = obj.get("pos")
+            if "query" not in obj or not isinstance(pos, list) or not pos:
+                raise DataError(path, "expected a pair", line=line, field="pos",
+                                fix='each line needs {"query": a, "pos": [b]} (robustir pairs) or {"a": ..., "b": ...}')
+            a, b = obj["query"], pos[0]
+        if not isinstance(a, str) or not isinstance(b, str):
+            raise DataError(path, "pair members must be strings", line=line)
+        if a.strip() and b.strip():
+            yield a, b
+
+
+class StreamingExamples:
+    """One process's share of a streamed data set: round-robin sharding, a shuffle buffer, endless epochs.
+
+    ``reader`` returns a fresh iterator over the whole source each call (the file is re-read per epoch, never
+    held in memory). Example number ``i`` of the source belongs to rank ``i % world_size``; within a rank, a
+    buffer of ``buffer_size`` examples is shuffled with a generator seeded by ``(seed, epoch, rank)``. So each
+    epoch yields every example exactly once across the ranks, in an order fixed by the seed, and
+    :meth:`stream` (``skip=n``) continues exactly where a run that had consumed ``n`` examples stopped.
+
+    Every process takes ``batch_size`` examples per step from its own endless stream, so all processes run
+    the same number of steps; when the shares differ by one example, a process's epoch boundary may fall one
+    example earlier or later than its neighbour's (the log's ``epoch`` is global: steps x global batch / size).
+    """
+
+    def __init__(self, reader: Callable[[], Iterator[Any]], *, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 buffer_size: int = 10_000) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got {rank}, {world_size}")
+        self.reader = reader
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.buffer_size = max(1, int(buffer_size))
+
+    def count(self) -> int:
+        """Examples in the whole source (all ranks): one pass over the data."""
+        return sum(1 for _ in self.reader())
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """This rank's examples of one pass, shuffled through the buffer."""
+        rng = random.Random(f"{self.seed}\x00{epoch}\x00{self.rank}")
+        buffer: list[Any] = []
+        for position, example in enumerate(self.reader()):
+            if position % self.world_size != self.rank:
+                continue
+            if len(buffer) < self.buffer_size:
+                buffer.append(example)
+                continue
+            j = rng.randrange(self.buffer_size)
+            yield buffer[j]
+            buffer[j] = example
+        rng.shuffle(buffer)
+        yield from buffer
+
+    def stream(self, skip: int = 0) -> Iterator[Any]:
+        """Epoch after epoch without end, leaving out the first ``skip`` examples (for resuming)."""
+        epoch = 0
+        while True:
+            produced = 0
+            for example in self.epoch(epoch):
+                produced += 1
+                if skip > 0:
+                    skip -= 1
+                    continue
+                yield example
+            if produced == 0:
+                raise DataError(Path(str(getattr(self.reader, "source", "data"))),
+                                f"no example for process {self.rank} of {self.world_size}",
+                                fix="give more examples than processes (and check the file is not empty)")
+            epoch += 1
+
+
+def _reader(config: PretrainConfig) -> Callable[[], Iterator[Any]]:
+    data = resolve_data_path(config.data)
+    fmt = config.data_format
+    if config.mode == "gur":
+        if fmt not in ("auto", "pairs", "jsonl"):
+            raise ConfigError(f"mode gur reads a pairs JSONL; data_format {fmt!r} does not apply")
+
+        def read() -> Iterator[Any]:
+            return read_pairs(data)
+    else:
+        if fmt == "pairs":
+            raise ConfigError("data_format pairs is for mode gur; retromae reads raw text")
+
+        def read() -> Iterator[Any]:
+            return read_texts(data, fmt)
+    read.source = data  # type: ignore[attr-defined]
+    return read
+
+
+def resolve_data_path(value: str | os.PathLike) -> Path:
+    """``bundled:NAME`` -> the bundled data set folder (e.g. ``bundled:scifact``); anything else as a path."""
+    text = str(value)
+    if text.startswith("bundled:"):
+        from ..resources import dataset_path
+
+        return dataset_path(text.split(":", 1)[1])
+    return Path(text)
+
+
+# ---------------------------------------------------------------------------- model
+
+def _heads_folder(path: str, mode: str) -> Path:
+    """Accept the head folder itself or a pre-training output folder that contains it."""
+    name = "decoder_head" if mode == "retromae" else "projection_head"
+    folder = Path(path)
+    if (folder / name).is_dir():
+        folder = folder / name
+    if not (folder / "config.json").exists():
+        raise ConfigError(f"heads {path!r}: no {name} here (expected a folder written by a {mode} pre-training run)")
+    return folder
+
+
+def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
+    heads = _heads_folder(config.heads, config.mode) if config.heads else None
+    if config.mode == "retromae":
+        from ..models.retromae import RetroMAEModel
+
+        model = RetroMAEModel.from_pretrained(model_path, heads, encoder_loss_weight=config.encoder_loss_weight,
+                                              decoder_loss_weight=config.decoder_loss_weight)
+    else:
+        from ..models.gur import GURModel
+
+        model = GURModel.from_pretrained(
+            model_path, heads, pooling=config.pooling, projection=config.projection,
+            projection_dim=config.projection_dim, similarity=config.similarity, temperature=config.temperature,
+            alpha=config.alpha, mlm_weight=config.mlm_weight)
+    if model.tokenizer is None:
+        raise ConfigError(f"{model_path}: no tokenizer in the model folder")
+    return model
+
+
+def build_collator(config: PretrainConfig, tokenizer: Any) -> Any:
+    if config.mode == "retromae":
+        from ..models.retromae import RetroMAECollator
+
+        return RetroMAECollator(tokenizer, max_length=config.resolved_max_length(),
+                                encoder_mlm_probability=config.encoder_mask_ratio,
+                                decoder_mlm_probability=config.decoder_mask_ratio, seed=config.seed)
+    from ..data.masking import SpanMasker
+    from ..models.gur import GURCollator
+
+    masker = SpanMasker(mask_ratio=config.mask_ratio,
+                        mask_ratio_range=tuple(config.mask_ratio_range) if config.mask_ratio_range else None)
+    return GURCollator(tokenizer, max_length=config.resolved_max_length(), masker=masker, seed=config.seed)
+
+
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    """Mask generator seed of one step on one process: resuming at ``step`` redraws the same masks."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------------------- the loop
+
+def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainResult:
+    """Pre-train ``config.model`` with RetroMAE or GUR on ``config.data``; resumes from the latest checkpoint.
+
+    ``stop_after``: leave after this many optimizer steps (with a checkpoint), as if the job had been
+    interrupted; a later call resumes and ends with the same weights as an uninterrupted run.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+    from transformers import get_linear_schedule_with_warmup
+
+    config.validate()
+    accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
+                              cpu=not torch.cuda.is_available(),
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    is_main = accelerator.is_main_process
+    rank, world = accelerator.process_index, accelerator.num_processes
+    out = Path(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    set_seed(config.seed)
+    started = time.perf_counter()
+
+    examples = StreamingExamples(_reader(config), rank=rank, world_size=world, seed=config.seed,
+                                 buffer_size=config.shuffle_buffer)
+    global_batch = config.batch_size * world
+    num_examples = None
+    if config.max_steps:
+        total_steps = config.max_steps
+    else:
+        num_examples = examples.count()  # one streamed pass; max_steps avoids it
+        if num_examples < global_batch:
+            logger.warning("only %d examples for a global batch of %d: examples repeat within a step",
+                           num_examples, global_batch)
+        total_steps = max(1, math.ceil(config.epochs * num_examples / global_batch))
+    save_steps = config.save_steps or total_steps
+
+    model_path = config.model or default_model_path()
+    model = build_model(config, model_path)
+    tokenizer = model.tokenizer
+    collator = build_collator(config, tokenizer)
+    if config.gradient_checkpointing:
+        model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():  # tied embedding / MLM-decoder weights appear once
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "norm" in name or "bias" in name else decay).append(param)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)  # stepped by hand, once per optimizer step
+
+    checkpoint_root = out / "checkpoints"
+    start_step = 0
+    existing = list_checkpoints(checkpoint_root) if config.resume else []
+    if existing:
+        step, path = existing[-1]
+        accelerator.load_state(str(path))
+        start_step = step
+        logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
+        if is_main:
+            _truncate_log(out / "train_log.jsonl", start_step)
+    elif is_main:
+        write_json(out / "pretrain_config.json", to_dict(config))
+        (out / "train_log.jsonl").unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
+
+    unwrapped = accelerator.unwrap_model(prepared)
+    stream = examples.stream(skip=start_step * config.batch_size)
+    prepared.train()
+    bar = tqdm(total=total_steps, initial=start_step, desc=f"pretrain ({config.mode})", disable=not is_main,
+               unit="step", dynamic_ncols=True)
+    log_handle = open(out / "train_log.jsonl", "a", encoding="utf-8") if is_main else None
+    last: dict[str, float] = {}
+    try:
+        for step in range(start_step, total_steps):
+            tick = time.perf_counter()
+            collator.reseed(_step_seed(config.seed, step, rank))
+            batch = collator([next(stream) for _ in range(config.batch_size)])
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            outputs = prepared(**batch)
+            accelerator.backward(outputs["loss"])
+            grad_norm = None
+            if config.max_grad_norm:
+                grad_norm = float(accelerator.clip_grad_norm_(prepared.parameters(), config.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            if done % config.logging_steps == 0 or done == total_steps:
+                values = {k: float(v.detach()) for k, v in outputs.items()}
+                if world > 1:  # per-process means: average them
+                    stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
+                                                 reduction="mean")
+                    values = dict(zip(values, stacked.tolist()))
+                last = values
+                record = {"step": done, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                          "examples_per_s": global_batch / (time.perf_counter() - tick), **values}
+                if num_examples:
+                    record["epoch"] = done * global_batch / num_examples
+                if is_main:
+                    log_handle.write(json.dumps(record) + "\n")
+                    log_handle.flush()
+                    bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
+            interrupted = stop_after is not None and done >= stop_after and done < total_steps
+            if done % save_steps == 0 or done == total_steps or interrupted:
+                save_checkpoint(accelerator, checkpoint_root, done, config.save_total_limit,
+                                state={"examples_per_process": done * config.batch_size, "total_steps": total_steps})
+            bar.update(1)
+            if interrupted:
+                accelerator.end_training()
+                return PretrainResult(out / "model", out / _head_name(config.mode), done,
+                                      time.perf_counter() - started, last)
+    finally:
+        bar.close()
+        if log_handle:
+            log_handle.close()
+
+    if is_main:
+        save_outputs(unwrapped, config, model_path, out, total_steps)
+        if config.report:
+            write_pretrain_report(out)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return PretrainResult(out / "model", out / _head_name(config.mode), total_steps,
+                          time.perf_counter() - started, last)
+
+
+def _head_name(mode: str) -> str:
+    return "decoder_head" if mode == "retromae" else "projection_head"
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log lines past the checkpoint we resume from (they were written after it, and will be redone)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str, out: Path, steps: int) -> None:
+    """Write ``out/model`` (encoder as a sentence-transformers folder) and the head folder, replacing old ones.
+
+    The encoder keeps its MLM head weights (continued MLM-style pre-training needs them; ``AutoModel`` and
+    sentence-transformers ignore them). Pooling: [CLS] for RetroMAE (its sentence vector), GUR's ``pooling``;
+    normalisation, instructions and lengths come from the base model's folder.
+    """
+    from ..models.encoder import Encoder, config_from_folder, resolve_model_path
+
+    tmp = out / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)  # tmp/encoder + tmp/<head>
+    encoder_config = config_from_folder(resolve_model_path(base_model))
+    encoder_config.pooling = "cls" if config.mode == "retromae" else config.pooling
+    positions = int(getattr(model.encoder.config, "max_position_embeddings", 512))
+    encoder_config.passage_max_length = min(encoder_config.passage_max_length, positions)
+    encoder_config.query_max_length = min(encoder_config.query_max_length, positions)
+    card = _model_card(config, base_model, steps, encoder_config.pooling)
+    Encoder(model.encoder, model.tokenizer, encoder_config).save(tmp / "encoder", model_card=card)
+    write_json(tmp / "encoder" / "pretrain_config.json", to_dict(config))
+    head = _head_name(config.mode)
+    for name, source in (("model", tmp / "encoder"), (head, tmp / head)):
+        shutil.rmtree(out / name, ignore_errors=True)
+        os.replace(source, out / name)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _model_card(config: PretrainConfig, base_model: str, steps: int, pooling: str) -> str:
+    method = {"retromae": "RetroMAE (Xiao et al., EMNLP 2022): masked auto-encoder with an enhanced decoder",
+              "gur": "GUR (Xue et al.): span-masked LM + in-pair contrastive learning on LCS-mined pairs"}[config.mode]
+    return f"""---
+library_name: sentence-transformers
+tags: [sentence-transformers, feature-extraction, robustir, pre-training, {config.mode}]
+---
+
+# Retrieval-oriented pre-trained encoder (robustir)
+
+- **Method:** {method}
+- **Base model:** `{config.model or 'all-MiniLM-L6-v2 (bundled)'}`
+- **Data:** `{config.data}`; {steps} steps of {config.batch_size} {'texts' if config.mode == 'retromae' else 'pairs'} per process,
+  max length {config.resolved_max_length()}, lr {config.lr}, seed {config.seed}.
+- **Pooling:** {pooling}. This is a starting point for fine-tuning (`robustir train --model THIS_FOLDER`), not a
+  finished retriever. Continue pre-training with `heads=` the sibling `{_head_name(config.mode)}` folder.
+
+Full configuration: `pretrain_config.json`.
+"""
+
+
+def write_pretrain_report(output: str | Path) -> Path | None:
+    """``pretrain_report.png``: every logged loss component and the learning rate against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(output)
+    log = out / "train_log.jsonl"
+    records = [json.loads(x) for x in log.read_text(encoding="utf-8").splitlines() if x.strip()] if log.exists() else []
+    if not records:
+        return None
+    steps = [r["step"] for r in records]
+    skip = {"step", "epoch", "lr", "grad_norm", "examples_per_s"}
+    components = [k for k in records[0] if k not in skip]
+    losses = [k for k in components if "loss" in k]
+    others = [k for k in components if k not in losses]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for key in losses:
+        axes[0].plot(steps, [r.get(key) for r in records], label=key, lw=1.2 if key == "loss" else 1, alpha=0.9)
+    axes[0].set(title="pre-training losses", xlabel="step")
+    axes[0].legend(loc="upper right")
+    axes[1].plot(steps, [r["lr"] for r in records], color="black", lw=1, label="lr")
+    axes[1].set(title="learning rate" + (" and " + ", ".join(others) if others else ""), xlabel="step")
+    if others:
+        twin = axes[1].twinx()
+        for key in others:
+            twin.plot(steps, [r.get(key) for r in records], lw=1, label=key, color="tab:green")
+        twin.legend(loc="lower right")
+    axes[1].legend(loc="upper right")
+    fig.tight_layout()
+    png = out / "pretrain_report.png"
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    return png
+
+
+def config_summary(config: PretrainConfig) -> dict:
+    return asdict(config)
