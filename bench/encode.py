@@ -75,7 +75,7 @@ def main() -> None:
     rate = {k: len(texts) / min(v) for k, v in times.items()}  # best of repeats: least disturbed run
     reference = outputs["st_fp32"]
     cosine = {k: float((v * reference).sum(1).min()) for k, v in outputs.items()}
-    print(f"model {Path(model_path).name}, {len(texts)} passages, max_length {args.max_length}, "
+    print(f"model {args.model or 'all-MiniLM-L6-v2 (bundled)'}, {len(texts)} passages, max_length {args.max_length}, "
           f"batch {args.batch_size}, threads {args.threads}")
     print(f"{'run':12s}{'passages/s':>12s}{'min cos vs ST fp32':>22s}")
     for name in times:

@@ -49,3 +49,15 @@ def scifact_dir() -> Path:
     if not path.exists():
         pytest.skip("../shared/data/scifact not present")
     return path
+
+
+@pytest.fixture(scope="module")
+def single_torch_thread():
+    """Tiny models run fastest on one thread; several threads on a busy 2-core box thrash (~50x slower).
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("single_torch_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from robustir.cli.main import main as cli_main
@@ -17,12 +16,7 @@ TOPICS = ["photosynthesis in plant cells", "dense retrieval models", "river floo
           "cats chasing mice", "vaccine trials in children", "solar panels efficiency"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def tiny_beir(root: Path) -> Path:

@@ -17,13 +17,7 @@ WORDS = ("the cat dog river model retrieval dense passage query vector spring fl
          "photosynthesis chloroplast vaccine trial solar panel").split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny models run fastest on one thread; the test machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def sentence(rng: np.random.Generator, low: int = 5, high: int = 20) -> str:

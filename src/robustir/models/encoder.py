@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -118,6 +117,9 @@ class Encoder(nn.Module):
         self.tokenizer = tokenizer
         self.config = config or EncoderConfig()
         self.source = source
+        # (weights version key, bf16 copy of the transformer) for fast inference; a tuple, so that
+        # nn.Module does not register the copy as a sub-module (it never enters state_dict)
+        self._bf16_cache: tuple | None = None
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -231,6 +233,24 @@ class Encoder(nn.Module):
         return embeddings
 
     # ------------------------------------------------------------------ inference path
+    def _inference_transformer(self, bf16: bool) -> nn.Module:
+        """The transformer to run inference with: itself, or with ``bf16`` a bfloat16 copy.
+
+        A full bf16 copy is faster than autocast on CPU (no per-op weight casts: ~1.7x vs ~1.5x over
+        fp32 for MiniLM) at cosine >= 0.9999 to fp32. The copy is rebuilt whenever a weight changed
+        (tensor version counters move on every in-place update, e.g. an optimizer step).
+        """
+        if not bf16:
+            return self.transformer
+        key = (id(self.transformer), tuple(p._version for p in self.transformer.parameters()))
+        if self._bf16_cache is None or self._bf16_cache[0] != key:
+            self._bf16_cache = None  # free the stale copy before making the new one
+            import copy
+
+            clone = copy.deepcopy(self.transformer).to(torch.bfloat16).eval()
+            self._bf16_cache = (key, clone)
+        return self._bf16_cache[1]
+
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], kind: TextKind = "passage", *, batch_size: int = 64,
                bf16: bool = False, show_progress: bool | None = None, max_length: int | None = None,
@@ -238,7 +258,8 @@ class Encoder(nn.Module):
         """Embed ``texts`` → float32 array ``(n, d)`` in input order.
 
         Texts are tokenized once, sorted by token count and batched, so each batch pads to similar
-        lengths; with ``bf16`` the forward pass runs under bfloat16 autocast (CPU with AMX, or GPU).
+        lengths; with ``bf16`` the forward pass runs on a bfloat16 copy of the weights (CPUs with
+        AVX512-BF16/AMX, or GPUs); pooling and normalisation stay in float32.
         """
         n = len(texts)
         out = np.zeros((n, self.dim), dtype=np.float32)
@@ -253,8 +274,7 @@ class Encoder(nn.Module):
         bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {kind}s", disable=not show,
                    unit="batch")
         device = self.device
-        autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16
-                    else contextlib.nullcontext())
+        transformer = self._inference_transformer(bf16)
         try:
             for start in range(0, n, block):
                 chunk = [prefix + t for t in texts[start:start + block]] if prefix else list(texts[start:start + block])
@@ -265,8 +285,7 @@ class Encoder(nn.Module):
                     rows = order[b:b + batch_size]
                     batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
                     features = {k: v.to(device) for k, v in batch.items()}
-                    with autocast:
-                        hidden = self.transformer(**features).last_hidden_state
+                    hidden = transformer(**features).last_hidden_state
                     emb = self.pool(hidden.float(), features["attention_mask"])
                     if self.config.normalize:
                         emb = nn.functional.normalize(emb, dim=-1)
