@@ -116,8 +116,28 @@ def throughput(args) -> None:
     for name, r in rate.items():
         print(f"  {name:18s} {r:8.2f} pairs/s")
     print(f"ratio robustir(InfoNCE)/ST(MNRL): {rate['robustir-infonce'] / rate['st-mnrl']:.2f}x")
+    loss_cost(args, statistics.median(times["robustir-infonce"]))
     print(f"PEG overhead over InfoNCE: {100 * (rate['robustir-infonce'] / rate['robustir-peg'] - 1):+.1f}%   "
           f"CCR overhead: {100 * (rate['robustir-infonce'] / rate['robustir-ccr'] - 1):+.1f}%")
+
+
+def loss_cost(args, step_seconds: float) -> None:
+    """The exact cost of each loss: forward + backward on embeddings of this batch shape (no encoder)."""
+    from robustir.losses import ContrastiveBatch, get_loss
+
+    torch.manual_seed(0)
+    d = 384
+    q = torch.randn(args.batch, d, requires_grad=True)
+    p = torch.randn(args.batch, d, requires_grad=True)
+    n = torch.randn(args.batch, d, requires_grad=True)
+    for name in ("infonce", "peg", "ccr"):
+        loss = get_loss(name)
+        loss(ContrastiveBatch.from_groups(q, p, n)).loss.backward()  # warm-up
+        start = time.perf_counter()
+        for _ in range(20):
+            loss(ContrastiveBatch.from_groups(q, p, n)).loss.backward()
+        ms = (time.perf_counter() - start) / 20 * 1000
+        print(f"  loss {name:8s} forward+backward {ms:7.3f} ms = {100 * ms / 1000 / step_seconds:.3f}% of a step")
 
 
 def memory_child(args) -> None:
