@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not args.verbose:  # libraries' per-file chatter (checkpoint writes, font cache) is noise at INFO
-        for name in ("accelerate", "matplotlib", "httpx", "urllib3", "faiss"):
+        for name in ("accelerate", "matplotlib", "httpx", "urllib3", "faiss", "bm25s"):
             logging.getLogger(name).setLevel(logging.WARNING)
     if not getattr(args, "_module", None):
         parser.print_help()
