@@ -38,3 +38,21 @@ def model_or_default(value: str | None) -> str:
 
 def data_or_default(value: str | None) -> Path:
     return Path(value) if value else dataset_path("scifact")
+
+
+def flags_from_args(args: argparse.Namespace, names: dict[str, str]) -> dict:
+    """Config values from the flags that were given: ``{dest: "a.b"}`` → ``{"a": {"b": value}}``.
+
+    Flags left at ``None`` are omitted, so a config file's value stands unless the flag is given.
+    """
+    flags: dict = {}
+    for dest, key in names.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        node = flags
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return flags

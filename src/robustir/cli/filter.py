@@ -25,6 +25,7 @@ from ..config import load_config
 from ..data.documents import sharded_path
 from ..errors import ConfigError
 from ..io import Shard
+from .common import flags_from_args
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -68,20 +69,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. beta=0.5")
 
 
-def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:
-    flags: dict = {}
-    for dest, key in names.items():
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        node = flags
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return flags
-
-
 _COMMON = {"keep_removed": "keep_removed", "overwrite": "overwrite", "progress": "progress"}
 
 
@@ -99,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "teacher":
         from ..mining.teacher_filter import TeacherFilterConfig, teacher_filter
 
-        flags = _pick(args, {**_COMMON, "model": "model", "teacher_kind": "kind", "absolute_margin": "absolute_margin",
+        flags = flags_from_args(args, {**_COMMON, "model": "model", "teacher_kind": "kind", "absolute_margin": "absolute_margin",
                              "relative_margin": "relative_margin", "max_length": "max_length",
                              "batch_size": "batch_size", "bf16": "bf16", "shard": "shard"})
         config = load_config(TeacherFilterConfig, args.config, args.overrides, flags)
@@ -107,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from ..mining.sieve import SieveConfig, sieve_negatives
 
-        flags = _pick(args, {**_COMMON, "model": "model", "num_negatives": "num_negatives", "train": "train",
+        flags = flags_from_args(args, {**_COMMON, "model": "model", "num_negatives": "num_negatives", "train": "train",
                              "strict": "strict", "variant": "variant", "beta": "beta", "temperature": "temperature",
                              "lr": "lr", "max_steps": "max_steps", "work_dir": "work_dir",
                              "batch_size": "batch_size", "bf16": "bf16", "shard": "shard"})
@@ -123,7 +110,7 @@ def _run_llm(args: argparse.Namespace, output: Path, shard: Shard) -> int:
     from ..mining.llm import LLMClient, build_backend
     from ..mining.llm_judge import JudgeConfig, judge_negatives
 
-    flags = _pick(args, {**_COMMON, "prompt_template": "prompt_template", "base_url": "llm.base_url",
+    flags = flags_from_args(args, {**_COMMON, "prompt_template": "prompt_template", "base_url": "llm.base_url",
                          "model": "llm.model", "api_key_env": "llm.api_key_env", "concurrency": "llm.concurrency",
                          "cache": "llm.cache_path"})
     config = load_config(JudgeConfig, args.config, args.overrides, flags)

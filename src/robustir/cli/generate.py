@@ -17,10 +17,12 @@ import argparse
 import logging
 
 from ..config import load_config
+from ..data.documents import sharded_path
 from ..errors import ConfigError
 from ..io import Shard
-from ..mining.generate import GenerateConfig, generate_queries, load_template, shard_output_path
+from ..mining.generate import GenerateConfig, generate_queries, load_template
 from ..mining.llm import LLMClient, build_backend
+from .common import flags_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +70,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _flags(args: argparse.Namespace) -> dict:
-    flags: dict = {}
-    for dest, key in _FLAG_KEYS.items():
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        node = flags
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+    flags = flags_from_args(args, _FLAG_KEYS)
     for dest in ("overwrite", "progress", "preflight"):
         if getattr(args, dest, None) is not None:
             flags[dest] = getattr(args, dest)
@@ -89,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if not config.input or not config.output:
         raise ConfigError("give --input PASSAGES.jsonl and --output OUT.jsonl (or input:/output: in --config)")
     shard = Shard.parse(config.shard)
-    output = shard_output_path(config.output, shard)
+    output = sharded_path(config.output, shard)
     template = load_template(config.prompt_template, ("text",)) if config.prompt_template else None
     template_zh = load_template(config.prompt_template_zh, ("text",)) if config.prompt_template_zh else None
     backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))

@@ -268,14 +268,6 @@ class GroupedJsonlWriter(ResumableJsonlWriter):
         self.done_keys = {json.loads(line).get(self.key_field) for line in lines[:keep]}
 
 
-def shard_output_path(path: str | Path, shard: Shard) -> Path:
-    """``out.jsonl`` -> ``out.shard-00002-of-00008.jsonl`` for shard 2/8 (unchanged when not sharded)."""
-    path = Path(path)
-    if shard.count == 1:
-        return path
-    return path.with_name(path.stem + shard.suffix() + path.suffix)
-
-
 def read_passages(path: str | Path) -> Iterator[tuple[int, dict]]:
     """``(line, passage)`` with ``_id`` (or ``id``) as str, ``title`` and ``text``; malformed lines raise DataError."""
     for line, obj in read_jsonl(path):
