@@ -33,7 +33,7 @@ STAGES: dict[str, tuple[str, str]] = {
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="robustir", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="robustir", description="Train robust dense retrieval models: one sub-command per pipeline stage.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
     sub = parser.add_subparsers(dest="stage", metavar="<stage>")
     for name, (module, help_text) in STAGES.items():
