@@ -15,6 +15,7 @@ import os
 
 from ..config import load_config
 from ..training.pretrain import PretrainConfig
+from .common import flags_from_args
 
 FLAGS = {  # flag -> config key; only flags given on the command line override the file
     "mode": "mode", "model": "model", "data": "data", "data_format": "data_format", "output": "output",
@@ -46,11 +47,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> PretrainConfig:
-    flags = {key: getattr(args, attr) for attr, key in FLAGS.items() if getattr(args, attr, None) is not None}
-    for name in ("bf16", "gradient_checkpointing"):
-        if getattr(args, name):
-            flags[name] = True
-    return load_config(PretrainConfig, args.config, args.overrides, flags=flags)
+    # store_true switches default to None, so an absent switch leaves the config file's value
+    switches = {"bf16": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
+    return load_config(PretrainConfig, args.config, args.overrides, flags=flags_from_args(args, {**FLAGS, **switches}))
 
 
 def run(args: argparse.Namespace) -> int:

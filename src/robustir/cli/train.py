@@ -11,6 +11,7 @@ import argparse
 from ..config import load_config
 from ..evaluation.metrics import format_table
 from ..training.arguments import TrainConfig
+from .common import flags_from_args
 
 FLAGS = {  # flag -> config key; only flags given on the command line override the file
     "model": "model", "train_data": "train_data", "eval_data": "eval_data", "loss": "loss", "output": "output",
@@ -45,11 +46,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> TrainConfig:
-    flags = {key: getattr(args, attr) for attr, key in FLAGS.items() if getattr(args, attr, None) is not None}
-    for name in ("bf16", "gradient_checkpointing"):
-        if getattr(args, name):
-            flags[name] = True
-    return load_config(TrainConfig, args.config, args.overrides, flags=flags)
+    # store_true switches default to None, so an absent switch leaves the config file's value
+    switches = {"bf16": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
+    return load_config(TrainConfig, args.config, args.overrides, flags=flags_from_args(args, {**FLAGS, **switches}))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ from ..errors import ConfigError, DataError
 from ..io import open_binary, read_jsonl, write_json
 from ..resources import default_model_path
 from .checkpoints import list_checkpoints, save_checkpoint
+from .optim import adamw_with_linear_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +360,6 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     """
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
-    from transformers import get_linear_schedule_with_warmup
 
     config.validate()
     accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
@@ -393,12 +393,9 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     if config.gradient_checkpointing:
         model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():  # tied embedding / MLM-decoder weights appear once
-        (no_decay if param.ndim < 2 or "LayerNorm" in name or "norm" in name or "bias" in name else decay).append(param)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
+    # named_parameters lists tied embedding / MLM-decoder weights once
+    optimizer, scheduler = adamw_with_linear_schedule(model, config.lr, config.weight_decay,
+                                                      config.warmup_ratio, total_steps)
     prepared, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)  # stepped by hand, once per optimizer step
 

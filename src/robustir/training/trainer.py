@@ -37,6 +37,7 @@ from ..models.encoder import Encoder
 from ..resources import default_model_path
 from .arguments import TrainConfig
 from .batch_engine import BatchEngine
+from .optim import adamw_with_linear_schedule
 from .checkpoints import list_checkpoints as _checkpoints
 from .checkpoints import save_checkpoint as _save_checkpoint
 from .data import GroupSampler, collate
@@ -176,7 +177,6 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     """
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
-    from transformers import get_linear_schedule_with_warmup
 
     if config.batch_size < 1 or config.num_negatives < 0:
         raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
@@ -209,12 +209,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
 
         eval_dataset = load_beir(config.eval_data, config.eval_split)
 
-    decay, no_decay = [], []
-    for name, param in encoder.named_parameters():
-        (no_decay if param.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(param)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
+    optimizer, scheduler = adamw_with_linear_schedule(encoder, config.lr, config.weight_decay,
+                                                      config.warmup_ratio, total_steps)
     model, optimizer = accelerator.prepare(encoder, optimizer)
     loss.to(accelerator.device)
     # the scheduler is stepped by hand once per optimizer step (accelerate would step it per process)
