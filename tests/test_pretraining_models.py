@@ -15,6 +15,7 @@ from robustir.data.masking import (
     word_groups,
 )
 from robustir.models.gur import GURCollator, GURModel, symmetric_info_nce
+from robustir.errors import ConfigError
 from robustir.models.retromae import RetroMAECollator, RetroMAEModel
 
 SENTENCES = [
@@ -413,3 +414,36 @@ def test_gur_save_reload(tiny_model_dir, tokenizer, tmp_path):
         before, after = model(**batch), reloaded(**batch)
         for key in ("loss", "mlm_loss", "cl_loss"):
             torch.testing.assert_close(after[key], before[key], rtol=1e-5, atol=1e-5)
+
+
+def test_retromae_mean_pooling_feeds_decoder_and_is_saved(tiny_model_dir, tokenizer, tmp_path):
+    """With pooling="mean" the decoder reads the mean of the token states, and the saved encoder and head say so."""
+    torch.manual_seed(0)
+    model = quiet_load(RetroMAEModel, tiny_model_dir, pooling="mean").eval()
+    batch = RetroMAECollator(tokenizer, max_length=32, seed=0)(SENTENCES[:2])
+    seen = {}
+    original = model.decode
+
+    def spy(h, *args):
+        seen["h"] = h
+        return original(h, *args)
+
+    model.decode = spy
+    with torch.no_grad():
+        model(**batch)
+        hidden = model.encoder.base_model(input_ids=batch["encoder_input_ids"],
+                                          attention_mask=batch["encoder_attention_mask"]).last_hidden_state
+    mask = batch["encoder_attention_mask"].unsqueeze(-1).float()
+    expected = (hidden * mask).sum(1) / mask.sum(1)
+    torch.testing.assert_close(seen["h"], expected)
+    assert not torch.allclose(seen["h"], hidden[:, 0])
+
+    model.decode = original
+    model.save_pretrained(tmp_path / "out")
+    from robustir.models.encoder import Encoder
+
+    assert quiet_load(Encoder, tmp_path / "out" / "encoder").config.pooling == "mean"
+    reloaded = quiet_load(RetroMAEModel, tiny_model_dir, tmp_path / "out" / "decoder_head")
+    assert reloaded.pooling == "mean"
+    with pytest.raises(ConfigError):
+        RetroMAEModel(model.encoder, pooling="max")

@@ -78,21 +78,26 @@ def read_documents(path: str | Path, fmt: str = "auto", *, text_unit: Literal["b
             yield doc
 
 
+def checked_fields(path: str | Path, line: int, obj: dict, what: str = "document") -> tuple[str, str, str]:
+    """``(id, title, text)`` of one JSONL record (``_id`` or ``id``; title optional), or a DataError naming the line."""
+    doc_id = obj.get("_id", obj.get("id"))
+    if doc_id is None or isinstance(doc_id, (dict, list, bool)) or str(doc_id) == "":
+        raise DataError(path, f"missing {what} id", line=line, field="_id",
+                        fix=f'give every {what} an id: {{"_id": "doc1", "title": "...", "text": "..."}} ("id" works too)')
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise DataError(path, f"expected a string, got {type(text).__name__}", line=line, field="text",
+                        fix=f'every {what} needs "text": "..."')
+    title = obj.get("title") or ""
+    if not isinstance(title, str):
+        raise DataError(path, f"expected a string, got {type(title).__name__}", line=line, field="title",
+                        fix='"title" must be a string (or be left out)')
+    return str(doc_id), title, text
+
+
 def _read_jsonl_docs(path: Path) -> Iterator[tuple[int, Document]]:
     for line, obj in read_jsonl(path):
-        doc_id = obj.get("_id", obj.get("id"))
-        if doc_id is None or isinstance(doc_id, (dict, list, bool)) or str(doc_id) == "":
-            raise DataError(path, "missing document id", line=line, field="_id",
-                            fix='add "_id": "..." (or "id") to every line')
-        text = obj.get("text")
-        if not isinstance(text, str):
-            raise DataError(path, f"expected a string, got {type(text).__name__}", line=line, field="text",
-                            fix='every line needs "text": "..."')
-        title = obj.get("title") or ""
-        if not isinstance(title, str):
-            raise DataError(path, f"expected a string, got {type(title).__name__}", line=line, field="title",
-                            fix='"title" must be a string (or be left out)')
-        yield line, Document(str(doc_id), title, text)
+        yield line, Document(*checked_fields(path, line, obj))
 
 
 def _read_text_docs(path: Path, unit: str) -> Iterator[tuple[int, Document]]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 from ..errors import ConfigError, DataError
+from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl, write_json
 from .llm import LLMBackend, LLMConfig, strip_reasoning
 
@@ -269,20 +270,10 @@ class GroupedJsonlWriter(ResumableJsonlWriter):
 
 
 def read_passages(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """``(line, passage)`` with ``_id`` (or ``id``) as str, ``title`` and ``text``; malformed lines raise DataError."""
+    """``(line, passage)`` with ``_id`` as str, ``title`` and ``text`` (extra fields kept); malformed lines raise DataError."""
     for line, obj in read_jsonl(path):
-        pid = obj.get("_id", obj.get("id"))
-        if pid is None or isinstance(pid, (list, dict)):
-            raise DataError(path, "missing passage id", line=line, field="_id",
-                            fix='give every passage an id: {"_id": "doc1-p0", "title": "...", "text": "..."}')
-        text = obj.get("text")
-        if not isinstance(text, str):
-            raise DataError(path, f"expected a string, got {type(text).__name__}", line=line, field="text",
-                            fix="each passage needs its text as a string")
-        title = obj.get("title") or ""
-        if not isinstance(title, str):
-            raise DataError(path, f"expected a string, got {type(title).__name__}", line=line, field="title")
-        yield line, {**obj, "_id": str(pid), "title": title, "text": text}
+        pid, title, text = checked_fields(path, line, obj, "passage")
+        yield line, {**obj, "_id": pid, "title": title, "text": text}
 
 
 def _count_lines(path: Path) -> int:

@@ -40,10 +40,12 @@ from robustir.data.masking import (
 )
 from robustir.errors import ConfigError
 from robustir.models.mlm_encoder import (
+    POOLING_MODES,
     load_masked_lm,
     load_tokenizer,
     masked_lm_loss,
     mlm_head,
+    pool,
     save_encoder_folder,
 )
 
@@ -311,6 +313,9 @@ class RetroMAEModel(nn.Module):
             the decoder).
         decoder: the :class:`EnhancedDecoderLayer`; a new one shaped like an encoder layer if ``None``.
         encoder_loss_weight / decoder_loss_weight: loss = dw * CE_decoder + ew * CE_encoder (1 : 1).
+        pooling: how h is read off the encoder: "cls" (RetroMAE) or "mean" (the mask-weighted mean of the
+            token states, for models that were trained mean-pooled, e.g. all-MiniLM-L6-v2: the bottleneck
+            then trains the vector that fine-tuning and inference actually use).
         tokenizer: kept only so that :meth:`save_pretrained` can write it next to the encoder.
     """
 
@@ -321,9 +326,13 @@ class RetroMAEModel(nn.Module):
         *,
         encoder_loss_weight: float = 1.0,
         decoder_loss_weight: float = 1.0,
+        pooling: str = "cls",
         tokenizer: Any | None = None,
     ) -> None:
         super().__init__()
+        if pooling not in POOLING_MODES:
+            raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+        self.pooling = pooling
         self.encoder = encoder
         mlm_head(encoder)  # fail early on an unsupported architecture
         embeddings = getattr(encoder.base_model, "embeddings", None)
@@ -349,11 +358,12 @@ class RetroMAEModel(nn.Module):
         *,
         encoder_loss_weight: float | None = None,
         decoder_loss_weight: float | None = None,
+        pooling: str | None = None,
         **model_kwargs: Any,
     ) -> RetroMAEModel:
         """Load the encoder (any BERT-family HF folder or hub id) and, optionally, a saved decoder head.
 
-        Loss weights not given here come from the decoder head's config (else 1.0).
+        Loss weights and pooling not given here come from the decoder head's config (else 1.0 and "cls").
         ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``.
         """
         encoder = load_masked_lm(encoder_path, **model_kwargs)
@@ -365,18 +375,21 @@ class RetroMAEModel(nn.Module):
             encoder_loss_weight = saved.get("encoder_loss_weight", 1.0)
         if decoder_loss_weight is None:
             decoder_loss_weight = saved.get("decoder_loss_weight", 1.0)
+        if pooling is None:
+            pooling = saved.get("pooling", "cls")
         return cls(
             encoder,
             decoder,
             encoder_loss_weight=encoder_loss_weight,
             decoder_loss_weight=decoder_loss_weight,
+            pooling=pooling,
             tokenizer=load_tokenizer(encoder_path),
         )
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """Sentence embedding h: last hidden state at position 0 ([CLS])."""
+        """Sentence embedding h: the [CLS] state, or the mean of the token states with ``pooling="mean"``."""
         out = self.encoder.base_model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        return out.last_hidden_state[:, 0]
+        return pool(out.last_hidden_state, attention_mask, self.pooling)
 
     def decode(self, h: Tensor, decoder_input_ids: Tensor, decoder_attention_mask: Tensor) -> Tensor:
         """Enhanced decoding (two streams, methods-notes §4.2); returns (B, L, D) decoder states."""
@@ -404,7 +417,7 @@ class RetroMAEModel(nn.Module):
             input_ids=encoder_input_ids, attention_mask=encoder_attention_mask, token_type_ids=encoder_token_type_ids
         )
         hidden = out.last_hidden_state
-        h = hidden[:, 0]
+        h = pool(hidden, encoder_attention_mask, self.pooling)
         encoder_mlm_loss = masked_lm_loss(self.head, hidden, encoder_labels)
         decoded = self.decode(h, decoder_input_ids, decoder_attention_mask)
         decoder_loss = masked_lm_loss(self.head, decoded, decoder_labels)
@@ -414,14 +427,14 @@ class RetroMAEModel(nn.Module):
     def save_pretrained(
         self, save_dir: str | Path, *, tokenizer: Any | None = None, max_seq_length: int | None = None
     ) -> Path:
-        """Write ``save_dir/encoder`` (HF + sentence-transformers folder, CLS pooling, with tokenizer) and
+        """Write ``save_dir/encoder`` (HF + sentence-transformers folder with this model's pooling and tokenizer) and
         ``save_dir/decoder_head`` (decoder weights + config) so pre-training can continue."""
         root = Path(save_dir)
         save_encoder_folder(
             self.encoder,
             root / "encoder",
             tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
-            pooling="cls",  # RetroMAE's sentence embedding is the [CLS] state
+            pooling=self.pooling,  # the vector the decoder was trained to read
             max_seq_length=max_seq_length,
         )
         head_dir = root / "decoder_head"
@@ -436,6 +449,7 @@ class RetroMAEModel(nn.Module):
             "query_stream": "h + position_embedding (original RetroMAE, no LayerNorm)",
             "encoder_loss_weight": self.encoder_loss_weight,
             "decoder_loss_weight": self.decoder_loss_weight,
+            "pooling": self.pooling,
             "layer": self.decoder.config,
         }
         (head_dir / _CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")

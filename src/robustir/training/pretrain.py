@@ -69,6 +69,9 @@ class PretrainConfig:
     # model
     model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
     heads: str | None = None  # decoder_head / projection_head folder (or a pre-training output) to continue from
+    # the sentence vector both methods train and the saved encoder uses: "cls" (both papers) or "mean"
+    # (keep a mean-pooled model such as all-MiniLM-L6-v2 mean-pooled)
+    pooling: Literal["cls", "mean"] = "cls"
     # data
     data: str = ""  # retromae: raw text (JSONL "text", BEIR, plain text); gur: pairs JSONL
     data_format: Literal["auto", "jsonl", "beir", "text", "pairs"] = "auto"
@@ -82,7 +85,6 @@ class PretrainConfig:
     # GUR (methods-notes §3)
     mask_ratio: float = 0.15  # paper
     mask_ratio_range: list[float] | None = None  # [0.10, 0.29] = the authors' code (ratio drawn per sentence)
-    pooling: Literal["cls", "mean"] = "cls"
     projection: bool = False
     projection_dim: int | None = None
     similarity: Literal["cosine", "dot"] = "cosine"
@@ -317,7 +319,7 @@ def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
         from ..models.retromae import RetroMAEModel
 
         model = RetroMAEModel.from_pretrained(model_path, heads, encoder_loss_weight=config.encoder_loss_weight,
-                                              decoder_loss_weight=config.decoder_loss_weight)
+                                              decoder_loss_weight=config.decoder_loss_weight, pooling=config.pooling)
     else:
         from ..models.gur import GURModel
 
@@ -492,7 +494,7 @@ def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str
     """Write ``out/model`` (encoder as a sentence-transformers folder) and the head folder, replacing old ones.
 
     The encoder keeps its MLM head weights (continued MLM-style pre-training needs them; ``AutoModel`` and
-    sentence-transformers ignore them). Pooling: [CLS] for RetroMAE (its sentence vector), GUR's ``pooling``;
+    sentence-transformers ignore them). Pooling: ``config.pooling`` (the vector both methods trained);
     normalisation, instructions and lengths come from the base model's folder.
     """
     from ..models.encoder import Encoder, config_from_folder, resolve_model_path
@@ -501,7 +503,7 @@ def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)  # tmp/encoder + tmp/<head>
     encoder_config = config_from_folder(resolve_model_path(base_model))
-    encoder_config.pooling = "cls" if config.mode == "retromae" else config.pooling
+    encoder_config.pooling = config.pooling
     positions = int(getattr(model.encoder.config, "max_position_embeddings", 512))
     encoder_config.passage_max_length = min(encoder_config.passage_max_length, positions)
     encoder_config.query_max_length = min(encoder_config.query_max_length, positions)
