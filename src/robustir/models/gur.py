@@ -33,11 +33,10 @@ from torch import Tensor, nn
 from robustir.data.masking import SpanMasker, maskable_positions, replace_masked_tokens
 from robustir.errors import ConfigError
 from robustir.models.mlm_encoder import (
-    POOLING_MODES,
+    MaskedLMPretrainModel,
     load_masked_lm,
     load_tokenizer,
     masked_lm_loss,
-    mlm_head,
     pool,
     save_encoder_folder,
 )
@@ -160,7 +159,7 @@ def symmetric_info_nce(
     return loss, accuracy
 
 
-class GURModel(nn.Module):
+class GURModel(MaskedLMPretrainModel):
     """BERT masked LM trained with span-MLM + in-pair contrastive loss; ``forward(**collator_batch)``.
 
     Args:
@@ -185,31 +184,20 @@ class GURModel(nn.Module):
         mlm_weight: float = 1.0,
         tokenizer: Any | None = None,
     ) -> None:
-        super().__init__()
-        if pooling not in POOLING_MODES:
-            raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+        super().__init__(encoder, pooling=pooling, tokenizer=tokenizer)
         if similarity not in SIMILARITIES:
             raise ConfigError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
         if temperature <= 0:
             raise ConfigError(f"temperature must be > 0, got {temperature}")
-        self.encoder = encoder
-        mlm_head(encoder)  # fail early on an unsupported architecture
         hidden_size = int(encoder.config.hidden_size)
         self.projection_dim = int(projection_dim) if projection_dim is not None else hidden_size
         self.projection: ProjectionHead | None = (
             ProjectionHead(hidden_size, self.projection_dim) if projection else None
         )
-        self.pooling = pooling
         self.similarity = similarity
         self.temperature = float(temperature)
         self.alpha = float(alpha)
         self.mlm_weight = float(mlm_weight)
-        self.tokenizer = tokenizer
-
-    @property
-    def head(self) -> nn.Module:
-        """The encoder's MLM head (a property, not a second registration, so state_dict has no duplicates)."""
-        return mlm_head(self.encoder)
 
     @classmethod
     def from_pretrained(

@@ -17,7 +17,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -25,7 +24,7 @@ from robustir.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_masked_lm", "load_tokenizer", "masked_lm_loss", "mlm_head", "save_encoder_folder"]
+__all__ = ["MaskedLMPretrainModel", "load_masked_lm", "load_tokenizer", "masked_lm_loss", "mlm_head", "save_encoder_folder"]
 
 POOLING_MODES = ("cls", "mean")
 
@@ -84,6 +83,25 @@ def masked_lm_loss(head: nn.Module, hidden: Tensor, labels: Tensor) -> Tensor:
         return hidden.sum() * 0.0
     logits = head(hidden[selected])
     return F.cross_entropy(logits.float(), labels[selected])
+
+
+class MaskedLMPretrainModel(nn.Module):
+    """What RetroMAE and GUR share: a masked-LM ``encoder`` (its MLM head reused as ``head``), the pooling that
+    reads the sentence vector off it, and the tokenizer written next to the saved encoder."""
+
+    def __init__(self, encoder: nn.Module, *, pooling: str, tokenizer: Any | None) -> None:
+        super().__init__()
+        if pooling not in POOLING_MODES:
+            raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+        self.encoder = encoder
+        mlm_head(encoder)  # fail early on an unsupported architecture
+        self.pooling = pooling
+        self.tokenizer = tokenizer
+
+    @property
+    def head(self) -> nn.Module:
+        """The encoder's MLM head (a property, not a second registration, so state_dict has no duplicates)."""
+        return mlm_head(self.encoder)
 
 
 def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:

@@ -40,11 +40,10 @@ from robustir.data.masking import (
 )
 from robustir.errors import ConfigError
 from robustir.models.mlm_encoder import (
-    POOLING_MODES,
+    MaskedLMPretrainModel,
     load_masked_lm,
     load_tokenizer,
     masked_lm_loss,
-    mlm_head,
     pool,
     save_encoder_folder,
 )
@@ -305,7 +304,7 @@ class EnhancedDecoderLayer(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
-class RetroMAEModel(nn.Module):
+class RetroMAEModel(MaskedLMPretrainModel):
     """Encoder (masked LM) + one-layer enhanced decoder; ``forward(**collator_batch)`` returns losses.
 
     Args:
@@ -329,12 +328,7 @@ class RetroMAEModel(nn.Module):
         pooling: str = "cls",
         tokenizer: Any | None = None,
     ) -> None:
-        super().__init__()
-        if pooling not in POOLING_MODES:
-            raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
-        self.pooling = pooling
-        self.encoder = encoder
-        mlm_head(encoder)  # fail early on an unsupported architecture
+        super().__init__(encoder, pooling=pooling, tokenizer=tokenizer)
         embeddings = getattr(encoder.base_model, "embeddings", None)
         if embeddings is None or not hasattr(embeddings, "position_embeddings"):
             raise ConfigError(f"{type(encoder).__name__}: RetroMAE needs BERT-style absolute position embeddings")
@@ -343,12 +337,6 @@ class RetroMAEModel(nn.Module):
             raise ConfigError("decoder head hidden_size does not match the encoder")
         self.encoder_loss_weight = float(encoder_loss_weight)
         self.decoder_loss_weight = float(decoder_loss_weight)
-        self.tokenizer = tokenizer
-
-    @property
-    def head(self) -> nn.Module:
-        """The encoder's MLM head (a property, not a second registration, so state_dict has no duplicates)."""
-        return mlm_head(self.encoder)
 
     @classmethod
     def from_pretrained(
