@@ -48,6 +48,9 @@ def test_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
     full = train(small_config(tiny_model_dir, data, tmp_path / "full", chunk_size=3))
     first = train(small_config(tiny_model_dir, data, tmp_path / "resumed", chunk_size=3), stop_after=2)
     assert first.steps == 2 and not (tmp_path / "resumed" / "model").exists()
+    # a crash after logging step 3 but before its checkpoint: the stale line must not survive the resume
+    with open(tmp_path / "resumed" / "train_log.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"step": 3, "loss": 99.0, "t": 99.0}) + "\n")
     second = train(small_config(tiny_model_dir, data, tmp_path / "resumed", chunk_size=3))
     assert second.steps == 4
     a, b = weights(full.model_path), weights(second.model_path)

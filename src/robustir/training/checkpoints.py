@@ -7,6 +7,8 @@ mid-save leaves only a ``.step-N.tmp`` folder, which is ignored and replaced by 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import Any
 
 from ..io import write_json
 
-__all__ = ["list_checkpoints", "save_checkpoint"]
+__all__ = ["list_checkpoints", "resume_latest", "save_checkpoint"]
+
+logger = logging.getLogger(__name__)
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -51,3 +55,22 @@ def save_checkpoint(accelerator, root: Path, step: int, keep: int, state: dict[s
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int) -> int:
+    """Load the newest complete checkpoint under ``root`` into ``accelerator`` and return its step (0: none).
+
+    Log lines past that step were written after the checkpoint and will be redone, so the main process drops
+    them from ``log_path`` (one line per step, with a ``step`` field).
+    """
+    existing = list_checkpoints(root)
+    if not existing:
+        return 0
+    step, path = existing[-1]
+    accelerator.load_state(str(path))
+    logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
+    if accelerator.is_main_process and Path(log_path).exists():
+        kept = [line for line in Path(log_path).read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        Path(log_path).write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return step

@@ -49,7 +49,7 @@ from ..config import to_dict
 from ..errors import ConfigError, DataError
 from ..io import open_binary, read_jsonl, write_json
 from ..resources import default_model_path
-from .checkpoints import list_checkpoints, save_checkpoint
+from .checkpoints import resume_latest, save_checkpoint
 from .optim import adamw_with_linear_schedule
 
 logger = logging.getLogger(__name__)
@@ -403,15 +403,9 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
 
     checkpoint_root = out / "checkpoints"
     start_step = 0
-    existing = list_checkpoints(checkpoint_root) if config.resume else []
-    if existing:
-        step, path = existing[-1]
-        accelerator.load_state(str(path))
-        start_step = step
-        logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
-        if is_main:
-            _truncate_log(out / "train_log.jsonl", start_step)
-    elif is_main:
+    if config.resume:
+        start_step = resume_latest(accelerator, checkpoint_root, out / "train_log.jsonl", total_steps)
+    if start_step == 0 and is_main:
         write_json(out / "pretrain_config.json", to_dict(config))
         (out / "train_log.jsonl").unlink(missing_ok=True)
     accelerator.wait_for_everyone()
@@ -479,15 +473,6 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
 
 def _head_name(mode: str) -> str:
     return "decoder_head" if mode == "retromae" else "projection_head"
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Drop log lines past the checkpoint we resume from (they were written after it, and will be redone)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str, out: Path, steps: int) -> None:

@@ -38,7 +38,7 @@ from ..resources import default_model_path
 from .arguments import TrainConfig
 from .batch_engine import BatchEngine
 from .optim import adamw_with_linear_schedule
-from .checkpoints import list_checkpoints as _checkpoints
+from .checkpoints import resume_latest
 from .checkpoints import save_checkpoint as _save_checkpoint
 from .data import GroupSampler, collate
 
@@ -219,13 +219,9 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
 
     checkpoint_root = out / "checkpoints"
     start_step = 0
-    existing = _checkpoints(checkpoint_root) if config.resume else []
-    if existing:
-        step, path = existing[-1]
-        accelerator.load_state(str(path))
-        start_step = step
-        logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
-    elif is_main:
+    if config.resume:
+        start_step = resume_latest(accelerator, checkpoint_root, out / "train_log.jsonl", total_steps)
+    if start_step == 0 and is_main:
         write_json(out / "training_config.json", to_dict(config))
         (out / "train_log.jsonl").unlink(missing_ok=True)
 
