@@ -58,7 +58,7 @@ def robustir_step_fn(model_path: str, loss_name: str, args, chunk: int | None = 
 
     def step(triples):
         groups = [Group(q, None, [p, n]) for q, p, n in triples]
-        q, p, ids = collate(groups, encoder, args.query_length, args.passage_length)
+        q, p, ids, _ = collate(groups, encoder, args.query_length, args.passage_length)
         engine.step(encoder, q, p, 1, passage_ids=ids)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -309,3 +309,23 @@ def test_rand_context_replays_dropout_and_keeps_outer_stream() -> None:
     assert torch.equal(torch.get_rng_state(), outer)  # the fork left the outer stream untouched
     with state:  # reusable
         assert torch.equal(F.dropout(x, 0.5), first)
+
+
+def test_positive_ids_mask_every_known_positive_of_the_query():
+    """Two rows of one query (two positives) in a batch: each row's other positive is masked, nothing else."""
+    from robustir.training.batch_engine import BatchEngine
+
+    torch.manual_seed(0)
+    engine = BatchEngine(get_loss("infonce"))
+    queries, passages = torch.randn(3, 8), torch.randn(3 * 2, 8)
+    # rows 0 and 1: the same query with positives 10 and 11; row 2 another query (positive 12)
+    passage_ids = torch.tensor([10, 20, 11, 21, 12, 22])
+    positive_ids = torch.tensor([[10, 11], [10, 11], [12, -1]])
+    batch = engine.build_batch(queries, passages, 1, passage_ids, positive_ids)
+    mask = batch.candidate_mask
+    assert mask is not None and mask.shape == (3, 6)
+    assert not mask[0, 1] and not mask[1, 0]  # the other positive of the same query
+    assert mask[0, 0] and mask[1, 1] and mask[2].all()
+    assert mask[0, 2:].all() and mask[1, 2:].all()
+    plain = engine.build_batch(queries, passages, 1, passage_ids)
+    assert plain.candidate_mask is None  # without positive_ids nothing is a duplicate here

@@ -247,3 +247,36 @@ def test_llm_filter_cli_with_fake_server(tmp_path, capsys):
     assert out[0]["neg"] == ["unrelated"] and out[1]["neg"] == ["nothing"]
     assert [r["reason"] for r in out[0]["removed"]] == ["llm_judge", "equals_positive"]
     assert json.loads((tmp_path / "o.jsonl.report.json").read_text())["removed"] == 1
+
+
+def test_teacher_filter_suspect_positives(tmp_path):
+    rows = [
+        # the positive is outscored by 3 of 4 negatives (> 0.5): removed; the record is kept with no positive
+        {"query": "q1", "pos": ["0.1|wrong pos"], "pos_ids": ["p1"], "neg": ["0.3|a", "0.4|b", "0.5|c", "0.05|d"],
+         "neg_ids": ["a", "b", "c", "d"]},
+        # two positives: only the outscored one goes, and the margin rule then uses the trusted one (0.9)
+        {"query": "q2", "pos": ["0.9|good", "0.2|bad"], "pos_ids": ["g", "b"], "pos_scores": [1.0, 2.0],
+         "neg": ["0.3|x", "0.4|y", "0.88|close"]},
+        # exactly half the negatives above: kept (the rule needs more than the share)
+        {"query": "q3", "pos": ["0.35|p"], "neg": ["0.3|x", "0.4|y"]},
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    report = teacher_filter(source, tmp_path / "out.jsonl",
+                            TeacherFilterConfig(suspect_positive_share=0.5, progress=False), teacher=TableTeacher())
+    out = read(tmp_path / "out.jsonl")
+    assert out[0]["pos"] == [] and out[0]["pos_ids"] == [] and out[0]["neg"] == rows[0]["neg"]
+    assert out[0]["removed"] == [{"text": "0.1|wrong pos", "reason": "suspect_positive", "positive": True}]
+    assert out[1]["pos"] == ["0.9|good"] and out[1]["pos_ids"] == ["g"] and out[1]["pos_scores"] == [1.0]
+    assert out[1]["neg"] == ["0.3|x", "0.4|y"]  # 0.88 is within 5 % of 0.9
+    assert out[2]["pos"] == ["0.35|p"]
+    assert (report.positives_removed, report.records_without_positives) == (2, 1)
+    # training skips the record without positives; a later filter passes it on unchanged
+    from robustir.data.training_data import load_training_data
+
+    examples, stats = load_training_data(tmp_path / "out.jsonl")
+    assert len(examples) == 2 and stats["skipped_empty"] == 1
+    teacher_filter(tmp_path / "out.jsonl", tmp_path / "again.jsonl", TeacherFilterConfig(progress=False),
+                   teacher=TableTeacher())
+    assert read(tmp_path / "again.jsonl")[0] == out[0]
+    with pytest.raises(ConfigError, match="suspect_positive_share"):
+        TeacherFilterConfig(suspect_positive_share=1.5).validate()

@@ -172,3 +172,15 @@ def test_torchrun_two_processes(tiny_model_dir, tmp_path):
     assert log[1]["epoch"] == pytest.approx(0.5)  # 16 examples / (4 per process x 2 processes) = 2 steps per epoch
     assert (tmp_path / "out" / "model" / "model.safetensors").exists()
     assert proc.stdout.count("model saved to") == 1
+
+
+def test_epoch_unit_pairs_visits_every_positive_once_per_epoch():
+    examples = [TrainingExample(f"q{i}", [f"p{i}a", f"p{i}b"] if i % 2 else [f"p{i}a"], [f"n{i}"]) for i in range(10)]
+    pairs = GroupSampler(examples, 1, 5, 1, seed=1, epoch_unit="pairs")
+    queries = GroupSampler(examples, 1, 5, 1, seed=1, epoch_unit="queries")
+    assert (pairs.steps_per_epoch, queries.steps_per_epoch) == (3, 2)  # 15 pairs, 10 queries, batch 5
+    seen = [(g.query, g.passages[0]) for step in range(3) for g in pairs.batch(step, 0)]
+    assert sorted(seen) == sorted((e.query, p) for e in examples for p in e.pos)
+    assert all(set(g.positives) == set(examples[int(g.query[1:])].pos) for g in pairs.batch(0, 0))
+    with pytest.raises(ValueError, match="epoch_unit"):
+        GroupSampler(examples, 1, 5, 1, seed=1, epoch_unit="rows")

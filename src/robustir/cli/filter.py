@@ -51,6 +51,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     teacher.add_argument("--absolute-margin", type=float, help="remove if score > positive - margin")
     teacher.add_argument("--relative-margin", type=float,
                          help="remove if score > positive * (1 - margin) (default 0.05; 'none' via override)")
+    teacher.add_argument("--suspect-positive-share", type=float,
+                         help="also remove a positive when more than this share of its negatives score above it "
+                              "(false positives; e.g. 0.5; default off)")
     teacher.add_argument("--max-length", type=int, help="teacher token limit")
     sieve = parser.add_argument_group("sieve")
     sieve.add_argument("--num-negatives", type=int, help="negatives wanted per query (pool = 2x; default 15)")
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
         flags = flags_from_args(args, {**_COMMON, "model": "model", "teacher_kind": "kind", "absolute_margin": "absolute_margin",
                              "relative_margin": "relative_margin", "max_length": "max_length",
+                             "suspect_positive_share": "suspect_positive_share",
                              "batch_size": "batch_size", "bf16": "bf16", "shard": "shard"})
         config = load_config(TeacherFilterConfig, args.config, args.overrides, flags)
         report = teacher_filter(args.input, output, config)

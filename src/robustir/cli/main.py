@@ -29,6 +29,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("train", "contrastive fine-tuning (InfoNCE, PEG, CCR)"),
     "pretrain": ("pretrain", "retrieval-oriented pre-training (RetroMAE, GUR)"),
     "run": ("pipeline", "the whole pipeline from one config"),
+    "noise-bench": ("noise_bench", "planted-noise benchmark: each method's NDCG@10 against noise kind and rate"),
 }
 
 

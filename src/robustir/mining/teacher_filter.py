@@ -48,6 +48,7 @@ __all__ = ["TeacherFilterConfig", "FilterReport", "Decision", "FilterRecord", "E
 REASON_EQUALS_POSITIVE = "equals_positive"
 REASON_ABSOLUTE = "teacher_absolute_margin"
 REASON_RELATIVE = "teacher_relative_margin"
+REASON_SUSPECT_POSITIVE = "suspect_positive"
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -70,6 +71,9 @@ class Decision:
     reasons: list[str | None]
     scores: list[float | None]
     positive_score: float | None = None
+    positive_reasons: list[str | None] | None = None
+    """Optional verdict on each positive (None = keep); a record left without positives is written with
+    ``"pos": []`` and the removed positives in ``removed`` -- training skips it, later filters pass it on."""
 
 
 @dataclass
@@ -87,6 +91,9 @@ class FilterReport:
     removed_by_reason: dict = field(default_factory=dict)
     queries_with_removals: int = 0
     queries_left_without_negatives: int = 0
+    positives_removed: int = 0
+    records_without_positives: int = 0
+    """Records whose every positive was removed (kept as ``"pos": []``; training skips them)."""
     removed_per_query: dict = field(default_factory=dict)
     """Histogram: number of negatives removed from a record -> number of records."""
     scores: dict = field(default_factory=dict)
@@ -124,10 +131,17 @@ def parse_record(path: Path, line: int, obj: dict) -> FilterRecord:
             got = "nothing" if value is None else type(value).__name__
             raise DataError(path, f"expected a list of strings, got {got}", line=line, field=name,
                             fix=f'write "{name}": ["passage text", ...]')
-    if not pos:
+    if not pos and not _dropped_earlier(obj):
         raise DataError(path, "empty positive list", line=line, field="pos",
                         fix="every record needs at least one positive to compare its negatives with")
     return FilterRecord(line, obj, query, pos, neg)
+
+
+def _dropped_earlier(obj: dict) -> bool:
+    """A record whose positives an earlier filter removed (kept as a line so outputs stay aligned)."""
+    removed = obj.get("removed")
+    return isinstance(removed, list) and any(isinstance(r, dict) and r.get("reason") == REASON_SUSPECT_POSITIVE
+                                             for r in removed)
 
 
 def check_paths(input_path: str | Path, output_path: str | Path, overwrite: bool) -> tuple[Path, Path]:
@@ -170,9 +184,14 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
     bar = tqdm(desc=method, unit="record", disable=not progress)
 
     def flush(batch: list[FilterRecord]) -> None:
-        decisions = decide(batch)
-        for record, decision in zip(batch, decisions):
-            writer.write(_apply(record, decision, keep_removed, report, reasons, histogram, collected))
+        live = [record for record in batch if record.pos]
+        decisions = iter(decide(live) if live else [])
+        for record in batch:
+            if not record.pos:  # dropped by an earlier filter: passed on unchanged
+                report.records += 1
+                writer.write(dict(record.data))
+                continue
+            writer.write(_apply(record, next(decisions), keep_removed, report, reasons, histogram, collected))
         bar.update(len(batch))
 
     finished = False
@@ -229,6 +248,18 @@ def _apply(record: FilterRecord, decision: Decision, keep_removed: bool, report:
         removed.append(entry)
     if decision.positive_score is not None:
         collected["positive"].append(decision.positive_score)
+    if decision.positive_reasons is not None:
+        dropped = [(text, reason) for text, reason in zip(record.pos, decision.positive_reasons) if reason]
+        for text, reason in dropped:
+            reasons[reason] += 1
+            removed.append({"text": text, "reason": reason, "positive": True})
+        if dropped:
+            kept_pos = [i for i, reason in enumerate(decision.positive_reasons) if reason is None]
+            for key, value in record.data.items():  # pos, pos_scores, pos_ids, ... stay aligned
+                if (key == "pos" or key.startswith("pos_")) and isinstance(value, list) and len(value) == len(record.pos):
+                    out[key] = [value[i] for i in kept_pos]
+            report.positives_removed += len(dropped)
+            report.records_without_positives += not kept_pos
     out["neg"] = [text for text, k in zip(record.neg, keep) if k]
     for key, value in record.data.items():  # keep aligned per-negative fields aligned
         if key.startswith("neg_") and isinstance(value, list) and len(value) == n:
@@ -238,8 +269,9 @@ def _apply(record: FilterRecord, decision: Decision, keep_removed: bool, report:
         out["removed"] = (earlier if isinstance(earlier, list) else []) + removed
     report.records += 1
     report.negatives += n
-    report.removed += len(removed)
-    report.kept += n - len(removed)
+    negatives_removed = sum(1 for entry in removed if not entry.get("positive"))
+    report.removed += negatives_removed
+    report.kept += n - negatives_removed
     report.queries_with_removals += bool(removed)
     report.queries_left_without_negatives += bool(n) and not out["neg"]
     histogram[len(removed)] += 1
@@ -343,6 +375,9 @@ class TeacherFilterConfig:
     absolute_margin: float | None = None
     relative_margin: float | None = 0.05
     """NV-Retriever's TopK-PercPos default; set None to use only the absolute margin."""
+    suspect_positive_share: float | None = None
+    """Also judge the positives: remove a positive when more than this share of the record's negatives
+    score above it (a likely false positive: a mislabelled pair or a failed generated query). None = off."""
     batch_size: int = 64
     max_length: int | None = None
     bf16: bool = False
@@ -357,6 +392,8 @@ class TeacherFilterConfig:
             raise ConfigError("teacher filter: set absolute_margin and/or relative_margin")
         if self.relative_margin is not None and not 0 <= self.relative_margin < 1:
             raise ConfigError(f"relative_margin must be in [0, 1), got {self.relative_margin}")
+        if self.suspect_positive_share is not None and not 0 <= self.suspect_positive_share < 1:
+            raise ConfigError(f"suspect_positive_share must be in [0, 1), got {self.suspect_positive_share}")
 
 
 def margin_reason(negative_score: float, positive_score: float, absolute_margin: float | None,
@@ -367,6 +404,19 @@ def margin_reason(negative_score: float, positive_score: float, absolute_margin:
     if relative_margin is not None and negative_score > positive_score - abs(positive_score) * relative_margin:
         return REASON_RELATIVE
     return None
+
+
+def suspect_positives(positive_scores: Sequence[float], negative_scores: Sequence[float],
+                      share: float | None) -> list[str | None] | None:
+    """Per positive: ``suspect_positive`` when more than ``share`` of the negatives score above it, else None.
+
+    Returns None when the rule is off or the record has no scored negative to compare with.
+    """
+    if share is None or not negative_scores:
+        return None
+    negatives = np.asarray(negative_scores, dtype=np.float64)
+    return [REASON_SUSPECT_POSITIVE if float((negatives > score).mean()) > share else None
+            for score in positive_scores]
 
 
 def teacher_filter(input_path: str | Path, output_path: str | Path, config: TeacherFilterConfig | None = None,
@@ -395,7 +445,13 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
         decisions = []
         for record in batch:
             positives = {p.strip() for p in record.pos}
-            pos_score = min(next(scores) for _ in record.pos)
+            pos_scores = [next(scores) for _ in record.pos]
+            scored_negatives = [(text, next(scores)) for text in record.neg if text.strip() not in positives]
+            positive_reasons = suspect_positives(pos_scores, [s for _, s in scored_negatives],
+                                                 config.suspect_positive_share)
+            trusted = [s for s, r in zip(pos_scores, positive_reasons or [None] * len(pos_scores)) if r is None]
+            pos_score = min(trusted or pos_scores)
+            negative_scores = iter(s for _, s in scored_negatives)
             reasons: list[str | None] = []
             neg_scores: list[float | None] = []
             for text in record.neg:
@@ -403,10 +459,12 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
                     reasons.append(REASON_EQUALS_POSITIVE)
                     neg_scores.append(None)
                     continue
-                score = next(scores)
-                reasons.append(margin_reason(score, pos_score, config.absolute_margin, config.relative_margin))
+                score = next(negative_scores)
+                # no trusted positive left: the record will not be trained on, its negatives stay as they are
+                reasons.append(margin_reason(score, pos_score, config.absolute_margin, config.relative_margin)
+                               if trusted else None)
                 neg_scores.append(score)
-            decisions.append(Decision(reasons, neg_scores, pos_score))
+            decisions.append(Decision(reasons, neg_scores, pos_score, positive_reasons))
         return decisions
 
     return run_filter(input_path, output_path, decide, method="teacher", config=asdict(config),

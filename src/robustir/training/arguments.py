@@ -30,6 +30,9 @@ class TrainConfig:
     batch_size: int = 32  # queries per process per step
     chunk_size: int | None = None  # GradCache: rows per forward chunk (None = no caching)
     epochs: float = 1.0
+    epoch_unit: Literal["pairs", "queries"] = "pairs"
+    # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
+    # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
     max_steps: int | None = None
     lr: float = 2e-5
     warmup_ratio: float = 0.1

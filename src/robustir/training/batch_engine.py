@@ -184,6 +184,7 @@ class BatchEngine:
         passages: Tensor,
         num_hard_negatives: int,
         passage_ids: Tensor | None = None,
+        positive_ids: Tensor | None = None,
     ) -> ContrastiveBatch:
         """Build the :class:`ContrastiveBatch` from local ``(b, d)`` queries and ``(b*(1+k), d)`` grouped passages."""
         b, d = queries.shape
@@ -213,7 +214,8 @@ class BatchEngine:
 
         candidate_mask = None
         if passage_ids is not None and self.mask_duplicate_positives:
-            candidate_mask = self._duplicate_mask(passage_ids.to(device), b, k, positive_index, gather_fn)
+            candidate_mask = self._duplicate_mask(passage_ids.to(device), b, k, positive_index, gather_fn,
+                                                  None if positive_ids is None else positive_ids.to(device))
 
         return ContrastiveBatch(
             queries=queries,
@@ -228,9 +230,14 @@ class BatchEngine:
 
     @staticmethod
     def _duplicate_mask(
-        passage_ids: Tensor, b: int, k: int, positive_index: Tensor, gather_fn: Callable[[Tensor], Tensor]
+        passage_ids: Tensor, b: int, k: int, positive_index: Tensor, gather_fn: Callable[[Tensor], Tensor],
+        positive_ids: Tensor | None = None,
     ) -> Tensor | None:
-        """``(b, N)`` mask, False where a column holds row i's positive passage but is not its positive column."""
+        """``(b, N)`` mask, False where a column holds row i's positive passage but is not its positive column.
+
+        With ``positive_ids`` (``(b, P)``, padded with -1) a column holding *any* known positive of row i's
+        query is masked too (a query with several positives can meet another of them in the batch).
+        """
         if passage_ids.shape != (b * (1 + k),):
             raise ValueError(f"passage_ids must have one id per passage row, shape ({b * (1 + k)},), "
                              f"got {tuple(passage_ids.shape)}")
@@ -241,6 +248,12 @@ class BatchEngine:
                 column_ids.append(gather_fn(groups[:, 1:].reshape(b * k)))
             column_ids_t = torch.cat(column_ids)
             duplicate = column_ids_t.unsqueeze(0) == groups[:, 0].unsqueeze(1)
+            if positive_ids is not None:
+                if positive_ids.shape[0] != b:
+                    raise ValueError(f"positive_ids must have one row per query, shape ({b}, P), "
+                                     f"got {tuple(positive_ids.shape)}")
+                known = positive_ids.masked_fill(positive_ids < 0, -2)  # padding never matches an id
+                duplicate |= (column_ids_t.view(1, -1, 1) == known.unsqueeze(1)).any(dim=2)
             duplicate[torch.arange(b, device=duplicate.device), positive_index] = False
             if not bool(duplicate.any()):
                 return None  # nothing to mask: let the loss take its fast path
@@ -255,10 +268,11 @@ class BatchEngine:
         with self._autocast():
             return model(features)
 
-    def _loss(self, queries: Tensor, passages: Tensor, k: int, passage_ids: Tensor | None) -> LossOutput:
+    def _loss(self, queries: Tensor, passages: Tensor, k: int, passage_ids: Tensor | None,
+              positive_ids: Tensor | None = None) -> LossOutput:
         queries, passages = _loss_precision(queries), _loss_precision(passages)
         with _no_autocast(queries.device.type):
-            return self.loss(self.build_batch(queries, passages, k, passage_ids))
+            return self.loss(self.build_batch(queries, passages, k, passage_ids, positive_ids))
 
     def _is_plain(self, num_query_rows: int, num_passage_rows: int) -> bool:
         return self.chunk_size is None or self.chunk_size >= max(num_query_rows, num_passage_rows)
@@ -274,6 +288,7 @@ class BatchEngine:
         passage_ids: Tensor | None = None,
         backward: bool = True,
         no_sync: ContextFactory | None = None,
+        positive_ids: Tensor | None = None,
     ) -> LossOutput:
         """Encode, compute the loss once and (by default) back-propagate it into ``model``'s parameters.
 
@@ -285,6 +300,8 @@ class BatchEngine:
             num_hard_negatives: ``k``, hard negatives per query.
             passage_ids: optional ``(b*(1+k),)`` int64 id per passage row (e.g. a text hash) to mask
                 duplicates of a row's positive among its negatives.
+            positive_ids: optional ``(b, P)`` ids of every known positive of each row's query (-1 pads);
+                with ``passage_ids``, columns holding any of them are masked for that row.
             backward: run the backward pass here and return a detached loss. With ``False`` the
                 returned loss carries a graph and the caller calls ``.backward()`` on it (possibly
                 scaled); in cached mode that backward triggers the chunk replay.
@@ -307,13 +324,13 @@ class BatchEngine:
 
         if self._is_plain(num_queries, num_passages):
             out = self._loss(self._encode(model, query_features), self._encode(model, passage_features),
-                             num_hard_negatives, passage_ids)
+                             num_hard_negatives, passage_ids, positive_ids)
             if backward:
                 out.loss.backward()
                 return LossOutput(out.loss.detach(), out.components)
             return out
         return self._cached_step(model, query_features, passage_features, num_hard_negatives,
-                                 passage_ids, backward, no_sync)
+                                 passage_ids, backward, no_sync, positive_ids)
 
     def _cached_step(
         self,
@@ -324,6 +341,7 @@ class BatchEngine:
         passage_ids: Tensor | None,
         backward: bool,
         no_sync: ContextFactory | None,
+        positive_ids: Tensor | None = None,
     ) -> LossOutput:
         assert self.chunk_size is not None
         query_chunks = _split_features(query_features, self.chunk_size)
@@ -360,10 +378,10 @@ class BatchEngine:
 
         if backward:
             # Step 2 at the top level, then the replay (GradCache order; DDP-friendly).
-            out = self._loss(query_reps, passage_reps, k, passage_ids)
+            out = self._loss(query_reps, passage_reps, k, passage_ids, positive_ids)
             out.loss.backward()
             replay(query_reps.grad, passage_reps.grad)
             return LossOutput(out.loss.detach(), out.components)
         # Deferred: the caller's backward reaches _ReplayOnBackward, which runs step 3 (scaled).
         queries, passages = _ReplayOnBackward.apply(replay, query_reps, passage_reps)
-        return self._loss(queries, passages, k, passage_ids)
+        return self._loss(queries, passages, k, passage_ids, positive_ids)

@@ -1,7 +1,9 @@
 """Turning training examples into per-step batches: deterministic by (seed, epoch, step, rank).
 
-A step takes ``batch_size × world_size`` examples from the epoch's permutation; each process takes
-its slice. Each example contributes its query, one positive (sampled) and ``k`` hard negatives
+A step takes ``batch_size × world_size`` items from the epoch's permutation; each process takes
+its slice. An item is an example (``epoch_unit="queries"``: one positive sampled per epoch) or one
+(query, positive) pair (``"pairs"``, sentence-transformers' epoch: every labelled pair once per epoch).
+Each item contributes its query, its positive and ``k`` hard negatives
 (sampled without replacement when it has enough, with replacement when it has a few, and from other
 examples' passages when it has none) — FlagEmbedding's group layout.
 """
@@ -28,31 +30,39 @@ class Group:
     query: str
     prompt: str | None
     passages: list[str]  # [positive, negative_1..negative_k]
+    positives: tuple[str, ...] = ()  # every known positive of the query (masked as in-batch negatives)
 
 
 class GroupSampler:
     def __init__(self, examples: list[TrainingExample], num_negatives: int, batch_size: int, world_size: int,
-                 seed: int) -> None:
+                 seed: int, epoch_unit: str = "queries") -> None:
+        if epoch_unit not in ("queries", "pairs"):
+            raise ValueError(f"epoch_unit must be 'queries' or 'pairs', got {epoch_unit!r}")
         self.examples = examples
+        self.epoch_unit = epoch_unit
+        # (example, positive) per item; positive -1 = sample one per epoch
+        self.items = ([(i, j) for i, e in enumerate(examples) for j in range(len(e.pos))] if epoch_unit == "pairs"
+                      else [(i, -1) for i in range(len(examples))])
         self.k = num_negatives
         self.batch_size = batch_size
         self.world_size = world_size
         self.seed = seed
         self.global_batch = batch_size * world_size
-        if len(examples) < self.global_batch:
-            raise ValueError(f"{len(examples)} training examples are fewer than one global batch "
+        if len(self.items) < self.global_batch:
+            raise ValueError(f"{len(self.items)} training {epoch_unit} are fewer than one global batch "
                              f"({batch_size} x {world_size} processes); lower batch_size")
-        self.steps_per_epoch = len(examples) // self.global_batch
+        self.steps_per_epoch = len(self.items) // self.global_batch
         # passages of other examples, used only when an example has no negatives at all
         self._pool = [p for e in examples for p in e.pos] + [n for e in examples for n in e.neg]
 
     def permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.items))
 
-    def group(self, index: int, epoch: int) -> Group:
+    def group(self, item: int, epoch: int) -> Group:
+        index, which = self.items[item]
         example = self.examples[index]
-        rng = random.Random(f"{self.seed}:{epoch}:{index}")
-        positive = rng.choice(example.pos)
+        rng = random.Random(f"{self.seed}:{epoch}:{index}" if which < 0 else f"{self.seed}:{epoch}:{index}:{which}")
+        positive = rng.choice(example.pos) if which < 0 else example.pos[which]
         negatives: list[str] = []
         if self.k:
             if len(example.neg) >= self.k:
@@ -65,7 +75,7 @@ class GroupSampler:
                     candidate = rng.choice(self._pool)
                     if candidate not in own:
                         negatives.append(candidate)
-        return Group(example.query, example.prompt, [positive, *negatives])
+        return Group(example.query, example.prompt, [positive, *negatives], tuple(example.pos))
 
     def batch(self, step: int, rank: int) -> list[Group]:
         epoch, within = divmod(step, self.steps_per_epoch)
@@ -74,8 +84,9 @@ class GroupSampler:
         return [self.group(int(i), epoch) for i in order[start:start + self.batch_size]]
 
 
-def collate(groups: list[Group], encoder, query_max_length: int, passage_max_length: int) -> tuple[dict, dict, torch.Tensor]:
-    """Tokenise a batch of groups → (query features, passage features, passage ids)."""
+def collate(groups: list[Group], encoder, query_max_length: int,
+            passage_max_length: int) -> tuple[dict, dict, torch.Tensor, torch.Tensor]:
+    """Tokenise a batch of groups → (query features, passage features, passage ids, ``(b, P)`` positive ids)."""
     default = encoder.config.query_instruction
     queries = [(g.prompt if g.prompt is not None else default) + g.query for g in groups]
     passages = [p for g in groups for p in g.passages]
@@ -84,4 +95,9 @@ def collate(groups: list[Group], encoder, query_max_length: int, passage_max_len
     p = encoder.tokenizer([prefix + x for x in passages] if prefix else passages, padding=True, truncation=True,
                           max_length=passage_max_length, return_tensors="pt")
     ids = torch.tensor([text_id(x) for x in passages], dtype=torch.long)
-    return dict(q), dict(p), ids
+    width = max(1, max(len(g.positives) for g in groups))
+    positive_ids = torch.full((len(groups), width), -1, dtype=torch.long)
+    for row, group in enumerate(groups):
+        for col, text in enumerate(group.positives):
+            positive_ids[row, col] = text_id(text)
+    return dict(q), dict(p), ids, positive_ids

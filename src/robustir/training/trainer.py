@@ -180,6 +180,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
 
     if config.batch_size < 1 or config.num_negatives < 0:
         raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
+    if config.epoch_unit not in ("pairs", "queries"):
+        raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {config.epoch_unit!r}")
     accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
                               cpu=not torch.cuda.is_available(),
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
@@ -198,7 +200,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         encoder.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     examples = prepare_examples(config, encoder, is_main, accelerator.wait_for_everyone)
     loss = get_loss(config.loss, **config.loss_options)
-    sampler = GroupSampler(examples, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed)
+    sampler = GroupSampler(examples, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
+                           epoch_unit=config.epoch_unit)
     total_steps = config.max_steps or max(1, math.ceil(config.epochs * sampler.steps_per_epoch))
     save_steps = config.save_steps or sampler.steps_per_epoch
 
@@ -246,9 +249,9 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         for step in range(start_step, total_steps):
             tick = time.perf_counter()
             groups = sampler.batch(step, accelerator.process_index)
-            q, p, ids = collate(groups, unwrapped, config.query_max_length,
-                                config.train_passage_max_length or config.passage_max_length)
-            output = engine.step(model, q, p, config.num_negatives, passage_ids=ids)
+            q, p, ids, positive_ids = collate(groups, unwrapped, config.query_max_length,
+                                              config.train_passage_max_length or config.passage_max_length)
+            output = engine.step(model, q, p, config.num_negatives, passage_ids=ids, positive_ids=positive_ids)
             grad_norm = None
             if config.max_grad_norm:
                 grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))

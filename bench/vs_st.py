@@ -1,0 +1,121 @@
+"""robustir vs sentence-transformers, side by side on the same rows, steps and settings.
+
+    python bench/vs_st.py --preset cpu                     # SciFact, 3 seeds a side (~30-40 min on 2 cores)
+    python bench/vs_st.py --preset gpu --seeds 1 2 3       # the H100 settings of issue 9
+    python bench/vs_st.py --preset cpu --robustir-loss peg # another robustir loss, its defaults
+
+Both sides train the bundled all-MiniLM-L6-v2 (or --model) on identical rows built once per seed from the
+BEIR train split's BM25-mined negatives (robustir.robustness.sidebyside.materialize_rows): every
+(query, positive) pair once per epoch with k negatives drawn from its pool. sentence-transformers runs
+its own SentenceTransformerTrainer with MultipleNegativesRankingLoss and the NO_DUPLICATES batch sampler;
+robustir runs `robustir train` with no loss options beyond --robustir-options. Same optimizer steps, batch,
+lr schedule, weight decay, gradient clipping, lengths, bf16 and seed; the same evaluation code scores
+both. Finished runs are kept in <output>/results.jsonl and never redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from robustir.data.training_data import load_training_data
+    from robustir.mining.negatives import MiningConfig, mine_beir
+    from robustir.robustness.sidebyside import (PRESETS, evaluate_model, materialize_rows, train_robustir,
+                                                train_sentence_transformers, write_rows)
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--data", default="../shared/data/scifact", help="BEIR folder with train and test splits")
+    parser.add_argument("--split", default="test", help="evaluation split")
+    parser.add_argument("--model", default=None, help="model folder (default: bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--output", default="runs/vs_st")
+    parser.add_argument("--robustir-loss", default="infonce")
+    parser.add_argument("--robustir-options", default="{}", help="JSON loss options for robustir (default: none)")
+    parser.add_argument("--sides", nargs="+", default=["st", "robustir"], choices=["st", "robustir"])
+    parser.add_argument("--dev", type=int, default=0, metavar="N",
+                        help="choose defaults on a dev split: hold out N train queries (seeded), train on the rest, "
+                             "evaluate on them instead of --split")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override budget fields, e.g. epochs=1")
+    args = parser.parse_args(argv)
+
+    budget = PRESETS[args.preset]
+    for item in args.set:
+        key, _, value = item.partition("=")
+        budget = replace(budget, **{key: type(getattr(budget, key))(json.loads(value))})
+    budget.validate()
+    options = json.loads(args.robustir_options)
+    out = Path(args.output) / (args.preset + (f"-dev{args.dev}" if args.dev else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    done = {}
+    if results_path.exists():
+        for line in results_path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[(row["side"], row["seed"], row["tag"])] = row
+    tag = json.dumps({"loss": args.robustir_loss, **options}, sort_keys=True)
+
+    mined = out / "mined-bm25.jsonl"
+    if not mined.exists():
+        mine_beir(args.data, "train", mined, MiningConfig(method="bm25", num_negatives=budget.pool))
+    examples, _ = load_training_data(mined)
+    cache: dict = {}
+    evaluation = args.data
+    if args.dev:
+        from robustir.robustness.sidebyside import dev_split
+
+        evaluation, dev_ids = dev_split(args.data, "train", args.dev)
+        examples = [e for e in examples if e.extra.get("query_id") not in dev_ids]
+        print(f"dev split: {len(dev_ids)} held-out train queries; training on {len(examples)}")
+    for seed in args.seeds:
+        rows_path = out / f"rows-seed{seed}.jsonl"
+        if not rows_path.exists():
+            write_rows(materialize_rows(examples, budget.num_negatives, budget.epochs, seed), rows_path)
+        for side in args.sides:
+            key = (side, seed, tag if side == "robustir" else "st")
+            if key in done:
+                continue
+            started = time.perf_counter()
+            if side == "st":
+                outcome = train_sentence_transformers(rows_path, out / f"st-seed{seed}", budget, seed, model=args.model)
+            else:
+                digest = hashlib.sha1(tag.encode()).hexdigest()[:8]  # stable across processes (resume)
+                name = f"robustir-{args.robustir_loss}-{digest}-seed{seed}"
+                outcome = train_robustir(rows_path, out / name, budget, seed, model=args.model,
+                                         loss=args.robustir_loss, loss_options=options)
+            metrics = evaluate_model(outcome.model_path, evaluation, args.split, budget, cache)
+            row = {"side": side, "seed": seed, "tag": key[2], "steps": outcome.steps,
+                   "rows": sum(1 for _ in open(rows_path)), "train_seconds": round(outcome.seconds, 1),
+                   "seconds": round(time.perf_counter() - started, 1), "metrics": metrics, "budget": asdict(budget)}
+            with open(results_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+            done[key] = row
+            print(f"{side} seed {seed}: ndcg@10 {100 * metrics['ndcg@10']:.2f} ({outcome.steps} steps, "
+                  f"{row['seconds']:.0f} s)", flush=True)
+
+    def scores(side_key: str) -> list[float]:
+        return [100 * r["metrics"]["ndcg@10"] for (s, seed, t), r in done.items()
+                if seed in args.seeds and (s, t) == (side_key, "st" if side_key == "st" else tag)]
+
+    st, ours = scores("st"), scores("robustir")
+    print(f"\npreset {args.preset}: {asdict(budget)}")
+    for name, values in (("sentence-transformers MNRL", st), (f"robustir {tag}", ours)):
+        if values:
+            std = statistics.stdev(values) if len(values) > 1 else 0.0
+            print(f"{name:55s} NDCG@10 {statistics.mean(values):.2f} ± {std:.2f}  ({', '.join(f'{v:.2f}' for v in values)})")
+    if st and ours:
+        print(f"difference robustir - ST: {statistics.mean(ours) - statistics.mean(st):+.2f} NDCG@10")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Robustness: planted-noise benchmark, fair side-by-side with sentence-transformers."""

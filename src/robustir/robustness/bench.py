@@ -1,0 +1,427 @@
+"""The planted-noise benchmark (``robustir noise-bench``): how much does each kind of noise cost each method?
+
+For every (noise kind, rate, seed) the clean BM25-mined training data of a BEIR train split gets planted
+noise (:mod:`robustir.robustness.noise`); every method then trains the same model at the same budget
+(:class:`~robustir.robustness.sidebyside.Budget`) on rows materialised from its own input, and the model is
+evaluated on the test split. Rate 0 is run once per seed and shared by every kind.
+
+Methods (``METHODS``):
+
+``infonce`` / ``peg`` / ``ccr``   robustir's losses with their defaults, on the noisy data as it is
+``sieve``                         CCR passage sieve over the pool, then InfoNCE
+``teacher``                       teacher filter (bundled MiniLM: negatives within 5 % of the positive, and
+                                  positives that more than half of the pool outscores), then InfoNCE
+``llm``                           the PEG LLM judge over the negatives (needs ``llm.base_url``/``llm.model``),
+                                  then InfoNCE
+``recipe``                        the recommended robust recipe: teacher filter, then PEG
+``st``                            sentence-transformers MNRL through its own trainer (the anchor)
+
+Output folder::
+
+    data/mined.jsonl                       clean pool (BM25, from the train split)
+    data/<kind>-<rate>-s<seed>/noisy.jsonl noisy data, plants.jsonl (what was planted), summary.json,
+                                           teacher.jsonl / sieve.jsonl / llm.jsonl (filtered copies)
+    runs/<kind>-<rate>-s<seed>/<method>/   rows.jsonl and the training run
+    results.jsonl                          one line per finished run (never redone)
+    results.md, results.png                the table and one panel per kind
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from ..config import to_dict
+from ..data.training_data import TrainingExample, load_training_data
+from ..errors import ConfigError
+from ..io import atomic_write, write_json
+from ..mining.llm import LLMConfig
+from .noise import NOISE_KINDS, plant_noise
+from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
+                         train_sentence_transformers, write_rows)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NoiseBenchConfig", "run_noise_bench", "METHODS", "BENCH_PRESETS", "filter_scores", "write_table",
+           "plot_results"]
+
+METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "recipe", "st")
+
+#: the noise benchmark's budgets: ``cpu`` is one epoch (29 steps on SciFact, ~5 min a run on 2 cores) so the
+#: default 1-kind x 2-rate x 4-method grid fits in an hour; ``gpu`` is the side-by-side's GPU budget.
+BENCH_PRESETS: dict[str, Budget] = {"cpu": replace(PRESETS["cpu"], epochs=1.0), "gpu": PRESETS["gpu"]}
+
+#: the grid each preset runs when the config leaves it empty
+DEFAULT_GRID = {
+    "cpu": {"kinds": ["fp-random"], "rates": [0.0, 0.4], "methods": ["infonce", "peg", "recipe", "st"], "seeds": [1]},
+    "gpu": {"kinds": ["chunk-fn", "label-fn", "fp-random", "fp-hard"], "rates": [0.0, 0.2, 0.4],
+            "methods": ["infonce", "peg", "ccr", "sieve", "teacher", "recipe", "st"], "seeds": [1, 2, 3]},
+}
+
+
+@dataclass
+class NoiseBenchConfig:
+    data: str = ""
+    """BEIR folder with a train split (noise goes here) and an evaluation split; default: bundled SciFact."""
+    model: str | None = None
+    """Model folder or hub id; None = the bundled all-MiniLM-L6-v2."""
+    preset: str = "cpu"
+    kinds: list[str] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    output: str = "runs/noise-bench"
+    train_split: str = "train"
+    eval_split: str = "test"
+    per_query: int = 3
+    """False negatives planted per noisy query."""
+    budget: dict = field(default_factory=dict)
+    """Overrides of the preset's budget fields, e.g. ``{epochs: 2}``."""
+    teacher: dict = field(default_factory=lambda: {"relative_margin": 0.05, "suspect_positive_share": 0.5})
+    """TeacherFilterConfig options of the ``teacher`` and ``recipe`` methods."""
+    sieve: dict = field(default_factory=dict)
+    """SieveConfig options of the ``sieve`` method (default: keep half the pool)."""
+    llm: LLMConfig | None = None
+    """Endpoint of the ``llm`` method (e.g. ``{base_url: http://localhost:8000/v1, model: Qwen2.5-7B-Instruct}``)."""
+    plots: bool = True
+
+    def resolved(self) -> "NoiseBenchConfig":
+        if self.preset not in BENCH_PRESETS:
+            raise ConfigError(f"noise-bench: unknown preset {self.preset!r}; valid: {', '.join(BENCH_PRESETS)}")
+        grid = DEFAULT_GRID[self.preset]
+        out = replace(self, kinds=list(self.kinds or grid["kinds"]), rates=list(self.rates or grid["rates"]),
+                      methods=list(self.methods or grid["methods"]), seeds=list(self.seeds or grid["seeds"]))
+        for kind in out.kinds:
+            if kind not in NOISE_KINDS:
+                raise ConfigError(f"noise-bench: unknown noise kind {kind!r} in kinds; valid: {', '.join(NOISE_KINDS)}")
+        for method in out.methods:
+            if method not in METHODS:
+                raise ConfigError(f"noise-bench: unknown method {method!r} in methods; valid: {', '.join(METHODS)}")
+        for rate in out.rates:
+            if not 0 <= rate <= 1:
+                raise ConfigError(f"noise-bench: rates must be in [0, 1], got {rate}")
+        if "llm" in out.methods and (out.llm is None or not out.llm.model):
+            raise ConfigError("noise-bench: method 'llm' needs an endpoint: llm.base_url=... llm.model=...")
+        self.budget_obj().validate()
+        return out
+
+    def budget_obj(self) -> Budget:
+        base = BENCH_PRESETS[self.preset]
+        unknown = set(self.budget) - set(asdict(base))
+        if unknown:
+            raise ConfigError(f"noise-bench: unknown budget field(s) {sorted(unknown)}; valid: {sorted(asdict(base))}")
+        return replace(base, **self.budget)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def _rate_tag(rate: float) -> str:
+    return f"{round(100 * rate):d}"
+
+
+def _condition(kind: str, rate: float, seed: int) -> str:
+    return f"clean-s{seed}" if rate == 0 else f"{kind}-{_rate_tag(rate)}-s{seed}"
+
+
+def _write_examples(examples: list[TrainingExample], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as handle:
+        for example in examples:
+            handle.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+
+
+def filter_scores(noisy: Path, filtered: Path, plants_path: Path) -> dict:
+    """Precision / recall of a filter on the planted items (false negatives removed, false positives dropped)."""
+    plants = {}
+    if plants_path.exists():
+        for line in plants_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                plant = json.loads(line)
+                plants[plant["query_id"]] = plant
+    removed_neg = removed_planted_neg = planted_neg = 0
+    removed_pos = removed_planted_pos = planted_pos = 0
+    with open(noisy, encoding="utf-8") as a, open(filtered, encoding="utf-8") as b:
+        for before_line, after_line in zip(a, b):
+            before, after = json.loads(before_line), json.loads(after_line)
+            plant = plants.get(str(before.get("query_id")), {})
+            fn, fp = set(plant.get("false_negatives", [])), set(plant.get("false_positives", []))
+            gone_neg = set(before["neg"]) - set(after["neg"])
+            gone_pos = set(before["pos"]) - set(after["pos"])
+            removed_neg += len(gone_neg)
+            removed_planted_neg += len(gone_neg & fn)
+            planted_neg += len(fn & set(before["neg"]))
+            removed_pos += len(gone_pos)
+            removed_planted_pos += len(gone_pos & fp)
+            planted_pos += len(fp & set(before["pos"]))
+
+    def ratio(a: int, b: int) -> float | None:
+        return round(a / b, 4) if b else None
+
+    return {"removed_negatives": removed_neg, "planted_negatives": planted_neg,
+            "fn_precision": ratio(removed_planted_neg, removed_neg), "fn_recall": ratio(removed_planted_neg, planted_neg),
+            "removed_positives": removed_pos, "planted_positives": planted_pos,
+            "fp_precision": ratio(removed_planted_pos, removed_pos), "fp_recall": ratio(removed_planted_pos, planted_pos)}
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+class _Bench:
+    def __init__(self, config: NoiseBenchConfig) -> None:
+        from ..resources import dataset_path
+
+        self.config = config.resolved()
+        self.budget = self.config.budget_obj()
+        self.data = Path(self.config.data) if self.config.data else dataset_path("scifact")
+        self.out = Path(self.config.output)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results_path = self.out / "results.jsonl"
+        self.cache: dict = {}
+        self._clean: list[TrainingExample] | None = None
+        self._corpus = None
+
+    # -- data
+    def clean(self) -> list[TrainingExample]:
+        if self._clean is None:
+            from ..mining.negatives import MiningConfig, mine_beir
+
+            mined = self.out / "data" / "mined.jsonl"
+            if not mined.exists():
+                # a few spare negatives: fp-hard takes the top one away and planting pushes the lowest out
+                mine_beir(self.data, self.config.train_split, mined,
+                          MiningConfig(method="bm25", num_negatives=self.budget.pool + 2))
+            self._clean, _ = load_training_data(mined)
+        return self._clean
+
+    def corpus(self):
+        if self._corpus is None:
+            from ..data.beir import load_beir
+
+            dataset = load_beir(self.data, self.config.train_split)
+            self._corpus = (dataset.corpus.ids, dataset.corpus.texts_for_encoding())
+        return self._corpus
+
+    def noisy(self, kind: str, rate: float, seed: int) -> Path:
+        folder = self.out / "data" / _condition(kind, rate, seed)
+        path = folder / "noisy.jsonl"
+        if path.exists():
+            return path
+        if rate == 0:
+            from .noise import NoisyData
+
+            noisy = NoisyData(list(self.clean()), [], "clean", 0.0, seed)
+        else:
+            noisy = plant_noise(self.clean(), kind, rate, seed, corpus=self.corpus() if kind == "fp-random" else None,
+                                per_query=self.config.per_query)
+        pool = self.budget.pool
+        examples = []
+        for example in noisy.examples:  # the pool keeps its size: planted items push the lowest-ranked out
+            extra = dict(example.extra)
+            if isinstance(extra.get("neg_ids"), list):
+                extra["neg_ids"] = extra["neg_ids"][:pool]
+            scores = example.neg_scores[:pool] if example.neg_scores is not None else None
+            examples.append(replace(example, neg=example.neg[:pool], neg_scores=scores, extra=extra))
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_write(folder / "plants.jsonl") as handle:
+            for plant in noisy.plants:
+                handle.write(json.dumps(plant.to_json(), ensure_ascii=False) + "\n")
+        write_json(folder / "summary.json", noisy.summary())
+        _write_examples(examples, path)  # last: its presence marks the condition complete
+        return path
+
+    def filtered(self, method: str, noisy: Path) -> tuple[Path, dict]:
+        """Filtered copy of ``noisy`` for the filtering methods, with precision/recall on the plants."""
+        name = {"recipe": "teacher"}.get(method, method)
+        target = noisy.with_name(f"{name}.jsonl")
+        report = target.with_name(target.name + ".report.json")
+        if not (target.exists() and report.exists()):
+            from ..config import from_dict
+
+            target.unlink(missing_ok=True)
+            if name == "teacher":
+                from ..mining.teacher_filter import TeacherFilterConfig, teacher_filter
+
+                options = {"bf16": self.budget.bf16, "progress": False, "model": self.config.model,
+                           "max_length": self.budget.passage_max_length, **self.config.teacher}
+                teacher_filter(noisy, target, from_dict(TeacherFilterConfig, options, where="teacher"))
+            elif name == "sieve":
+                from ..mining.sieve import SieveConfig, sieve_negatives
+
+                options = {"num_negatives": max(self.budget.num_negatives, self.budget.pool // 2),
+                           "bf16": self.budget.bf16, "train_bf16": self.budget.bf16, "progress": False,
+                           "model": self.config.model, "passage_max_length": self.budget.train_passage_max_length,
+                           "plot": False, **self.config.sieve}
+                sieve_negatives(noisy, target, from_dict(SieveConfig, options, where="sieve"))
+            elif name == "llm":
+                from ..mining.llm import LLMClient, build_backend
+                from ..mining.llm_judge import judge_negatives
+
+                backend = build_backend(self.config.llm, cache_path=target.with_name("llm-cache.sqlite"))
+                with backend:
+                    if isinstance(backend, LLMClient):
+                        backend.preflight()
+                    judge_negatives(noisy, target, backend, progress=False, report_path=report)
+            if not report.exists():
+                write_json(report, {"method": name})
+        return target, filter_scores(noisy, target, noisy.with_name("plants.jsonl"))
+
+    # -- one run
+    def run_one(self, kind: str, rate: float, seed: int, method: str) -> dict:
+        started = time.perf_counter()
+        noisy = self.noisy(kind, rate, seed)
+        source, filter_stats = noisy, {}
+        if method in ("sieve", "teacher", "llm", "recipe"):
+            source, filter_stats = self.filtered(method, noisy)
+        run_dir = self.out / "runs" / _condition(kind, rate, seed) / method
+        rows_path = run_dir / "rows.jsonl"
+        if not rows_path.exists():
+            examples, stats = load_training_data(source)
+            write_rows(materialize_rows(examples, self.budget.num_negatives, self.budget.epochs, seed,
+                                        filler=self.corpus()[1]), rows_path)
+        if method == "st":
+            outcome = train_sentence_transformers(rows_path, run_dir / "train", self.budget, seed, model=self.config.model)
+        else:
+            loss = {"peg": "peg", "ccr": "ccr", "recipe": "peg"}.get(method, "infonce")
+            outcome = train_robustir(rows_path, run_dir / "train", self.budget, seed, model=self.config.model, loss=loss)
+        metrics = evaluate_model(outcome.model_path, self.data, self.config.eval_split, self.budget, self.cache)
+        return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
+                "metrics": metrics, "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
+                "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
+                "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
+                "noise": json.loads((noisy.parent / "summary.json").read_text())}
+
+    def finished(self) -> dict[tuple, dict]:
+        done: dict[tuple, dict] = {}
+        if self.results_path.exists():
+            for line in self.results_path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    done[(row["kind"], row["rate"], row["method"], row["seed"])] = row
+        return done
+
+    def plan(self) -> list[tuple[str, float, int, str]]:
+        todo, seen = [], set()
+        for seed in self.config.seeds:
+            for rate in sorted(set(self.config.rates)):
+                for kind in (self.config.kinds if rate else self.config.kinds[:1]):
+                    for method in self.config.methods:
+                        key = ("clean" if rate == 0 else kind, rate, method, seed)
+                        if key not in seen:
+                            seen.add(key)
+                            todo.append((kind, rate, seed, method))
+        return todo
+
+    def run(self, progress=None) -> list[dict]:
+        write_json(self.out / "config.json", to_dict(self.config))
+        done = self.finished()
+        for kind, rate, seed, method in self.plan():
+            key = ("clean" if rate == 0 else kind, rate, method, seed)
+            if key in done:
+                continue
+            logger.info("noise-bench: %s at %s%%, seed %d, method %s", kind, _rate_tag(rate), seed, method)
+            row = self.run_one(kind, rate, seed, method)
+            with open(self.results_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+            done[key] = row
+            if progress is not None:
+                progress(row)
+        rows = [done[k] for k in sorted(done, key=lambda k: (k[0], k[1], k[2], k[3]))]
+        write_table(rows, self.out / "results.md", self.config.kinds)
+        if self.config.plots:
+            plot_results(rows, self.out / "results.png", self.config.kinds)
+        return rows
+
+
+def run_noise_bench(config: NoiseBenchConfig, progress=None) -> list[dict]:
+    """Run (or resume) the grid; returns every finished row and writes ``results.md`` / ``results.png``."""
+    return _Bench(config).run(progress)
+
+
+# ----------------------------------------------------------------------------------------------- reporting
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = statistics.mean(values)
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {statistics.stdev(values):.2f}"
+
+
+def _ndcg(rows: list[dict], kind: str, rate: float, method: str) -> list[float]:
+    wanted = "clean" if rate == 0 else kind
+    return [100 * r["metrics"]["ndcg@10"] for r in rows
+            if r["kind"] == wanted and r["rate"] == rate and r["method"] == method]
+
+
+def write_table(rows: list[dict], path: Path, kinds: list[str] | None = None) -> str:
+    """Markdown: NDCG@10 (mean ± std over seeds) per method and (kind, rate), the loss vs clean, filter scores."""
+    kinds = kinds or sorted({r["kind"] for r in rows if r["kind"] != "clean"})
+    rates = sorted({r["rate"] for r in rows})
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    columns = [(k, rate) for k in kinds for rate in rates if rate > 0]
+    lines = ["| method | clean | " + " | ".join(f"{k} {_rate_tag(rate)}%" for k, rate in columns) + " |",
+             "|---|---:|" + "---:|" * len(columns)]
+    for method in methods:
+        clean = _ndcg(rows, kinds[0] if kinds else "", 0.0, method)
+        cells = [_mean_std(clean)]
+        for kind, rate in columns:
+            values = _ndcg(rows, kind, rate, method)
+            delta = f" ({statistics.mean(values) - statistics.mean(clean):+.2f})" if values and clean else ""
+            cells.append(_mean_std(values) + delta)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("NDCG@10 on the evaluation split, mean ± std over seeds; (±x) = change against the same method "
+                 "on clean data.")
+    filt = [r for r in rows if r.get("filter")]
+    if filt:
+        lines += ["", "| filter run | kind | rate | seed | removed neg. | FN precision | FN recall | removed pos. | "
+                      "FP precision | FP recall |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in filt:
+            f = r["filter"]
+            fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+            lines.append(f"| {r['method']} | {r['kind']} | {_rate_tag(r['rate'])}% | {r['seed']} | "
+                         f"{f['removed_negatives']} | {fmt(f['fn_precision'])} | {fmt(f['fn_recall'])} | "
+                         f"{f['removed_positives']} | {fmt(f['fp_precision'])} | {fmt(f['fp_recall'])} |")
+    text = "\n".join(lines) + "\n"
+    with atomic_write(path) as handle:
+        handle.write(text)
+    return text
+
+
+def plot_results(rows: list[dict], path: Path, kinds: list[str] | None = None) -> Path | None:
+    """NDCG@10 against noise rate: one panel per kind, one line per method (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = kinds or sorted({r["kind"] for r in rows if r["kind"] != "clean"})
+    if not kinds:
+        return None
+    rates = sorted({r["rate"] for r in rows})
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.6), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for method in methods:
+            xs, ys = [], []
+            for rate in rates:
+                values = _ndcg(rows, kind, rate, method)
+                if values:
+                    xs.append(100 * rate)
+                    ys.append(statistics.mean(values))
+            if xs:
+                ax.plot(xs, ys, marker="o", label=method, linestyle="--" if method == "st" else "-")
+        ax.set_title(kind)
+        ax.set_xlabel("noisy training queries (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("NDCG@10 (test)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,240 @@
+"""Planted noise (each kind plants exactly what it says), the same-rows side-by-side, and the resumable bench."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from robustir.data.training_data import TrainingExample, load_training_data
+from robustir.errors import ConfigError
+from robustir.robustness.noise import NOISE_KINDS, near_duplicate, plant_noise, split_into_passages
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+SENTENCES = [f"Sentence {i} talks about topic {i} with several plain words in it." for i in range(200)]
+
+
+def _examples(n: int = 50, multi_every: int = 3) -> list[TrainingExample]:
+    out = []
+    for q in range(n):
+        pos_count = 2 if q % multi_every == 0 else 1
+        pos = [" ".join(SENTENCES[(q * 7 + p * 3 + s) % 200] for s in range(6)) for p in range(pos_count)]
+        neg = [f"negative {q}-{j} " + SENTENCES[(q + j) % 200] for j in range(8)]
+        out.append(TrainingExample(f"query {q}", pos, neg, extra={
+            "query_id": f"q{q}", "pos_ids": [f"d{q}-{p}" for p in range(pos_count)],
+            "neg_ids": [f"n{q}-{j}" for j in range(8)]}))
+    return out
+
+
+CORPUS = ([f"c{i}" for i in range(300)], [f"corpus passage number {i} " + SENTENCES[i % 200] for i in range(300)])
+
+
+@pytest.mark.parametrize("kind", list(NOISE_KINDS))
+def test_each_kind_plants_exactly_the_requested_count_and_is_seeded(kind):
+    clean = _examples()
+    snapshot = json.dumps([e.to_json() for e in clean])
+    noisy = plant_noise(clean, kind, 0.4, seed=7, corpus=CORPUS)
+    assert json.dumps([e.to_json() for e in clean]) == snapshot  # input untouched
+    assert len(noisy.plants) == 20  # round(0.4 * 50)
+    changed = [i for i, (a, b) in enumerate(zip(clean, noisy.examples)) if a.to_json() != b.to_json()]
+    assert len(changed) == 20
+    assert {noisy.examples[i].extra["query_id"] for i in changed} == {p.query_id for p in noisy.plants}
+    again = plant_noise(clean, kind, 0.4, seed=7, corpus=CORPUS)
+    assert [p.to_json() for p in again.plants] == [p.to_json() for p in noisy.plants]
+    other = plant_noise(clean, kind, 0.4, seed=8, corpus=CORPUS)
+    assert {p.query_id for p in other.plants} != {p.query_id for p in noisy.plants}
+    assert plant_noise(clean, kind, 0.0, seed=7, corpus=CORPUS).plants == []
+    for example in noisy.examples:
+        assert len(example.extra["neg_ids"]) == len(example.neg)
+        assert len(example.extra["pos_ids"]) == len(example.pos) >= 1
+
+
+def test_chunk_fn_puts_other_passages_of_the_relevant_document_on_top_of_the_negatives():
+    clean = {e.extra["query_id"]: e for e in _examples()}
+    noisy = plant_noise(list(clean.values()), "chunk-fn", 0.2, seed=1, per_query=2)
+    by_id = {e.extra["query_id"]: e for e in noisy.examples}
+    for plant in noisy.plants:
+        before, after = clean[plant.query_id], by_id[plant.query_id]
+        assert len(plant.false_negatives) == 2
+        assert after.neg[:2] == plant.false_negatives
+        assert all(any(text in p for p in before.pos) for text in plant.false_negatives)
+        assert after.pos == before.pos and len(after.neg) == len(before.neg)  # pool size unchanged
+        assert after.extra["neg_ids"][0].startswith("planted:chunk-fn:d")
+
+
+def test_label_fn_moves_positives_and_falls_back_to_near_duplicates():
+    clean = _examples()  # 17 of 50 queries have two positives
+    noisy = plant_noise(clean, "label-fn", 0.5, seed=3)
+    kinds = [p.kind for p in noisy.plants]
+    assert kinds.count("label-fn") == 17 and kinds.count("dup-fn") == 8
+    by_id = {e.extra["query_id"]: e for e in clean}
+    noisy_by_id = {e.extra["query_id"]: e for e in noisy.examples}
+    for plant in noisy.plants:
+        before, after = by_id[plant.query_id], noisy_by_id[plant.query_id]
+        if plant.kind == "label-fn":
+            (moved,) = plant.false_negatives
+            assert moved in before.pos and moved not in after.pos and after.neg[0] == moved
+            assert len(after.pos) == 1 and len(after.extra["pos_ids"]) == 1
+        else:
+            assert all(dup not in before.pos and dup in after.neg for dup in plant.false_negatives)
+
+
+def test_false_positive_kinds_replace_the_positive():
+    clean = _examples()
+    by_id = {e.extra["query_id"]: e for e in clean}
+    rand = plant_noise(clean, "fp-random", 0.2, seed=1, corpus=CORPUS)
+    for plant in rand.plants:
+        after = next(e for e in rand.examples if e.extra["query_id"] == plant.query_id)
+        assert after.pos == plant.false_positives and after.pos[0] in CORPUS[1]
+        assert plant.replaced_positives == by_id[plant.query_id].pos
+        assert after.extra["pos_ids"][0].startswith("planted:fp-random:c")
+    hard = plant_noise(clean, "fp-hard", 0.2, seed=1)
+    for plant in hard.plants:
+        before = by_id[plant.query_id]
+        after = next(e for e in hard.examples if e.extra["query_id"] == plant.query_id)
+        assert after.pos == [before.neg[0]]  # the top-ranked mined negative now stands as the positive
+        assert before.neg[0] not in after.neg and len(after.neg) == len(before.neg) - 1
+        assert after.extra["pos_ids"] == [f"planted:fp-hard:{before.extra['neg_ids'][0]}"]
+
+
+def test_noise_arguments_are_checked():
+    with pytest.raises(ConfigError, match="unknown noise kind"):
+        plant_noise(_examples(), "typo", 0.2, seed=1)
+    with pytest.raises(ConfigError, match="rate"):
+        plant_noise(_examples(), "chunk-fn", 1.5, seed=1)
+    with pytest.raises(ConfigError, match="corpus"):
+        plant_noise(_examples(), "fp-random", 0.2, seed=1)
+
+
+def test_helpers():
+    rng = random.Random(0)
+    text = " ".join(SENTENCES[:3])
+    dup = near_duplicate(text, rng)
+    assert dup != text and abs(len(dup.split()) - len(text.split())) <= len(text.split()) // 4
+    pieces = split_into_passages(" ".join(SENTENCES[:10]), max_words=30)
+    assert len(pieces) >= 3 and all(p in " ".join(SENTENCES[:10]) for p in pieces)
+
+
+# ----------------------------------------------------------------------------------- side by side
+
+def test_materialized_rows_cover_every_pair_per_epoch():
+    from robustir.robustness.sidebyside import materialize_rows
+
+    examples = _examples(20)
+    pairs = sum(len(e.pos) for e in examples)
+    rows = materialize_rows(examples, 3, 2.0, seed=5)
+    assert len(rows) == 2 * pairs
+    assert rows == materialize_rows(examples, 3, 2.0, seed=5)
+    assert rows != materialize_rows(examples, 3, 2.0, seed=6)
+    for row in rows:
+        assert len(row["pos"]) == 1 and len(row["neg"]) == 3 and len(set(row["neg"])) == 3
+        assert row["pos"][0] not in row["neg"]
+    assert len(materialize_rows(examples, 3, 0.5, seed=5)) == round(0.5 * pairs)
+    # a pool smaller than k is completed from the filler
+    short = [TrainingExample("q", ["p"], ["n1"])] + examples
+    row = materialize_rows(short, 3, 1.0, seed=1)[0]
+    assert row["neg"][0] == "n1" or "n1" in row["neg"]
+
+
+def test_side_by_side_trains_both_sides_on_the_same_rows_and_steps(tiny_model_dir, tmp_path, monkeypatch):
+    from robustir.robustness import sidebyside
+    from robustir.robustness.sidebyside import Budget, materialize_rows, write_rows
+
+    budget = Budget(batch_size=4, num_negatives=2, pool=4, epochs=1.0, bf16=False, query_max_length=16,
+                    train_passage_max_length=24, passage_max_length=32)
+    rows_path = write_rows(materialize_rows(_examples(10), 2, 1.0, seed=1), tmp_path / "rows.jsonl")
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+
+    st_data = sidebyside._st_dataset(rows_path, 2)
+    assert [(r["query"], r["pos"][0], r["neg"]) for r in rows] == \
+        [(a, p, [n1, n2]) for a, p, n1, n2 in zip(st_data["anchor"], st_data["positive"], st_data["negative_1"],
+                                                  st_data["negative_2"])]
+    ours_examples, _ = load_training_data(rows_path)
+    assert [(e.query, e.pos, e.neg) for e in ours_examples] == [(r["query"], r["pos"], r["neg"]) for r in rows]
+
+    st = sidebyside.train_sentence_transformers(rows_path, tmp_path / "st", budget, 1, model=tiny_model_dir)
+    ours = sidebyside.train_robustir(rows_path, tmp_path / "ours", budget, 1, model=tiny_model_dir)
+    assert st.steps == ours.steps == len(rows) // 4
+    log = [json.loads(line) for line in (tmp_path / "ours" / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == ours.steps
+    state = json.loads((tmp_path / "st" / "done.json").read_text())
+    assert state["steps"] == st.steps
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(st.model_path)).encode(["x"]).shape[1] == 32
+
+
+# ----------------------------------------------------------------------------------- the bench
+
+def _tiny_beir(root: Path) -> Path:
+    root.mkdir(parents=True)
+    docs = {f"d{i}": " ".join(SENTENCES[(i * 5 + s) % 200] for s in range(5)) for i in range(60)}
+    with open(root / "corpus.jsonl", "w") as handle:
+        for doc_id, text in docs.items():
+            handle.write(json.dumps({"_id": doc_id, "title": "", "text": text}) + "\n")
+    with open(root / "queries.jsonl", "w") as handle:
+        for i in range(40):
+            handle.write(json.dumps({"_id": f"q{i}", "text": f"what about topic {(i * 5) % 200}"}) + "\n")
+    (root / "qrels").mkdir()
+    for split, ids in (("train", range(0, 30)), ("test", range(30, 40))):
+        lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in ids]
+        lines += [f"q{i}\td{i + 20}\t1" for i in ids if i % 4 == 0 and i + 20 < 60]
+        (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_bench_runs_the_grid_writes_table_and_plot_and_resumes_without_redoing(tiny_model_dir, tmp_path, monkeypatch):
+    from robustir.robustness import bench
+    from robustir.robustness.bench import NoiseBenchConfig, run_noise_bench
+
+    data = _tiny_beir(tmp_path / "beir")
+    calls: list[str] = []
+    real_train = bench.train_robustir
+
+    def counting_train(rows_path, output, *args, **kwargs):
+        calls.append(str(output))
+        return real_train(rows_path, output, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "train_robustir", counting_train)
+    config = NoiseBenchConfig(data=str(data), model=tiny_model_dir, kinds=["chunk-fn", "fp-random"],
+                              rates=[0.0, 0.5], methods=["infonce", "teacher"], seeds=[1], output=str(tmp_path / "out"),
+                              budget={"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0, "bf16": False,
+                                      "query_max_length": 16, "train_passage_max_length": 32,
+                                      "passage_max_length": 32})
+    rows = run_noise_bench(config)
+    # clean once + 2 kinds at 50 %, two methods each
+    assert sorted((r["kind"], r["rate"], r["method"]) for r in rows) == sorted(
+        [("clean", 0.0, "infonce"), ("clean", 0.0, "teacher"), ("chunk-fn", 0.5, "infonce"),
+         ("chunk-fn", 0.5, "teacher"), ("fp-random", 0.5, "infonce"), ("fp-random", 0.5, "teacher")])
+    assert len(calls) == 6
+    noisy = [r for r in rows if r["rate"] == 0.5]
+    assert all(r["noise"]["noisy_queries"] == 15 for r in noisy)  # round(0.5 * 30)
+    chunk_teacher = next(r for r in rows if r["kind"] == "chunk-fn" and r["method"] == "teacher")
+    assert chunk_teacher["filter"]["planted_negatives"] > 0
+    out = tmp_path / "out"
+    assert (out / "results.png").stat().st_size > 0
+    table = (out / "results.md").read_text()
+    assert "| infonce |" in table and "chunk-fn 50%" in table
+
+    calls.clear()
+    again = run_noise_bench(config)
+    assert calls == [] and len(again) == 6  # nothing redone
+    with open(out / "results.jsonl") as handle:
+        assert len(handle.readlines()) == 6
+
+
+def test_bench_config_typos_fail_at_load():
+    from robustir.config import load_config
+    from robustir.robustness.bench import NoiseBenchConfig
+
+    with pytest.raises(ConfigError, match="did you mean 'kinds'"):
+        load_config(NoiseBenchConfig, None, ["kindz=chunk-fn"])
+    with pytest.raises(ConfigError, match="unknown method"):
+        NoiseBenchConfig(methods=["infonse"]).resolved()
+    with pytest.raises(ConfigError, match="budget field"):
+        NoiseBenchConfig(budget={"epoch": 1}).resolved()
+    with pytest.raises(ConfigError, match="needs an endpoint"):
+        NoiseBenchConfig(methods=["llm"]).resolved()
