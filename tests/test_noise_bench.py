@@ -225,6 +225,16 @@ def test_bench_runs_the_grid_writes_table_and_plot_and_resumes_without_redoing(t
     with open(out / "results.jsonl") as handle:
         assert len(handle.readlines()) == 6
 
+    # other filter options: only the methods that use the filter run again, on a new filtered file
+    from dataclasses import replace
+
+    calls.clear()
+    variant = replace(config, teacher={"relative_margin": 0.1, "suspect_positive_share": 0.7})
+    rows = run_noise_bench(variant)
+    assert len(calls) == 3 and all("/teacher-" in c for c in calls)
+    assert {r["variant"] for r in rows if r["method"] == "teacher"} == {variant.variant("teacher")} != {""}
+    assert list((out / "data" / "clean-s1").glob("teacher-*.jsonl"))
+
 
 def test_bench_config_typos_fail_at_load():
     from robustir.config import load_config
@@ -238,3 +248,36 @@ def test_bench_config_typos_fail_at_load():
         NoiseBenchConfig(budget={"epoch": 1}).resolved()
     with pytest.raises(ConfigError, match="needs an endpoint"):
         NoiseBenchConfig(methods=["llm"]).resolved()
+
+
+def test_cli_rejects_a_config_typo_without_traceback(tmp_path, capsys):
+    from robustir.cli.main import main
+
+    code = main(["noise-bench", "--output", str(tmp_path / "o"), "budget.epoch=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown budget field" in err and "Traceback" not in err
+    code = main(["noise-bench", "--output", str(tmp_path / "o"), "kindz=chunk-fn"])
+    assert code == 2 and "did you mean 'kinds'" in capsys.readouterr().err
+
+
+def test_bench_llm_judge_method_against_a_local_fake_endpoint(tiny_model_dir, tmp_path):
+    """The judge says every negative is relevant: it removes them all, so it finds every planted one."""
+    from fake_llm_server import FakeLLMServer
+
+    from robustir.robustness.bench import NoiseBenchConfig, run_noise_bench
+
+    data = _tiny_beir(tmp_path / "beir")
+    with FakeLLMServer(lambda messages: "Yes") as server:
+        config = NoiseBenchConfig(data=str(data), model=tiny_model_dir, kinds=["chunk-fn"], rates=[0.5],
+                                  methods=["llm"], seeds=[2], output=str(tmp_path / "out"), plots=False,
+                                  llm={"base_url": server.url, "model": "fake-judge"},
+                                  budget={"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0,
+                                          "bf16": False, "query_max_length": 16, "train_passage_max_length": 32,
+                                          "passage_max_length": 32})
+        (row,) = run_noise_bench(config)
+        assert server.count > 0
+    stats = row["filter"]
+    assert stats["planted_negatives"] > 0 and stats["fn_recall"] == 1.0
+    assert stats["fn_precision"] == pytest.approx(stats["planted_negatives"] / stats["removed_negatives"], abs=1e-4)
+    with pytest.raises(ConfigError, match="noise-bench.llm"):
+        NoiseBenchConfig(methods=["llm"], llm={"modle": "x"}).resolved()

@@ -28,6 +28,7 @@ Output folder::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -85,8 +86,9 @@ class NoiseBenchConfig:
     """TeacherFilterConfig options of the ``teacher`` and ``recipe`` methods."""
     sieve: dict = field(default_factory=dict)
     """SieveConfig options of the ``sieve`` method (default: keep half the pool)."""
-    llm: LLMConfig | None = None
-    """Endpoint of the ``llm`` method (e.g. ``{base_url: http://localhost:8000/v1, model: Qwen2.5-7B-Instruct}``)."""
+    llm: dict = field(default_factory=dict)
+    """LLMConfig fields of the ``llm`` method's endpoint, e.g. ``{base_url: http://localhost:8000/v1, model:
+    Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16 reply tokens) apply unless given."""
     plots: bool = True
 
     def resolved(self) -> "NoiseBenchConfig":
@@ -104,10 +106,16 @@ class NoiseBenchConfig:
         for rate in out.rates:
             if not 0 <= rate <= 1:
                 raise ConfigError(f"noise-bench: rates must be in [0, 1], got {rate}")
-        if "llm" in out.methods and (out.llm is None or not out.llm.model):
+        llm = out.llm_config()
+        if "llm" in out.methods and not llm.model:
             raise ConfigError("noise-bench: method 'llm' needs an endpoint: llm.base_url=... llm.model=...")
         self.budget_obj().validate()
         return out
+
+    def llm_config(self) -> LLMConfig:
+        from ..config import from_dict
+
+        return from_dict(LLMConfig, {"temperature": 0.0, "max_tokens": 16, **self.llm}, where="noise-bench.llm")
 
     def budget_obj(self) -> Budget:
         base = BENCH_PRESETS[self.preset]
@@ -115,6 +123,28 @@ class NoiseBenchConfig:
         if unknown:
             raise ConfigError(f"noise-bench: unknown budget field(s) {sorted(unknown)}; valid: {sorted(asdict(base))}")
         return replace(base, **self.budget)
+
+    def method_options(self, method: str) -> dict:
+        """The options that change what ``method`` trains on (its filter's settings); {} for plain losses."""
+        if method in ("teacher", "recipe"):
+            return dict(self.teacher)
+        if method == "sieve":
+            return dict(self.sieve)
+        if method == "llm":
+            return {k: v for k, v in self.llm.items() if k not in ("api_key", "api_key_env", "concurrency")}
+        return {}
+
+    def variant(self, method: str) -> str:
+        """'' for a method at the benchmark's default options, else a short fingerprint of its options.
+
+        Part of every result's key and of filtered files' names: changing a filter's options reruns the
+        methods that use it, and only those.
+        """
+        options = self.method_options(method)
+        defaults = NoiseBenchConfig().method_options(method)
+        if options == defaults:
+            return ""
+        return hashlib.sha1(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -235,7 +265,8 @@ class _Bench:
     def filtered(self, method: str, noisy: Path) -> tuple[Path, dict]:
         """Filtered copy of ``noisy`` for the filtering methods, with precision/recall on the plants."""
         name = {"recipe": "teacher"}.get(method, method)
-        target = noisy.with_name(f"{name}.jsonl")
+        variant = self.config.variant(method)
+        target = noisy.with_name(f"{name}-{variant}.jsonl" if variant else f"{name}.jsonl")
         report = target.with_name(target.name + ".report.json")
         if not (target.exists() and report.exists()):
             from ..config import from_dict
@@ -259,7 +290,7 @@ class _Bench:
                 from ..mining.llm import LLMClient, build_backend
                 from ..mining.llm_judge import judge_negatives
 
-                backend = build_backend(self.config.llm, cache_path=target.with_name("llm-cache.sqlite"))
+                backend = build_backend(self.config.llm_config(), cache_path=target.with_name("llm-cache.sqlite"))
                 with backend:
                     if isinstance(backend, LLMClient):
                         backend.preflight()
@@ -275,7 +306,8 @@ class _Bench:
         source, filter_stats = noisy, {}
         if method in ("sieve", "teacher", "llm", "recipe"):
             source, filter_stats = self.filtered(method, noisy)
-        run_dir = self.out / "runs" / _condition(kind, rate, seed) / method
+        variant = self.config.variant(method)
+        run_dir = self.out / "runs" / _condition(kind, rate, seed) / (f"{method}-{variant}" if variant else method)
         rows_path = run_dir / "rows.jsonl"
         if not rows_path.exists():
             examples, stats = load_training_data(source)
@@ -288,7 +320,7 @@ class _Bench:
             outcome = train_robustir(rows_path, run_dir / "train", self.budget, seed, model=self.config.model, loss=loss)
         metrics = evaluate_model(outcome.model_path, self.data, self.config.eval_split, self.budget, self.cache)
         return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
-                "metrics": metrics, "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
+                "variant": variant, "options": self.config.method_options(method), "metrics": metrics, "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
                 "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
                 "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
                 "noise": json.loads((noisy.parent / "summary.json").read_text())}
@@ -299,7 +331,7 @@ class _Bench:
             for line in self.results_path.read_text(encoding="utf-8").splitlines():
                 if line.strip():
                     row = json.loads(line)
-                    done[(row["kind"], row["rate"], row["method"], row["seed"])] = row
+                    done[(row["kind"], row["rate"], row["method"], row["seed"], row.get("variant", ""))] = row
         return done
 
     def plan(self) -> list[tuple[str, float, int, str]]:
@@ -308,7 +340,7 @@ class _Bench:
             for rate in sorted(set(self.config.rates)):
                 for kind in (self.config.kinds if rate else self.config.kinds[:1]):
                     for method in self.config.methods:
-                        key = ("clean" if rate == 0 else kind, rate, method, seed)
+                        key = ("clean" if rate == 0 else kind, rate, method, seed, self.config.variant(method))
                         if key not in seen:
                             seen.add(key)
                             todo.append((kind, rate, seed, method))
@@ -318,7 +350,7 @@ class _Bench:
         write_json(self.out / "config.json", to_dict(self.config))
         done = self.finished()
         for kind, rate, seed, method in self.plan():
-            key = ("clean" if rate == 0 else kind, rate, method, seed)
+            key = ("clean" if rate == 0 else kind, rate, method, seed, self.config.variant(method))
             if key in done:
                 continue
             logger.info("noise-bench: %s at %s%%, seed %d, method %s", kind, _rate_tag(rate), seed, method)
@@ -328,7 +360,9 @@ class _Bench:
             done[key] = row
             if progress is not None:
                 progress(row)
-        rows = [done[k] for k in sorted(done, key=lambda k: (k[0], k[1], k[2], k[3]))]
+        # the report shows the runs of the current options (other variants stay in results.jsonl)
+        rows = [done[k] for k in sorted(done, key=lambda k: (k[0], k[1], k[2], k[3]))
+                if k[4] == self.config.variant(k[2])]
         write_table(rows, self.out / "results.md", self.config.kinds)
         if self.config.plots:
             plot_results(rows, self.out / "results.png", self.config.kinds)
