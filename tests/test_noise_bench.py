@@ -232,8 +232,10 @@ def test_bench_runs_the_grid_writes_table_and_plot_and_resumes_without_redoing(t
     variant = replace(config, teacher={"relative_margin": 0.1, "suspect_positive_share": 0.7})
     rows = run_noise_bench(variant)
     assert len(calls) == 3 and all("/teacher-" in c for c in calls)
-    assert {r["variant"] for r in rows if r["method"] == "teacher"} == {variant.variant("teacher")} != {""}
-    assert list((out / "data" / "clean-s1").glob("teacher-*.jsonl"))
+    assert {r["variant"] for r in rows if r["method"] == "teacher"} == {variant.variant("teacher")}
+    assert variant.variant("teacher") != config.variant("teacher") and config.variant("infonce") == ""
+    assert len(list((out / "data" / "clean-s1").glob("teacher-*.jsonl"))) == 2
+    assert len([json.loads(line) for line in open(out / "results.jsonl")]) == 9  # both variants are kept
 
 
 def test_bench_config_typos_fail_at_load():

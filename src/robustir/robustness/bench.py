@@ -13,14 +13,15 @@ Methods (``METHODS``):
                                   positives that more than half of the pool outscores), then InfoNCE
 ``llm``                           the PEG LLM judge over the negatives (needs ``llm.base_url``/``llm.model``),
                                   then InfoNCE
-``recipe``                        the recommended robust recipe: teacher filter, then PEG
+``recipe``                        the recommended robust recipe: teacher filter on the negatives, then PEG
 ``st``                            sentence-transformers MNRL through its own trainer (the anchor)
 
 Output folder::
 
     data/mined.jsonl                       clean pool (BM25, from the train split)
     data/<kind>-<rate>-s<seed>/noisy.jsonl noisy data, plants.jsonl (what was planted), summary.json,
-                                           teacher.jsonl / sieve.jsonl / llm.jsonl (filtered copies)
+                                           teacher-<variant>.jsonl, sieve-..., llm-... (filtered copies;
+                                           the variant fingerprints the filter's options)
     runs/<kind>-<rate>-s<seed>/<method>/   rows.jsonl and the training run
     results.jsonl                          one line per finished run (never redone)
     results.md, results.png                the table and one panel per kind
@@ -83,7 +84,11 @@ class NoiseBenchConfig:
     budget: dict = field(default_factory=dict)
     """Overrides of the preset's budget fields, e.g. ``{epochs: 2}``."""
     teacher: dict = field(default_factory=lambda: {"relative_margin": 0.05, "suspect_positive_share": 0.5})
-    """TeacherFilterConfig options of the ``teacher`` and ``recipe`` methods."""
+    """TeacherFilterConfig options of the ``teacher`` method (its only defence against false positives is
+    dropping positives that more than half of their pool outscores)."""
+    recipe: dict = field(default_factory=lambda: {"relative_margin": 0.05})
+    """TeacherFilterConfig options of the ``recipe`` method's filter: false negatives only -- PEG's w_q
+    handles false positives without discarding hard true pairs (docs/robustness.md)."""
     sieve: dict = field(default_factory=dict)
     """SieveConfig options of the ``sieve`` method (default: keep half the pool)."""
     llm: dict = field(default_factory=dict)
@@ -126,8 +131,10 @@ class NoiseBenchConfig:
 
     def method_options(self, method: str) -> dict:
         """The options that change what ``method`` trains on (its filter's settings); {} for plain losses."""
-        if method in ("teacher", "recipe"):
+        if method == "teacher":
             return dict(self.teacher)
+        if method == "recipe":
+            return dict(self.recipe)
         if method == "sieve":
             return dict(self.sieve)
         if method == "llm":
@@ -135,16 +142,15 @@ class NoiseBenchConfig:
         return {}
 
     def variant(self, method: str) -> str:
-        """'' for a method at the benchmark's default options, else a short fingerprint of its options.
+        """A short fingerprint of the options of a filtering method ('' for the plain losses).
 
-        Part of every result's key and of filtered files' names: changing a filter's options reruns the
-        methods that use it, and only those.
+        Part of every result's key and of filtered files' and run folders' names: changing a filter's
+        options reruns the methods that use it, and only those.
         """
-        options = self.method_options(method)
-        defaults = NoiseBenchConfig().method_options(method)
-        if options == defaults:
+        if method not in ("teacher", "recipe", "sieve", "llm"):
             return ""
-        return hashlib.sha1(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
+        name = {"recipe": "teacher"}.get(method, method)  # same filter + options = same filtered file
+        return hashlib.sha1(json.dumps([name, self.method_options(method)], sort_keys=True).encode()).hexdigest()[:8]
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -266,7 +272,7 @@ class _Bench:
         """Filtered copy of ``noisy`` for the filtering methods, with precision/recall on the plants."""
         name = {"recipe": "teacher"}.get(method, method)
         variant = self.config.variant(method)
-        target = noisy.with_name(f"{name}-{variant}.jsonl" if variant else f"{name}.jsonl")
+        target = noisy.with_name(f"{name}-{variant}.jsonl")
         report = target.with_name(target.name + ".report.json")
         if not (target.exists() and report.exists()):
             from ..config import from_dict
@@ -276,7 +282,7 @@ class _Bench:
                 from ..mining.teacher_filter import TeacherFilterConfig, teacher_filter
 
                 options = {"bf16": self.budget.bf16, "progress": False, "model": self.config.model,
-                           "max_length": self.budget.passage_max_length, **self.config.teacher}
+                           "max_length": self.budget.passage_max_length, **self.config.method_options(method)}
                 teacher_filter(noisy, target, from_dict(TeacherFilterConfig, options, where="teacher"))
             elif name == "sieve":
                 from ..mining.sieve import SieveConfig, sieve_negatives
@@ -320,7 +326,8 @@ class _Bench:
             outcome = train_robustir(rows_path, run_dir / "train", self.budget, seed, model=self.config.model, loss=loss)
         metrics = evaluate_model(outcome.model_path, self.data, self.config.eval_split, self.budget, self.cache)
         return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
-                "variant": variant, "options": self.config.method_options(method), "metrics": metrics, "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
+                "variant": variant, "options": self.config.method_options(method), "metrics": metrics,
+                "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
                 "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
                 "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
                 "noise": json.loads((noisy.parent / "summary.json").read_text())}
