@@ -10,7 +10,8 @@ import pytest
 
 from robustir.data.chunking import WordCounter, chunk_corpus, chunk_document, make_counter
 from robustir.data.documents import DocumentOutput, read_documents
-from robustir.data.sentences import cjk_ratio, is_cjk, split_sentences
+from robustir.data.cjk import cjk_share, is_cjk
+from robustir.data.sentences import split_sentences
 from robustir.errors import DataError
 from robustir.io import Shard
 
@@ -67,8 +68,17 @@ def test_chinese_sentences(text: str, expected: list[str]) -> None:
 def test_cjk_helpers() -> None:
     assert is_cjk("中") and is_cjk("。") and is_cjk("カ") and is_cjk("한") and is_cjk("\U00020000")
     assert not is_cjk("a") and not is_cjk("1") and not is_cjk(" ")
-    assert cjk_ratio("") == 0.0
-    assert cjk_ratio("中文 ab") == pytest.approx(0.5)
+    assert cjk_share("") == 0.0 and cjk_share("...") == 0.0
+    assert cjk_share("中文 ab") == pytest.approx(0.5) and cjk_share("北京 is big") == pytest.approx(2 / 7)
+    assert cjk_share("中文。!") == 1.0  # punctuation counts neither way
+
+
+def test_every_stage_uses_the_one_cjk_definition() -> None:
+    from robustir.index.bm25 import split_words
+    from robustir.mining.pairs import char_weight
+
+    assert split_words("한국 data") == ["한", "국", "한국", "data"]  # Hangul is CJK for BM25 too
+    assert char_weight("ᄀ") == 1.0 and char_weight("Ⰰ") == 0.3  # Jamo counts as CJK, Glagolitic does not
 
 
 def test_empty_and_whitespace() -> None:

@@ -204,3 +204,22 @@ def test_bundled_dataset_matches_shared():
     if (SHARED_DATA / "scifact").exists():
         shared = load_beir(SHARED_DATA / "scifact", "test")
         assert shared.corpus.ids == bundled.corpus.ids and shared.qrels == bundled.qrels
+
+
+def test_document_reader_reads_gzip_text_jsonl_and_beir_folders(tmp_path):
+    from robustir.data.documents import read_documents
+
+    with gzip.open(tmp_path / "docs.txt.gz", "wt") as handle:
+        handle.write("first block\nstill first\n\nsecond\n")
+    assert [d.text for d in read_documents(tmp_path / "docs.txt.gz")] == ["first block\nstill first", "second"]
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    with gzip.open(beir / "corpus.jsonl.gz", "wt") as handle:
+        handle.write(json.dumps({"_id": "d1", "title": "T", "text": "x"}) + "\n")
+    assert [(d.id, d.title, d.text) for d in read_documents(beir)] == [("d1", "T", "x")]
+    no_ids = tmp_path / "texts.jsonl.gz"
+    with gzip.open(no_ids, "wt") as handle:
+        handle.write(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b"}) + "\n")
+    with pytest.raises(DataError, match="missing document id"):
+        list(read_documents(no_ids))
+    assert [d.id for d in read_documents(no_ids, need_ids=False)] == ["L1", "L2"]

@@ -234,6 +234,33 @@ def test_filter_malformed_input_names_file_and_line(tmp_path):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_every_reader_of_the_training_format_refuses_the_same_record(tmp_path):
+    # One validator (data/training_data.py:check_record): training, mining, the teacher filter, the LLM
+    # judge and pre-training pairs all refuse "pos" given as a single string, naming file, line and field.
+    from fake_llm_server import FakeLLMServer
+
+    from robustir.data.training_data import load_training_data
+    from robustir.mining.llm import LLMClient, LLMConfig
+    from robustir.mining.llm_judge import judge_negatives
+    from robustir.mining.negatives import load_jsonl_for_mining
+    from robustir.training.pretrain import read_pairs
+
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"query": "a", "pos": ["x"], "neg": ["y"]}\n{"query": "b", "pos": "text", "neg": ["z"]}\n')
+    messages = []
+    with FakeLLMServer(lambda m: "No") as server, LLMClient(LLMConfig(base_url=server.url, model="fake-model")) as client:
+        for read in (load_training_data, load_jsonl_for_mining, lambda p: list(read_pairs(p)),
+                     lambda p: teacher_filter(p, tmp_path / "t.jsonl", TeacherFilterConfig(progress=False),
+                                              teacher=TableTeacher()),
+                     lambda p: judge_negatives(p, tmp_path / "j.jsonl", client, progress=False)):
+            with pytest.raises(DataError) as info:
+                read(source)
+            messages.append(str(info.value))
+    assert len(set(messages)) == 1, messages
+    assert "bad.jsonl" in messages[0] and "line 2" in messages[0] and "'pos'" in messages[0]
+    assert "single string" in messages[0]
+
+
 def test_llm_filter_cli_with_fake_server(tmp_path, capsys):
     from fake_llm_server import FakeLLMServer, last_user
 

@@ -75,6 +75,19 @@ def test_rank_window_and_margins(tmp_path):
         MiningConfig(range_min=5, range_max=5).validate()
 
 
+def test_relative_margin_is_the_teacher_filters_rule_for_negative_scores():
+    # Dense scores can be negative: the threshold must stay below the positive (-2.0 - 0.1 = -2.1), not
+    # move above it (-2.0 * 0.95 = -1.9 would keep -2.0 < s <= -1.9, negatives that outscore the positive).
+    import random
+
+    from robustir.mining.negatives import MiningReport, select_negatives
+
+    candidates = [(0, -1.95), (1, -2.05), (2, -2.2)]
+    kept = select_negatives(candidates, -2.0, MiningConfig(num_negatives=5, relative_margin=0.05),
+                            random.Random(0), MiningReport())
+    assert [row for row, _ in kept] == [2]
+
+
 def test_random_sampling_is_deterministic_by_seed(tmp_path):
     ids, texts = toy_corpus()
     queries = [MiningQuery(f"q{i}", f"{WORDS[i]} {WORDS[i + 1]}", [f"d{i}"]) for i in range(5)]

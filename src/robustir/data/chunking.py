@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .documents import Document, DocumentOutput, read_documents
-from .sentences import CJK_CHAR_CLASS, split_sentences
+from .cjk import CJK_CHAR_CLASS
+from .sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
 

@@ -3,9 +3,13 @@
 Readers yield :class:`Document` one at a time (a corpus is never loaded whole) from
 
 * ``jsonl``: one object per line with ``"_id"`` or ``"id"``, optional ``"title"``, and ``"text"``;
-* ``beir``: a BEIR folder (its ``corpus.jsonl``) or a BEIR ``corpus.jsonl`` file (same fields as ``jsonl``);
+* ``beir``: a BEIR folder (its ``corpus.jsonl`` or ``corpus.jsonl.gz``) or a BEIR corpus file (same fields as
+  ``jsonl``);
 * ``text``: plain UTF-8 text, one document per blank-line-separated block (``text_unit="block"``) or per
   line (``text_unit="line"``); ids are the 0-based block / line numbers.
+
+Any of these files may be gzip-compressed (``.gz``). This is the one reader of raw text: chunking, query
+generation, GUR pair mining and pre-training all read through it.
 
 :class:`DocumentOutput` wraps :class:`~robustir.io.ResumableJsonlWriter` so a stage that emits *zero or more*
 records per document can be resumed exactly: every finished document is also appended to a sidecar
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 from ..errors import ConfigError, DataError
-from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
+from ..io import ResumableJsonlWriter, Shard, atomic_write, open_binary, read_jsonl
 
 __all__ = ["Document", "read_documents", "resolve_format", "DocumentOutput", "sharded_path"]
 
@@ -46,41 +50,50 @@ def resolve_format(path: str | Path, fmt: str = "auto") -> tuple[Path, str]:
     if path.is_dir():
         if fmt not in ("auto", "beir"):
             raise ConfigError(f"{path} is a folder; only --format beir (or auto) reads folders")
-        corpus = path / "corpus.jsonl"
-        if not corpus.exists():
-            raise DataError(path, "folder has no corpus.jsonl", fix="point --input at a BEIR folder or a file")
-        return corpus, "jsonl"
+        for corpus in (path / "corpus.jsonl", path / "corpus.jsonl.gz"):
+            if corpus.exists():
+                return corpus, "jsonl"
+        raise DataError(path, "folder has no corpus.jsonl(.gz)", fix="point the input at a BEIR folder or a file")
     if not path.exists():
         raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
     if fmt == "beir":
         return path, "jsonl"
     if fmt == "auto":
-        return path, "jsonl" if path.suffix.lower() in (".jsonl", ".json", ".ndjson") else "text"
+        suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+        return path, "jsonl" if suffixes and suffixes[-1] in (".jsonl", ".json", ".ndjson") else "text"
     return path, fmt
 
 
 def read_documents(path: str | Path, fmt: str = "auto", *, text_unit: Literal["block", "line"] = "block",
-                   shard: Shard | None = None) -> Iterator[Document]:
+                   shard: Shard | None = None, need_ids: bool = True) -> Iterator[Document]:
     """Stream the documents of ``path`` (see the module docstring); with ``shard``, only that shard's share.
 
     Sharding is round-robin over document positions, so it is independent of which documents are done.
-    Duplicate ids raise :class:`DataError` (outputs are keyed on them).
+    Duplicate ids raise :class:`DataError` (outputs are keyed on them). ``need_ids=False`` (a consumer that
+    keys nothing on ids, such as pre-training) accepts JSONL records without an id (id ``L<line>``) and
+    duplicate ids.
     """
     file, concrete = resolve_format(path, fmt)
-    docs = _read_jsonl_docs(file) if concrete == "jsonl" else _read_text_docs(file, text_unit)
+    docs = _read_jsonl_docs(file, need_ids) if concrete == "jsonl" else _read_text_docs(file, text_unit)
     seen: set[str] = set()
     for position, (line, doc) in enumerate(docs):
-        if doc.id in seen:
+        if need_ids and doc.id in seen:
             raise DataError(file, f"duplicate document id {doc.id!r}", line=line,
                             fix="give every document a unique id")
-        seen.add(doc.id)
+        if need_ids:
+            seen.add(doc.id)
         if shard is None or shard.owns(position):
             yield doc
 
 
-def checked_fields(path: str | Path, line: int, obj: dict, what: str = "document") -> tuple[str, str, str]:
-    """``(id, title, text)`` of one JSONL record (``_id`` or ``id``; title optional), or a DataError naming the line."""
+def checked_fields(path: str | Path, line: int, obj: dict, what: str = "document",
+                   need_id: bool = True) -> tuple[str, str, str]:
+    """``(id, title, text)`` of one JSONL record (``_id`` or ``id``; title optional), or a DataError naming the line.
+
+    ``need_id=False``: a record without an id gets ``L<line>``."""
     doc_id = obj.get("_id", obj.get("id"))
+    if doc_id is None and not need_id:
+        doc_id = f"L{line}"
     if doc_id is None or isinstance(doc_id, (dict, list, bool)) or str(doc_id) == "":
         raise DataError(path, f"missing {what} id", line=line, field="_id",
                         fix=f'give every {what} an id: {{"_id": "doc1", "title": "...", "text": "..."}} ("id" works too)')
@@ -95,9 +108,9 @@ def checked_fields(path: str | Path, line: int, obj: dict, what: str = "document
     return str(doc_id), title, text
 
 
-def _read_jsonl_docs(path: Path) -> Iterator[tuple[int, Document]]:
+def _read_jsonl_docs(path: Path, need_ids: bool = True) -> Iterator[tuple[int, Document]]:
     for line, obj in read_jsonl(path):
-        yield line, Document(*checked_fields(path, line, obj))
+        yield line, Document(*checked_fields(path, line, obj, need_id=need_ids))
 
 
 def _read_text_docs(path: Path, unit: str) -> Iterator[tuple[int, Document]]:
@@ -106,7 +119,7 @@ def _read_text_docs(path: Path, unit: str) -> Iterator[tuple[int, Document]]:
     number = 0
     block: list[str] = []
     block_line = 0
-    with open(path, "rb") as handle:
+    with open_binary(path) as handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8")

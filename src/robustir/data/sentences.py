@@ -19,53 +19,10 @@ Rules (cheap, pure Python, one regex pass per text):
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 
-__all__ = ["split_sentences", "is_cjk", "cjk_ratio", "CJK_CHAR_CLASS"]
+from .cjk import CJK_CHAR_CLASS
 
-# Inclusive code-point ranges counted as CJK: CJK punctuation, kana, Hangul, ideographs, fullwidth forms.
-_CJK_RANGES: tuple[tuple[int, int], ...] = (
-    (0x1100, 0x11FF),    # Hangul Jamo
-    (0x2E80, 0x2FDF),    # CJK radicals, Kangxi radicals
-    (0x3000, 0x303F),    # CJK symbols and punctuation (。「」 …)
-    (0x3040, 0x30FF),    # Hiragana, Katakana
-    (0x3100, 0x31BF),    # Bopomofo, Hangul compatibility Jamo, Kanbun
-    (0x31C0, 0x31FF),    # CJK strokes, Katakana extensions
-    (0x3200, 0x33FF),    # enclosed CJK, CJK compatibility
-    (0x3400, 0x4DBF),    # CJK Unified Ideographs Extension A
-    (0x4E00, 0x9FFF),    # CJK Unified Ideographs
-    (0xA960, 0xA97F),    # Hangul Jamo Extended-A
-    (0xAC00, 0xD7FF),    # Hangul syllables, Jamo Extended-B
-    (0xF900, 0xFAFF),    # CJK compatibility ideographs
-    (0xFE30, 0xFE4F),    # CJK compatibility forms
-    (0xFE50, 0xFE6F),    # small form variants (﹒﹔﹖﹗)
-    (0xFF00, 0xFFEF),    # halfwidth and fullwidth forms (！？；：．)
-    (0x20000, 0x3134F),  # Extensions B-G and compatibility supplement
-)
-_RANGE_STARTS = [lo for lo, _ in _CJK_RANGES]
-
-# The same ranges as a regex character class (used by token counters and the splitter).
-CJK_CHAR_CLASS = "".join(
-    f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in _CJK_RANGES
-)
-
-
-def is_cjk(ch: str) -> bool:
-    """True when the single character ``ch`` is a CJK ideograph, kana, Hangul, or CJK/fullwidth punctuation."""
-    code = ord(ch)
-    i = bisect_right(_RANGE_STARTS, code) - 1
-    return i >= 0 and code <= _CJK_RANGES[i][1]
-
-
-_CJK_RE = re.compile(f"[{CJK_CHAR_CLASS}]")
-_NON_SPACE_RE = re.compile(r"\S")
-
-
-def cjk_ratio(text: str) -> float:
-    """Share of the non-whitespace characters of ``text`` that are CJK (0.0 for empty text)."""
-    total = len(_NON_SPACE_RE.findall(text))
-    return len(_CJK_RE.findall(text)) / total if total else 0.0
-
+__all__ = ["split_sentences"]
 
 # Lower-cased words that end with a period but (almost) never end a sentence.
 ABBREVIATIONS: frozenset[str] = frozenset({

@@ -74,15 +74,22 @@ def _score_list(obj: dict, key: str, n: int, path: Path, line: int) -> list[floa
     return [float(v) for v in value]
 
 
-def parse_example(obj: dict, path: Path, line: int) -> TrainingExample | None:
-    """Validate one JSON object; returns ``None`` for a record to skip (empty query / no non-empty positive)."""
+def check_record(obj: dict, path: Path, line: int) -> tuple[str, list[str], list[str]]:
+    """The one check of a training record's ``query`` (str), ``pos`` (list of str) and ``neg`` (list of str,
+    may be absent); returns them. Every reader of the format goes through here (training, the filters, the LLM
+    judge, pre-training pairs), so one file is accepted or refused the same way by every stage."""
     query = obj.get("query")
     if not isinstance(query, str):
         raise DataError(path, "missing field 'query'" if query is None else
                         f"expected a string, got {type(query).__name__}", line=line, field="query",
                         fix='every line needs "query": "question text"')
-    pos = _string_list(obj, "pos", path, line, required=True)
-    neg = _string_list(obj, "neg", path, line, required=False)
+    return query, _string_list(obj, "pos", path, line, required=True), _string_list(obj, "neg", path, line,
+                                                                                      required=False)
+
+
+def parse_example(obj: dict, path: Path, line: int) -> TrainingExample | None:
+    """Validate one JSON object; returns ``None`` for a record to skip (empty query / no non-empty positive)."""
+    query, pos, neg = check_record(obj, path, line)
     pos_scores = _score_list(obj, "pos_scores", len(pos), path, line)
     neg_scores = _score_list(obj, "neg_scores", len(neg), path, line)
     prompt = obj.get("prompt")

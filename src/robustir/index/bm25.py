@@ -15,26 +15,22 @@ from typing import Sequence
 
 import numpy as np
 
+from ..data.cjk import CJK_RUN
+
 logger = logging.getLogger(__name__)
 
 _WORD = re.compile(r"(?u)\b\w\w+\b")
 _TOKEN = re.compile(r"(?u)\w+")
-# CJK unified ideographs (+ extension A, compatibility), Hiragana, Katakana, Hangul syllables
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
-
-
-def has_cjk(text: str) -> bool:
-    return _CJK.search(text) is not None
 
 
 def split_words(text: str) -> list[str]:
     """Words for BM25: ``\\w\\w+`` words outside CJK runs; CJK runs as character unigrams + bigrams."""
-    if not has_cjk(text):
+    if not CJK_RUN.search(text):
         return _WORD.findall(text)
     tokens: list[str] = []
     for piece in _TOKEN.findall(text):
         position = 0
-        for match in _CJK.finditer(piece):
+        for match in CJK_RUN.finditer(piece):
             tokens.extend(w for w in _WORD.findall(piece[position:match.start()]))
             run = match.group()
             tokens.extend(run)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 from ..errors import ConfigError, DataError
+from ..data.cjk import cjk_share
 from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl, write_json
 from .llm import LLMBackend, LLMConfig, strip_reasoning
@@ -62,15 +63,6 @@ DEFAULT_TEMPLATE_ZH = """\
 文本：{text}
 """
 
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef]")
-
-
-def cjk_share(text: str) -> float:
-    """Fraction of letters/digits in ``text`` that are CJK ideographs (0.0 for text without any)."""
-    alnum = [ch for ch in text if ch.isalnum()]
-    if not alnum:
-        return 0.0
-    return sum(1 for ch in alnum if _CJK.match(ch)) / len(alnum)
 
 
 def render_template(template: str, values: dict[str, object]) -> str:

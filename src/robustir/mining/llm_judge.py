@@ -27,7 +27,9 @@ from typing import Iterator, Literal
 
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
-from .generate import _progress, cjk_share, prepare_output, render_template
+from ..data.cjk import cjk_share
+from ..data.training_data import check_record
+from .generate import _progress, prepare_output, render_template
 from .llm import LLMBackend, LLMConfig, strip_reasoning
 
 logger = logging.getLogger(__name__)
@@ -156,19 +158,6 @@ class _Pending:
     waiting: int  # requests still in flight for this record
 
 
-def _validate(path: Path, line: int, record: dict) -> tuple[str, list[str], list[str]]:
-    query, pos, neg = record.get("query"), record.get("pos"), record.get("neg", [])
-    if not isinstance(query, str):
-        raise DataError(path, f"expected a string, got {type(query).__name__}", line=line, field="query")
-    if isinstance(pos, str):
-        pos = [pos]
-    for name, value in (("pos", pos), ("neg", neg)):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise DataError(path, f"expected a list of strings, got {type(value).__name__}", line=line,
-                            field=name, fix=f'write "{name}": ["passage text", ...]')
-    return query, pos, neg
-
-
 def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLMBackend, *,
                     template: str | None = None, template_zh: str | None = None, language: str = "auto",
                     cjk_threshold: float = 0.3, max_passage_chars: int = 4000, keep_removed: bool = True,
@@ -217,7 +206,7 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
             if owned <= already:
                 report.resumed += 1
                 continue
-            query, pos, neg = _validate(input_path, line, record)
+            query, pos, neg = check_record(record, input_path, line)
             positives = {p.strip() for p in pos}
             item = _Pending(record, neg, [None] * len(neg), 0)
             jobs = []

@@ -5,7 +5,8 @@ For every query, candidates are retrieved to depth ``range_max``; then
 1. every positive is excluded — by id *and* by identical text — and so is the query itself;
 2. the rank window ``[range_min, range_max)`` and score limits apply: ``max_score`` / ``min_score``,
    ``absolute_margin`` (keep if score <= positive − margin) and ``relative_margin`` (keep if
-   score <= positive × (1 − margin), NV-Retriever's "TopK-PercPos"); the positive score used is the
+   score <= positive − |positive| × margin, NV-Retriever's "TopK-PercPos"; the one rule of
+   :mod:`robustir.mining.margins`, shared with the teacher filter); the positive score used is the
    *lowest* of the query's positives, the conservative choice when a query has several;
 3. ``num_negatives`` are taken from the survivors, from the top or sampled at random (seeded).
 
@@ -29,6 +30,7 @@ from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import DenseIndex, DenseIndexConfig
 from ..io import ResumableJsonlWriter, Shard, write_json
+from .margins import margin_reason
 
 logger = logging.getLogger(__name__)
 
@@ -156,10 +158,7 @@ def select_negatives(candidates: list[tuple[int, float]], positive_score: float 
             report.excluded_by_score += 1
             continue
         if positive_score is not None:
-            if config.absolute_margin is not None and score > positive_score - config.absolute_margin:
-                report.excluded_by_score += 1
-                continue
-            if config.relative_margin is not None and score > positive_score * (1 - config.relative_margin):
+            if margin_reason(score, positive_score, config.absolute_margin, config.relative_margin):
                 report.excluded_by_score += 1
                 continue
         kept.append((row, score))

@@ -19,6 +19,9 @@ methods-notes §3.1; this module follows it with these **deliberate deviations**
   that share a start and may in rare cases miss the heaviest one.
 * All sentences of a document are used: the authors' wiki reader kept only the last line of a document
   and dropped its last sentence (``sents[:-1]``) — bugs, not design.
+* "CJK" is robustir's one definition (:mod:`robustir.data.cjk`: ideographs, kana, Hangul, fullwidth
+  forms), not the authors' "code point > 10000", which also gives Glagolitic, Coptic, Latin Extended-D/E or
+  Cherokee letters the weight of a Hanzi and Hangul Jamo the weight of a Latin letter.
 * English is split into sentences too (the authors split on CJK punctuation only).
 * The title is a candidate partner of *every* sentence (paper, §IV-A: "we enumerate every content sentence
   in relation to the title"); the authors' code only LCS-tested it against the first 100 rows. The length
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
+from ..data.cjk import is_cjk
 from ..data.documents import Document, DocumentOutput, read_documents
 from ..data.sentences import split_sentences
 from ..errors import ConfigError
@@ -66,7 +70,7 @@ class _WeightTable(dict):
 
     def __missing__(self, ch: str) -> int:
         if unicodedata.category(ch)[0] == "L":
-            w = 10 if ord(ch) > 10000 else 3
+            w = 10 if is_cjk(ch) else 3
         else:
             w = 1
         self[ch] = w
@@ -78,7 +82,8 @@ _tenths = _WEIGHTS.__getitem__  # weight of one character in tenths: 10 CJK lett
 
 
 def char_weight(ch: str) -> float:
-    """GUR weight of one character: 1.0 CJK letter (code point > 10000), 0.3 other letter, 0.1 otherwise."""
+    """GUR weight of one character: 1.0 CJK letter (:func:`robustir.data.cjk.is_cjk`), 0.3 other letter, 0.1
+    otherwise."""
     return _tenths(ch) / 10
 
 

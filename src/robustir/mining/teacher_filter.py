@@ -4,8 +4,9 @@ A teacher scores every (query, positive) and (query, negative) pair of a trainin
 scores too close to the positive is likely relevant too (a false negative) and is removed:
 
     absolute margin a:  remove if  s(q, n) > s(q, p) - a
-    relative margin r:  remove if  s(q, n) > s(q, p) - |s(q, p)| * r      (= s(q, p) * (1 - r) for s >= 0;
-                                                                           NV-Retriever "TopK-PercPos", r = 0.05)
+    relative margin r:  remove if  s(q, n) > s(q, p) - |s(q, p)| * r      (NV-Retriever "TopK-PercPos", r = 0.05)
+
+(the one rule, shared with ``robustir mine``: :mod:`robustir.mining.margins`)
 
 ``s(q, p)`` is the *lowest* score among the record's positives -- the conservative choice, and the same one
 ``robustir mine`` makes. (The ``|s|`` form only matters for teachers with negative scores such as raw
@@ -37,8 +38,10 @@ from typing import Callable, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 
+from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
+from .margins import REASON_ABSOLUTE, REASON_RELATIVE, margin_reason
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +49,6 @@ __all__ = ["TeacherFilterConfig", "FilterReport", "Decision", "FilterRecord", "E
            "CrossEncoderTeacher", "load_teacher", "margin_reason", "teacher_filter", "run_filter"]
 
 REASON_EQUALS_POSITIVE = "equals_positive"
-REASON_ABSOLUTE = "teacher_absolute_margin"
-REASON_RELATIVE = "teacher_relative_margin"
 REASON_SUSPECT_POSITIVE = "suspect_positive"
 
 
@@ -121,16 +122,7 @@ def score_stats(values: Sequence[float]) -> dict:
 
 def parse_record(path: Path, line: int, obj: dict) -> FilterRecord:
     """Validate ``query`` (str), ``pos`` (non-empty list of str) and ``neg`` (list of str, may be absent)."""
-    query, pos, neg = obj.get("query"), obj.get("pos"), obj.get("neg", [])
-    if not isinstance(query, str):
-        raise DataError(path, "missing field 'query'" if query is None else
-                        f"expected a string, got {type(query).__name__}", line=line, field="query",
-                        fix='every line needs "query": "question text"')
-    for name, value in (("pos", pos), ("neg", neg)):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            got = "nothing" if value is None else type(value).__name__
-            raise DataError(path, f"expected a list of strings, got {got}", line=line, field=name,
-                            fix=f'write "{name}": ["passage text", ...]')
+    query, pos, neg = check_record(obj, path, line)
     if not pos and not _dropped_earlier(obj):
         raise DataError(path, "empty positive list", line=line, field="pos",
                         fix="every record needs at least one positive to compare its negatives with")
@@ -394,16 +386,6 @@ class TeacherFilterConfig:
             raise ConfigError(f"relative_margin must be in [0, 1), got {self.relative_margin}")
         if self.suspect_positive_share is not None and not 0 <= self.suspect_positive_share < 1:
             raise ConfigError(f"suspect_positive_share must be in [0, 1), got {self.suspect_positive_share}")
-
-
-def margin_reason(negative_score: float, positive_score: float, absolute_margin: float | None,
-                  relative_margin: float | None) -> str | None:
-    """Why a negative scoring ``negative_score`` is a likely false negative, or None to keep it."""
-    if absolute_margin is not None and negative_score > positive_score - absolute_margin:
-        return REASON_ABSOLUTE
-    if relative_margin is not None and negative_score > positive_score - abs(positive_score) * relative_margin:
-        return REASON_RELATIVE
-    return None
 
 
 def suspect_positives(positive_scores: Sequence[float], negative_scores: Sequence[float],

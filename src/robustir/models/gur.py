@@ -38,7 +38,6 @@ from robustir.models.mlm_encoder import (
     load_tokenizer,
     masked_lm_loss,
     pool,
-    save_encoder_folder,
 )
 
 __all__ = ["GURCollator", "GURModel", "ProjectionHead", "symmetric_info_nce"]
@@ -273,18 +272,14 @@ class GURModel(MaskedLMPretrainModel):
         }
 
     def save_pretrained(
-        self, save_dir: str | Path, *, tokenizer: Any | None = None, max_seq_length: int | None = None
+        self, save_dir: str | Path, *, tokenizer: Any | None = None, max_seq_length: int | None = None,
+        encoder_config: Any | None = None, model_card: str | None = None,
     ) -> Path:
         """Write ``save_dir/encoder`` (HF + sentence-transformers folder using this model's pooling; the
         projection head is not part of it) and ``save_dir/projection_head`` (config, weights if any)."""
         root = Path(save_dir)
-        save_encoder_folder(
-            self.encoder,
-            root / "encoder",
-            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
-            pooling=self.pooling,
-            max_seq_length=max_seq_length,
-        )
+        self.save_encoder(root / "encoder", tokenizer=tokenizer, max_seq_length=max_seq_length,
+                          encoder_config=encoder_config, model_card=model_card)
         head_dir = root / "projection_head"
         head_dir.mkdir(parents=True, exist_ok=True)
         if self.projection is not None:

@@ -6,13 +6,13 @@
   report listing the head weights as MISSING (and the unused pooler as UNEXPECTED) - that is expected.
 * :func:`mlm_head` returns the module mapping hidden states to vocabulary logits.
 * :func:`masked_lm_loss` applies that head only at labelled positions (cheaper than full logits).
-* :func:`save_encoder_folder` writes the masked LM + tokenizer as a HF folder that ``AutoModel`` and
-  ``SentenceTransformer`` both load (legacy sentence-transformers layout, readable by v2-v6).
+* :meth:`MaskedLMPretrainModel.save_encoder` writes the masked LM + tokenizer through the one model-folder
+  writer, :meth:`robustir.models.encoder.Encoder.save` (a folder ``AutoModel``, ``SentenceTransformer`` and
+  robustir all load).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from robustir.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MaskedLMPretrainModel", "load_masked_lm", "load_tokenizer", "masked_lm_loss", "mlm_head", "save_encoder_folder"]
+__all__ = ["MaskedLMPretrainModel", "load_masked_lm", "load_tokenizer", "masked_lm_loss", "mlm_head"]
 
 POOLING_MODES = ("cls", "mean")
 
@@ -103,6 +103,29 @@ class MaskedLMPretrainModel(nn.Module):
         """The encoder's MLM head (a property, not a second registration, so state_dict has no duplicates)."""
         return mlm_head(self.encoder)
 
+    def save_encoder(self, out: str | Path, *, tokenizer: Any | None = None, max_seq_length: int | None = None,
+                     encoder_config: Any | None = None, model_card: str | None = None) -> Path:
+        """Write the encoder (with its MLM head weights, which ``AutoModel`` and sentence-transformers ignore)
+        as a model folder, once, through :meth:`~robustir.models.encoder.Encoder.save`.
+
+        ``encoder_config`` (an :class:`~robustir.models.encoder.EncoderConfig`) sets pooling, normalisation,
+        lengths and prompts; without it: this model's pooling, no normalisation, and ``max_seq_length`` (default:
+        the tokenizer's limit capped by the position embeddings) for both lengths.
+        """
+        from .encoder import Encoder, EncoderConfig
+
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        if tokenizer is None:
+            raise ConfigError("saving the encoder needs a tokenizer: pass tokenizer=...")
+        if encoder_config is None:
+            if max_seq_length is None:
+                limit = getattr(tokenizer, "model_max_length", None)
+                positions = int(getattr(self.encoder.config, "max_position_embeddings", 512))
+                max_seq_length = min(int(limit), positions) if limit and limit < 10**6 else positions
+            encoder_config = EncoderConfig(pooling=self.pooling, normalize=False, query_max_length=int(max_seq_length),
+                                           passage_max_length=int(max_seq_length))
+        return Encoder(self.encoder, tokenizer, encoder_config).save(out, model_card=model_card)
+
 
 def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
     """Sentence vector from token states: the first ([CLS]) token, or the mask-weighted mean."""
@@ -112,48 +135,3 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
         weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
     raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
-
-
-def save_encoder_folder(
-    model: nn.Module,
-    out_dir: str | Path,
-    *,
-    tokenizer: Any | None = None,
-    pooling: str = "cls",
-    max_seq_length: int | None = None,
-) -> Path:
-    """Write the masked LM as a HF folder, plus the files that make it a sentence-transformers model.
-
-    The weights include the MLM head (useful to continue MLM-style pre-training); ``AutoModel`` ignores
-    it. ``AutoModel`` also reports a newly initialised pooler (BERT's MLM model has none); retrieval
-    never uses it. The sentence-transformers files declare ``pooling`` (Transformer -> Pooling).
-    """
-    if pooling not in POOLING_MODES:
-        raise ConfigError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    if max_seq_length is None:
-        limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
-        positions = int(getattr(model.config, "max_position_embeddings", 512))
-        max_seq_length = min(int(limit), positions) if limit and limit < 10**6 else positions
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    pooling_config = {
-        "word_embedding_dimension": int(model.config.hidden_size),
-        "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
-    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (out / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": int(max_seq_length), "do_lower_case": False}, indent=2) + "\n"
-    )
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2) + "\n")
-    return out

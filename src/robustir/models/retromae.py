@@ -45,7 +45,6 @@ from robustir.models.mlm_encoder import (
     load_tokenizer,
     masked_lm_loss,
     pool,
-    save_encoder_folder,
 )
 
 __all__ = ["EnhancedDecoderLayer", "RetroMAECollator", "RetroMAEModel"]
@@ -413,18 +412,14 @@ class RetroMAEModel(MaskedLMPretrainModel):
         return {"loss": loss, "encoder_mlm_loss": encoder_mlm_loss.detach(), "decoder_loss": decoder_loss.detach()}
 
     def save_pretrained(
-        self, save_dir: str | Path, *, tokenizer: Any | None = None, max_seq_length: int | None = None
+        self, save_dir: str | Path, *, tokenizer: Any | None = None, max_seq_length: int | None = None,
+        encoder_config: Any | None = None, model_card: str | None = None,
     ) -> Path:
         """Write ``save_dir/encoder`` (HF + sentence-transformers folder with this model's pooling and tokenizer) and
         ``save_dir/decoder_head`` (decoder weights + config) so pre-training can continue."""
         root = Path(save_dir)
-        save_encoder_folder(
-            self.encoder,
-            root / "encoder",
-            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
-            pooling=self.pooling,  # the vector the decoder was trained to read
-            max_seq_length=max_seq_length,
-        )
+        self.save_encoder(root / "encoder", tokenizer=tokenizer, max_seq_length=max_seq_length,
+                          encoder_config=encoder_config, model_card=model_card)
         head_dir = root / "decoder_head"
         head_dir.mkdir(parents=True, exist_ok=True)
         from safetensors.torch import save_file

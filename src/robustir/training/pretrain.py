@@ -46,8 +46,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import to_dict
+from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
-from ..io import open_binary, read_jsonl, write_json
+from ..io import read_jsonl, write_json
 from ..resources import default_model_path
 from .checkpoints import resume_latest, save_checkpoint
 from .optim import adamw_with_linear_schedule
@@ -142,53 +143,16 @@ class PretrainResult:
 
 # ---------------------------------------------------------------------------- streaming data
 
-def _is_jsonl(path: Path) -> bool:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    return bool(suffixes) and suffixes[-1] in (".jsonl", ".json", ".ndjson")
-
-
-def _beir_corpus(folder: Path) -> Path:
-    for name in ("corpus.jsonl", "corpus.jsonl.gz"):
-        if (folder / name).exists():
-            return folder / name
-    raise DataError(folder, "folder has no corpus.jsonl(.gz)", fix="point data at a BEIR folder or a text/JSONL file")
-
-
 def read_texts(path: str | Path, fmt: str = "auto") -> Iterator[str]:
-    """Stream the texts of a raw-text source, one at a time (see the module docstring). Empty texts are skipped."""
-    path = Path(path)
-    if path.is_dir():
-        if fmt not in ("auto", "beir"):
-            raise ConfigError(f"{path} is a folder: only data_format beir (or auto) reads folders")
-        path, fmt = _beir_corpus(path), "jsonl"
-    elif not path.exists():
-        raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
-    if fmt == "auto":
-        fmt = "jsonl" if _is_jsonl(path) else "text"
-    if fmt in ("jsonl", "beir"):
-        for line, obj in read_jsonl(path):
-            text = obj.get("text")
-            if not isinstance(text, str):
-                raise DataError(path, f"expected a string, got {type(text).__name__}", line=line, field="text",
-                                fix='every line needs "text": "..." (a pairs file needs mode gur)')
-            title = obj.get("title") or ""
-            joined = f"{title} {text}".strip() if isinstance(title, str) and title else text.strip()
-            if joined:
-                yield joined
-    elif fmt == "text":
-        with open_binary(path) as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError as exc:
-                    raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
-                                    fix="re-encode the file as UTF-8") from None
-                if line:
-                    yield line
-    else:
-        raise ConfigError(f"data_format {fmt!r} is not a raw-text format (auto, jsonl, beir, text)")
+    """Stream the texts of a raw-text source (``title text``, one per JSONL record or per line of a text file),
+    through the one raw-document reader (:func:`robustir.data.documents.read_documents`). Empty texts are
+    skipped."""
+    from ..data.documents import read_documents
+
+    for doc in read_documents(path, fmt, text_unit="line", need_ids=False):
+        joined = f"{doc.title} {doc.text}".strip()
+        if joined:
+            yield joined
 
 
 def read_pairs(path: str | Path) -> Iterator[tuple[str, str]]:
@@ -198,11 +162,13 @@ def read_pairs(path: str | Path) -> Iterator[tuple[str, str]]:
         if "a" in obj and "b" in obj:
             a, b = obj["a"], obj["b"]
         else:
-            pos = obj.get("pos")
-            if "query" not in obj or not isinstance(pos, list) or not pos:
+            if "query" not in obj or "pos" not in obj:
                 raise DataError(path, "expected a pair", line=line, field="pos",
                                 fix='each line needs {"query": a, "pos": [b]} (robustir pairs) or {"a": ..., "b": ...}')
-            a, b = obj["query"], pos[0]
+            a, pos, _ = check_record(obj, path, line)
+            if not pos:
+                raise DataError(path, "empty positive list", line=line, field="pos", fix='write "pos": ["text"]')
+            b = pos[0]
         if not isinstance(a, str) or not isinstance(b, str):
             raise DataError(path, "pair members must be strings", line=line)
         if a.strip() and b.strip():
@@ -482,18 +448,17 @@ def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str
     sentence-transformers ignore them). Pooling: ``config.pooling`` (the vector both methods trained);
     normalisation, instructions and lengths come from the base model's folder.
     """
-    from ..models.encoder import Encoder, config_from_folder, resolve_model_path
+    from ..models.encoder import config_from_folder, resolve_model_path
 
     tmp = out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)  # tmp/encoder + tmp/<head>
     encoder_config = config_from_folder(resolve_model_path(base_model))
     encoder_config.pooling = config.pooling
     positions = int(getattr(model.encoder.config, "max_position_embeddings", 512))
     encoder_config.passage_max_length = min(encoder_config.passage_max_length, positions)
     encoder_config.query_max_length = min(encoder_config.query_max_length, positions)
     card = _model_card(config, base_model, steps, encoder_config.pooling)
-    Encoder(model.encoder, model.tokenizer, encoder_config).save(tmp / "encoder", model_card=card)
+    model.save_pretrained(tmp, encoder_config=encoder_config, model_card=card)  # tmp/encoder + tmp/<head>, once
     write_json(tmp / "encoder" / "pretrain_config.json", to_dict(config))
     head = _head_name(config.mode)
     for name, source in (("model", tmp / "encoder"), (head, tmp / head)):
