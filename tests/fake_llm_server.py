@@ -12,6 +12,11 @@ Actions (scripted with :meth:`script`, or returned by the ``reply`` function ins
 ``{"status": 500}``, ``{"status": 429, "headers": {"Retry-After": "1"}}``, ``{"delay": 2.0}`` (sleep, then
 answer normally unless other keys say otherwise), ``{"body": "not json"}`` (raw 200 body),
 ``{"json": {"choices": []}}`` (200 with this JSON), ``{"content": ""}`` (a normal reply with this content).
+
+Error statuses carry ``retry-after-ms: 1`` unless the action sets ``Retry-After``/``retry-after-ms`` itself
+(``retry_after_ms=None`` turns that off): the openai client honours the header, so its retries in tests take
+milliseconds instead of its default backoff of half a second and more. With ``check_model=True`` a request
+for another model than ``model`` gets the 404 "model not found" that vLLM and OpenAI send.
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ class FakeLLMServer:
     """Fake ``/v1/chat/completions`` + ``/v1/models`` with scripted failures and request accounting."""
 
     def __init__(self, reply: Reply | None = None, *, delay: float = 0.0, model: str = "fake-model",
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, retry_after_ms: float | None = 1, check_model: bool = False) -> None:
         self.reply = reply or default_reply
         self.delay = delay
         self.model = model
         self.api_key = api_key
+        self.retry_after_ms = retry_after_ms
+        self.check_model = check_model
         self.actions: deque[dict] = deque()
         self.requests: list[dict] = []  # chat request bodies, in arrival order
         self.posts = 0  # every POST, including those to wrong routes or with a wrong key
@@ -109,7 +116,12 @@ class FakeLLMServer:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
-                    for key, value in (headers or {}).items():
+                    headers = dict(headers or {})
+                    named = {key.lower() for key in headers}
+                    if status >= 400 and server.retry_after_ms is not None and not named & {"retry-after",
+                                                                                           "retry-after-ms"}:
+                        headers["retry-after-ms"] = server.retry_after_ms
+                    for key, value in headers.items():
                         self.send_header(key, str(value))
                     self.end_headers()
                     self.wfile.write(data)
@@ -137,6 +149,10 @@ class FakeLLMServer:
                     self._send(401, json.dumps({"error": {"message": "Incorrect API key provided"}}))
                     return
                 body = json.loads(raw)
+                if server.check_model and body.get("model") != server.model:
+                    self._send(404, json.dumps({"error": {
+                        "message": f"The model `{body.get('model')}` does not exist.", "code": "model_not_found"}}))
+                    return
                 with server.lock:
                     server.requests.append(body)
                     action = server.actions.popleft() if server.actions else None

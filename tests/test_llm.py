@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from robustir.errors import EndpointError
-from robustir.mining.generate import (DEFAULT_TEMPLATE_EN, cjk_share, generate_queries, parse_questions,
+from robustir.data.cjk import cjk_share
+from robustir.mining.generate import (DEFAULT_TEMPLATE_EN, generate_queries, parse_questions,
                                       render_template)
-from robustir.mining.llm import LLMCache, LLMClient, LLMConfig, parse_retry_after, strip_reasoning
+from robustir.mining.llm import LLMCache, LLMClient, LLMConfig, RateLimiter, strip_reasoning
 from robustir.mining.llm_judge import judge_negatives, parse_yes_no
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,8 +28,7 @@ from fake_llm_server import FakeLLMServer, last_user  # noqa: E402
 
 
 def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
-    settings = dict(base_url=server.url, model="fake-model", backoff_s=0.01, backoff_max_s=0.05, timeout_s=5.0,
-                    max_retries=3, concurrency=4)
+    settings = dict(base_url=server.url, model="fake-model", timeout_s=5.0, max_retries=3, concurrency=4)
     cache_path = overrides.pop("cache_path", None)
     settings.update(overrides)
     return LLMClient(LLMConfig(**settings), cache=LLMCache(cache_path) if cache_path else None)
@@ -90,7 +92,6 @@ def test_parse_yes_no(reply, expected):
 def test_small_helpers():
     assert cjk_share("北京 is big") == pytest.approx(2 / 7)
     assert cjk_share("") == 0.0
-    assert parse_retry_after("2") == 2.0 and parse_retry_after(None) is None and parse_retry_after("x") is None
     assert strip_reasoning("<think>a</think> b") == "b" and strip_reasoning("chain</think>answer") == "answer"
     # empty title: the "Title:" line disappears; other braces survive
     prompt = render_template("T: {title}\n{text} {\"k\": 1} {n}\n", {"title": "", "text": "body", "n": 2})
@@ -100,18 +101,57 @@ def test_small_helpers():
 # --------------------------------------------------------------------------------------------------- client
 
 
-def test_retries_recover_from_500_429_and_timeout():
+def retry_waits(caplog: pytest.LogCaptureFixture) -> list[float]:
+    """The waits the openai client chose before its retries, read from its INFO log line per retry."""
+    return [float(m) for r in caplog.records if r.name.startswith("openai")
+            for m in re.findall(r"Retrying request.* in ([0-9.]+) seconds", r.getMessage())]
+
+
+def test_retries_honour_retry_after_then_succeed(caplog):
+    caplog.set_level(logging.INFO, logger="openai")
     with FakeLLMServer() as server:
-        server.script({"status": 500}, {"status": 429, "headers": {"Retry-After": "1"}}, {"delay": 1.5},
-                      {"status": 503})
-        client = make_client(server, timeout_s=0.5, max_retries=5)
-        started = time.monotonic()
+        server.script({"status": 429, "headers": {"Retry-After": "0.02"}}, {"status": 503},
+                      {"status": 500, "headers": {"retry-after-ms": "5"}})
+        client = make_client(server, max_retries=5)
         replies = client.complete(["hello"])
-        elapsed = time.monotonic() - started
         client.close()
-    assert replies[0].startswith("1. What is")
-    assert server.count == 5 and client.stats.retries == 4 and client.stats.failures == 0
-    assert elapsed >= 1.0  # Retry-After: 1 was honoured although backoff_s is 0.01
+    assert replies[0].startswith("1. What is") and server.count == 4
+    stats = client.stats
+    assert (stats.requests, stats.retries, stats.failures, stats.completions) == (4, 3, 0, 1)
+    # Retry-After (seconds) and retry-after-ms (the fake server's default 1 ms on the bare 503) were honoured,
+    # not the openai client's default backoff of 0.5 s and more.
+    assert retry_waits(caplog) == [0.02, 0.001, 0.005]
+
+
+@pytest.mark.parametrize("on_failure", ["raise", "skip"])
+def test_retries_used_up_is_a_clear_error(on_failure):
+    with FakeLLMServer(lambda m: {"status": 429, "headers": {"Retry-After": "0.001"}}) as server:
+        client = make_client(server, max_retries=2, on_failure=on_failure)
+        if on_failure == "raise":
+            with pytest.raises(EndpointError) as info:
+                client.complete(["hello"])
+            message = str(info.value)
+        else:
+            completion = next(client.stream(["hello"]))
+            assert completion.text is None
+            message = completion.error or ""
+        client.close()
+    assert server.count == 3  # one request and max_retries=2 retries by the openai client
+    assert (client.stats.requests, client.stats.retries, client.stats.failures) == (3, 2, 1)
+    assert "gave up after 3 attempt(s)" in message and "HTTP 429" in message
+    if on_failure == "raise":  # the skip record keeps the first line only
+        assert "requests_per_minute" in message and "asked to wait 0.001s" in message
+
+
+def test_timeout_is_a_clear_error():
+    with FakeLLMServer() as server:
+        server.script({"delay": 1.0})
+        client = make_client(server, timeout_s=0.2, max_retries=0)
+        with pytest.raises(EndpointError, match=r"gave up after 1 attempt\(s\); last error: no reply within "
+                                                r"llm.timeout_s=0.2s"):
+            client.complete(["hello"])
+        client.close()
+    assert server.count == 1
 
 
 @pytest.mark.parametrize("on_failure", ["raise", "skip"])
@@ -125,6 +165,21 @@ def test_wrong_base_url_is_a_clear_error_without_retries(on_failure):
     assert "404" in message and server.url[: -len("/v1")] + "/chat/completions" in message
     assert "/v1" in message and "fake-model" in message and "no route" in message
     assert server.posts == 1  # a 404 is never retried
+
+
+def test_wrong_model_name_is_a_clear_error(caplog):
+    with FakeLLMServer(check_model=True) as server:
+        client = make_client(server, model="fake-modle", on_failure="skip")
+        with caplog.at_level(logging.WARNING, logger="robustir.mining.llm"):
+            assert client.preflight() == ["fake-model"]
+        assert "'fake-modle' is not among the models" in caplog.text
+        with pytest.raises(EndpointError) as info:  # fatal even under skip: every request would fail
+            client.complete(["a", "b"])
+        client.close()
+    message = str(info.value)
+    assert "HTTP 404" in message and "The model `fake-modle` does not exist" in message
+    assert "does not serve the model 'fake-modle'" in message and server.url + "/models" in message
+    assert server.count == 0 and 1 <= server.posts <= 2  # a 404 is never retried
 
 
 def test_missing_api_key_is_a_clear_error(monkeypatch):
@@ -146,10 +201,15 @@ def test_missing_api_key_is_a_clear_error(monkeypatch):
 def test_unreachable_endpoint_preflight():
     with FakeLLMServer() as server:
         url = server.url
-    client = LLMClient(LLMConfig(base_url=url, model="m", timeout_s=2))  # server stopped: connection refused
-    with pytest.raises(EndpointError, match="cannot reach"):
+    client = LLMClient(LLMConfig(base_url=url, model="m", timeout_s=2, max_retries=0))  # stopped: refused
+    with pytest.raises(EndpointError, match="(?s)cannot reach the LLM endpoint .*/v1/models: .*Fix: start the"):
         client.preflight()
+    with pytest.raises(EndpointError) as info:
+        client.complete(["hello"])
     client.close()
+    message = str(info.value)
+    assert f"cannot reach the LLM endpoint {url}/chat/completions" in message and "(1 attempt(s))" in message
+    assert f"correct --base-url (now '{url}')" in message
 
 
 def test_bad_request_is_skipped_per_item_under_skip():
@@ -219,37 +279,81 @@ def test_cache_avoids_repeated_requests(tmp_path):
 def test_concurrency_limit_is_respected():
     with FakeLLMServer(delay=0.25) as server:
         client = make_client(server, concurrency=3)
-        started = time.monotonic()
         replies = client.complete([f"prompt {i}" for i in range(9)])
-        elapsed = time.monotonic() - started
         client.close()
     assert len(replies) == 9 and all(replies)
     assert server.max_in_flight == 3
-    assert 0.7 <= elapsed < 2.0  # 3 waves of 0.25 s, not 9 sequential ones
 
 
-def test_requests_per_minute_limit():
+class FakeClock:
+    """A clock that moves only when told to: ``sleep`` records the wait and (if ``advance``) moves time on."""
+
+    def __init__(self, advance: bool = True) -> None:
+        self.now, self.advance, self.sleeps = 0.0, advance, []
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.sleeps.append(seconds)
+            if self.advance:
+                self.now += seconds
+
+
+def test_rate_limiter_spaces_starts_on_a_fake_clock():
+    clock = FakeClock()
+    limiter = RateLimiter(600, clock=clock, sleep=clock.sleep)  # one start per 0.1 s
+    assert [limiter.wait() for _ in range(4)] == pytest.approx([0.0, 0.1, 0.1, 0.1])
+    assert clock.sleeps == pytest.approx([0.1, 0.1, 0.1]) and clock.now == pytest.approx(0.3)
+    clock.now += 0.05  # part of an interval passed on its own: only the rest is waited
+    assert limiter.wait() == pytest.approx(0.05)
+    clock.now += 10.0  # a long idle spell earns no burst: the second start waits a full interval again
+    assert [limiter.wait() for _ in range(2)] == pytest.approx([0.0, 0.1])
+    assert limiter.reserve() == pytest.approx(0.1) and clock.now == pytest.approx(10.5)  # reserved, not slept
+
+
+def test_rate_limiter_zero_is_unlimited():
+    clock = FakeClock()
+    limiter = RateLimiter(0, clock=clock, sleep=clock.sleep)
+    assert [limiter.wait() for _ in range(100)] == [0.0] * 100 and clock.sleeps == []
+    with pytest.raises(Exception, match="requests_per_minute must be >= 0"):
+        RateLimiter(-1)
+
+
+def test_client_waits_for_the_rate_limiter_before_every_request():
+    clock = FakeClock(advance=False)  # every request reserves its slot at t=0: the slots are 0.1 s apart
     with FakeLLMServer() as server:
-        client = make_client(server, concurrency=4, requests_per_minute=600)  # one start per 0.1 s
-        started = time.monotonic()
-        client.complete([f"p{i}" for i in range(5)])
-        elapsed = time.monotonic() - started
+        client = LLMClient(LLMConfig(base_url=server.url, model="fake-model", concurrency=4),
+                           limiter=RateLimiter(600, clock=clock, sleep=clock.sleep))
+        assert all(client.complete([f"p{i}" for i in range(5)]))
         client.close()
-    assert elapsed >= 0.38
+    assert server.count == 5
+    assert sorted(clock.sleeps) == pytest.approx([0.1, 0.2, 0.3, 0.4])  # the first start did not wait
 
 
 def test_replies_keep_input_order():
-    import random
+    # Replies are produced in reverse order within each wave of 4 concurrent requests: request n waits until
+    # request n + 1 has been answered (waits point forward only, so the four workers cannot deadlock).
+    prompts = [f"n{i}" for i in range(40)]
+    answered = {p: threading.Event() for p in prompts}
+    produced: list[str] = []
 
     def reply(messages):
-        time.sleep(random.uniform(0, 0.03))
-        return "echo " + last_user(messages)
+        prompt = last_user(messages)
+        i = int(prompt[1:])
+        if i % 4 != 3:
+            assert answered[prompts[i + 1]].wait(timeout=60)
+        produced.append(prompt)
+        answered[prompt].set()
+        return "echo " + prompt
 
     with FakeLLMServer(reply) as server:
         client = make_client(server, concurrency=4)
-        prompts = [f"n{i}" for i in range(40)]
         assert client.complete(prompts) == [f"echo {p}" for p in prompts]
         client.close()
+    assert produced[:4] == ["n3", "n2", "n1", "n0"] and sorted(produced) == sorted(prompts)
 
 
 # --------------------------------------------------------------------------------------------------- generate
@@ -351,12 +455,24 @@ def test_generate_crash_resume_pays_nothing_twice(tmp_path):
 
 
 _KILL_SCRIPT = textwrap.dedent("""
-    import sys
+    import os, signal, sys
     from robustir.mining.generate import generate_queries
     from robustir.mining.llm import LLMCache, LLMClient, LLMConfig
-    url, passages, out, cache = sys.argv[1:5]
+    url, passages, out, cache, after = sys.argv[1:6]
+
+    class KilledBackend:  # SIGKILLs its own process when asked for reply number `after` + 1
+        def __init__(self, inner):
+            self.inner = inner
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+        def stream(self, conversations):
+            for i, completion in enumerate(self.inner.stream(conversations)):
+                if i == int(after):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield completion
+
     client = LLMClient(LLMConfig(base_url=url, model="fake-model", concurrency=2), cache=LLMCache(cache))
-    generate_queries(passages, out, client, progress=False)
+    generate_queries(passages, out, KilledBackend(client), progress=False)
 """)
 
 
@@ -364,16 +480,13 @@ def test_generate_resume_after_sigkill(tmp_path):
     passages = write_passages(tmp_path / "corpus.jsonl", 16)
     out, cache = tmp_path / "train.jsonl", tmp_path / "cache.sqlite"
     partial = tmp_path / "train.jsonl.partial"
-    with FakeLLMServer(delay=0.08) as server:
-        proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, server.url, str(passages), str(out), str(cache)],
-                                env={**os.environ, "NO_PROXY": "127.0.0.1"})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (not partial.exists() or len(partial.read_text().splitlines()) < 12):
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    with FakeLLMServer() as server:
+        # killed with requests in flight, after the 8th passage's queries were written (one flushed write each)
+        proc = subprocess.run([sys.executable, "-c", _KILL_SCRIPT, server.url, str(passages), str(out), str(cache),
+                               "8"], env={**os.environ, "NO_PROXY": "127.0.0.1"}, timeout=120)
+        assert proc.returncode == -signal.SIGKILL
         written_before = {r["pos_id"] for r in read_lines(partial)}
-        assert 4 <= len(written_before) < 16 and not out.exists()
+        assert written_before == {f"p{i}" for i in range(8)} and not out.exists()
         requests_before = server.count
         client = make_client(server, cache_path=cache)
         generate_queries(passages, out, client, progress=False)

@@ -57,7 +57,7 @@ def test_pipeline_end_to_end_then_cached(tiny_model_dir, tmp_path, capsys):
     path = tiny_config(tiny_model_dir, tmp_path)
     assert cli_main(["run", str(path)]) == 0
     printed = capsys.readouterr().out
-    assert "stages: corpus ran, queries ran, pretrain ran, mine ran, filter off, train ran, eval ran" in printed
+    assert "stages: corpus ran, chunk off, queries ran, pretrain ran, mine ran, filter off, train ran, eval ran" in printed
     for system in ("base", "pretrained", "finetuned"):
         assert system in printed
     work = tmp_path / "work"
@@ -78,8 +78,8 @@ def test_pipeline_end_to_end_then_cached(tiny_model_dir, tmp_path, capsys):
     assert again.metrics == results["metrics"]
 
     changed = run_pipeline(load_pipeline_config(path, ["train.lr=1e-4"]))  # only fine-tuning and evaluation redo
-    assert changed.stages == {"corpus": "skipped", "queries": "skipped", "pretrain": "skipped", "mine": "skipped",
-                              "filter": "off", "train": "ran", "eval": "ran"}
+    assert changed.stages == {"corpus": "skipped", "chunk": "off", "queries": "skipped", "pretrain": "skipped",
+                              "mine": "skipped", "filter": "off", "train": "ran", "eval": "ran"}
 
 
 def test_example_config_is_valid_and_uses_bundled_data():
@@ -115,11 +115,11 @@ def test_pipeline_generated_queries_retromae_and_teacher_filter(tiny_model_dir, 
             "queries.source=generate", "queries.max_examples=null",
             f"queries.generate={{llm: {{base_url: '{server.url}', model: fake-model}}, num_queries: 2, progress: false}}",
             "pretrain.mode=retromae", "pretrain.max_steps=1",
-            f"filter={{method: teacher, options: {{model: '{tiny_model_dir}', relative_margin: 0.05, progress: false}}}}",
+            f"filter={{method: teacher, teacher: {{model: '{tiny_model_dir}', relative_margin: 0.05, progress: false}}}}",
             "eval.base=false"])
         result = run_pipeline(config)
-    assert result.stages == {"corpus": "ran", "queries": "ran", "pretrain": "ran", "mine": "ran", "filter": "ran",
-                             "train": "ran", "eval": "ran"}
+    assert result.stages == {"corpus": "ran", "chunk": "off", "queries": "ran", "pretrain": "ran", "mine": "ran",
+                             "filter": "ran", "train": "ran", "eval": "ran"}
     work = tmp_path / "work"
     generated = [json.loads(x) for x in (work / "queries" / "train.jsonl").read_text().splitlines()]
     assert len(generated) == 24 * 2 and generated[0]["query"].startswith("What is known about")

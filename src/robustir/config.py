@@ -88,6 +88,9 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None:
             return None
+        sections = [a for a in args if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(sections) == 1:
+            return from_dict(sections[0], value, where=where)  # a section: its own error names the key path
         for arg in args:
             try:
                 return _coerce(arg, value, where)

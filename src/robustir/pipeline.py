@@ -1,16 +1,26 @@
-"""The whole pipeline from one config: raw corpus -> training pairs -> pre-training -> mining -> filtering ->
-fine-tuning -> evaluation (``robustir run pipeline.yaml``).
+"""The one runner: raw corpus -> passages -> training pairs -> pre-training -> mining -> filtering ->
+fine-tuning -> evaluation, from one config (``robustir run pipeline.yaml``; ``--until filter`` stops after
+the training data is built).
 
 Stages and the files they hand on (all under ``work_dir``)::
 
     corpus/corpus.jsonl      the raw documents as BEIR-style JSONL (_id, title, text), streamed from the source
-    queries/train.jsonl      training pairs: LCS sentence pairs (GUR), LLM-generated queries, or a BEIR train split
+                             (the first ``max_documents`` only, when set)
+    chunk/passages.jsonl     the documents split into passages (absent with chunk: null: documents are passages)
+    queries/train.jsonl      training pairs: LCS sentence pairs (GUR), LLM-generated queries (PEG), or a BEIR
+                             train split
     pretrain/model           retromae | gur pre-trained encoder (stage absent with pretrain: null)
     mine/train.jsonl         the pairs with hard negatives (BM25 or dense)
-    filter/train.jsonl       false negatives removed (teacher margin or passage sieve; absent with filter: null)
+    filter/train.jsonl       false negatives removed: teacher margin, passage sieve or LLM judge (absent with
+                             filter: null)
     train/model              the fine-tuned model (robustir.training.trainer.train)
     eval/<system>.json       metrics on the evaluation split: base, pretrained (if any), finetuned
     results.md / .json       the comparison table
+
+Every section is the stage's own config dataclass (``GenerateConfig``, ``PairMiningConfig``, ``PretrainConfig``,
+``MiningConfig``, ``TeacherFilterConfig`` / ``SieveConfig`` / ``JudgeConfig``, ``TrainConfig``), so an unknown key
+or a wrong type fails when the config loads, naming its key path (``filter.teacher.relative_margn``). PEG's whole
+recipe against an OpenAI-compatible endpoint: ``configs/peg-recipe.yaml``.
 
 Caching: a finished stage writes ``<stage>/DONE.json`` holding a fingerprint of its settings *and of every
 stage before it*. A re-run skips a stage whose fingerprint is unchanged; a stage whose settings (or upstream
@@ -35,17 +45,35 @@ from typing import Any, Callable, Literal
 from .config import from_dict, load_config
 from .errors import ConfigError
 from .io import atomic_write, read_jsonl, write_json
+from .mining.generate import GenerateConfig
+from .mining.llm_judge import JudgeConfig
 from .mining.negatives import MiningConfig
 from .mining.pairs import PairMiningConfig
+from .mining.sieve import SieveConfig
+from .mining.teacher_filter import TeacherFilterConfig
 from .training.arguments import TrainConfig
 from .training.pretrain import PretrainConfig, resolve_data_path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalStage", "FilterStage", "PipelineConfig", "PipelineResult", "QueriesStage", "load_pipeline_config",
-           "run_pipeline"]
+__all__ = ["ChunkStage", "EvalStage", "FilterStage", "PipelineConfig", "PipelineResult", "QueriesStage",
+           "load_pipeline_config", "run_pipeline", "STAGES"]
 
-STAGES = ("corpus", "queries", "pretrain", "mine", "filter", "train", "eval")
+STAGES = ("corpus", "chunk", "queries", "pretrain", "mine", "filter", "train", "eval")
+
+
+@dataclass
+class ChunkStage:
+    """Documents -> passages (:func:`robustir.data.chunking.chunk_corpus`): what a chunked corpus hands to query
+    generation and mining."""
+
+    max_tokens: int = 256
+    """Passage length in words / CJK characters (or tokens of ``tokenizer``)."""
+    overlap: int = 1
+    """Sentences repeated from the previous passage."""
+    min_tokens: int = 32
+    tokenizer: str | None = None
+    """HF tokenizer for exact token counts (None: words / CJK characters)."""
 
 
 @dataclass
@@ -54,7 +82,8 @@ class QueriesStage:
 
     source: Literal["pairs", "generate", "beir"] = "pairs"
     pairs: PairMiningConfig = field(default_factory=PairMiningConfig)  # source pairs: GUR LCS pair mining
-    generate: dict = field(default_factory=dict)  # source generate: GenerateConfig fields (llm: {...})
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    """source generate: LLM-written queries (PEG); ``input``/``output`` are set by the runner."""
     split: str = "train"  # source beir: qrels split of the corpus folder
     max_examples: int | None = None  # keep a seeded random sample of at most this many pairs
     seed: int = 0
@@ -62,10 +91,13 @@ class QueriesStage:
 
 @dataclass
 class FilterStage:
-    """False-negative removal after mining."""
+    """False-negative removal after mining: the section of the chosen method is used."""
 
-    method: Literal["teacher", "sieve"] = "teacher"
-    options: dict = field(default_factory=dict)  # TeacherFilterConfig / SieveConfig fields
+    method: Literal["teacher", "sieve", "llm"] = "teacher"
+    teacher: TeacherFilterConfig = field(default_factory=TeacherFilterConfig)
+    sieve: SieveConfig = field(default_factory=SieveConfig)
+    llm: JudgeConfig = field(default_factory=JudgeConfig)
+    """The LLM judge (PEG's false-negative removal); ``input``/``output`` are set by the runner."""
 
 
 @dataclass
@@ -87,6 +119,8 @@ class PipelineConfig:
     corpus: str = "bundled:scifact"  # raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text
     corpus_format: Literal["auto", "jsonl", "text", "beir"] = "auto"
     text_unit: Literal["block", "line"] = "line"  # plain text: one document per line or per blank-line block
+    max_documents: int | None = None  # only the first N documents (quick runs)
+    chunk: ChunkStage | None = None  # None = the documents are the passages
     queries: QueriesStage = field(default_factory=QueriesStage)
     pretrain: PretrainConfig | None = None  # None = no pre-training; else mode retromae | gur (+ options)
     mine: MiningConfig | None = field(default_factory=MiningConfig)  # None = in-batch negatives only
@@ -106,7 +140,24 @@ class PipelineResult:
 
 
 def load_pipeline_config(path: str | Path | None, overrides: list[str] | None = None) -> PipelineConfig:
-    return load_config(PipelineConfig, path, overrides)
+    config = load_config(PipelineConfig, path, overrides)
+    for where, section in (("queries.generate", config.queries.generate), ("filter.llm", config.filter and config.filter.llm)):
+        if section and (section.input or section.output):
+            raise ConfigError(f"{where}.input / {where}.output are set by the runner (they are the stage's files "
+                              "under work_dir); remove them")
+    if config.max_documents is not None and config.max_documents < 1:
+        raise ConfigError(f"max_documents must be >= 1 (or null for all), got {config.max_documents}")
+    return config
+
+
+def _public(obj: Any) -> Any:
+    """``obj`` without secrets (``api_key`` values), as written to DONE.json / pipeline_config.json and
+    fingerprinted: changing a key never reruns a stage, and no key lands on disk."""
+    if isinstance(obj, dict):
+        return {k: ("<set>" if v else None) if k == "api_key" else _public(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_public(v) for v in obj]
+    return obj
 
 
 # ---------------------------------------------------------------------------- stage bookkeeping
@@ -124,6 +175,7 @@ class _Runner:
 
     def stage(self, name: str, settings: Any, body: Callable[[Path], dict]) -> dict:
         folder = self.work / name
+        settings = _public(settings)
         fingerprint = _fingerprint({"stage": name, "settings": settings, "upstream": self.upstream})
         done, started = folder / "DONE.json", folder / "STARTED.json"
         if name in self.force:
@@ -156,22 +208,33 @@ class _Runner:
 # ---------------------------------------------------------------------------- stages
 
 def _corpus_stage(config: PipelineConfig, folder: Path) -> dict:
-    """Stream the raw documents into a BEIR-style ``corpus.jsonl`` (ids kept, or line/block numbers for text)."""
+    """Stream the raw documents (the first ``max_documents``) into a BEIR-style ``corpus.jsonl`` (ids kept, or
+    line/block numbers for text)."""
     from .data.documents import read_documents
 
     source = resolve_data_path(config.corpus)
-    fmt = config.corpus_format
-    if source.is_dir() and not (source / "corpus.jsonl").exists() and (source / "corpus.jsonl.gz").exists():
-        source, fmt = source / "corpus.jsonl.gz", "jsonl"  # read_documents reads a folder's plain corpus.jsonl only
-    if str(source).endswith(".jsonl.gz") and fmt == "auto":
-        fmt = "jsonl"
     target = folder / "corpus.jsonl"
     count = 0
     with atomic_write(target) as handle:
-        for doc in read_documents(source, fmt, text_unit=config.text_unit):
+        for doc in read_documents(source, config.corpus_format, text_unit=config.text_unit):
+            if config.max_documents is not None and count >= config.max_documents:
+                break
             handle.write(json.dumps({"_id": doc.id, "title": doc.title, "text": doc.text}, ensure_ascii=False) + "\n")
             count += 1
     return {"corpus": str(target), "documents": count}
+
+
+def _chunk_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
+    """Split the documents into passages (``doc_id`` names the document each came from)."""
+    from .data.chunking import chunk_corpus
+
+    assert config.chunk is not None
+    target = folder / "passages.jsonl"
+    stats = chunk_corpus(corpus["corpus"], target, fmt="jsonl", tokenizer=config.chunk.tokenizer,
+                         max_tokens=config.chunk.max_tokens, overlap_sentences=config.chunk.overlap,
+                         min_tokens=config.chunk.min_tokens)
+    logger.info("chunk: %d documents -> %d passages", stats.documents, stats.passages)
+    return {"corpus": str(target), "documents": stats.documents, "passages": stats.passages}
 
 
 def _queries_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
@@ -184,24 +247,10 @@ def _queries_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
         stats = mine_pairs(corpus["corpus"], raw, stage.pairs)
         logger.info("pairs: %d from %d documents", stats.pairs, stats.documents)
     elif stage.source == "generate":
-        from .mining.generate import GenerateConfig, generate_queries, load_template
-        from .mining.llm import LLMClient, build_backend
+        from .mining.generate import run_generate
 
-        options = dict(stage.generate)
-        options.setdefault("input", corpus["corpus"])
-        options.setdefault("output", str(folder / "generated.jsonl"))
-        gen = from_dict(GenerateConfig, options, where="queries.generate")
-        raw = Path(gen.output)
-        template = load_template(gen.prompt_template, ("text",)) if gen.prompt_template else None
-        template_zh = load_template(gen.prompt_template_zh, ("text",)) if gen.prompt_template_zh else None
-        backend = build_backend(gen.llm, cache_path=raw.with_name(raw.name + ".llm-cache.sqlite"))
-        with backend:
-            if gen.preflight and isinstance(backend, LLMClient):
-                backend.preflight()
-            report = generate_queries(gen.input, raw, backend, num_queries=gen.num_queries, template=template,
-                                      template_zh=template_zh, language=gen.language,
-                                      cjk_threshold=gen.cjk_threshold, max_passage_chars=gen.max_passage_chars,
-                                      max_query_chars=gen.max_query_chars, progress=gen.progress)
+        raw = folder / "generated.jsonl"
+        report = run_generate(stage.generate, corpus["corpus"], raw)
         if report.failed:
             raise ConfigError(f"query generation: {report.failed} passage(s) failed (listed in {report.failed_path}); "
                               "re-run to retry them")
@@ -292,21 +341,26 @@ def _mine_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Pat
 
 
 def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
+    from dataclasses import replace
+
     assert config.filter is not None
     target = folder / "train.jsonl"
-    options = dict(config.filter.options)
-    if config.filter.method == "teacher":
-        from .mining.teacher_filter import TeacherFilterConfig, teacher_filter
+    method = config.filter.method
+    if method == "teacher":
+        from .mining.teacher_filter import teacher_filter
 
-        report = teacher_filter(mined["train"], target, from_dict(TeacherFilterConfig, options, where="filter.options"))
+        report = teacher_filter(mined["train"], target, config.filter.teacher)  # model None: the bundled MiniLM
+    elif method == "sieve":
+        from .mining.sieve import sieve_negatives
+
+        options = replace(config.filter.sieve, model=config.filter.sieve.model or config.model,
+                          work_dir=config.filter.sieve.work_dir or str(folder / "sieve-work"))
+        report = sieve_negatives(mined["train"], target, options)
     else:
-        from .mining.sieve import SieveConfig, sieve_negatives
+        from .mining.llm_judge import run_judge
 
-        options.setdefault("model", config.model)
-        options.setdefault("work_dir", str(folder / "sieve-work"))
-        report = sieve_negatives(mined["train"], target, from_dict(SieveConfig, options, where="filter.options"))
-    summary = getattr(report, "summary", None)
-    return {"train": str(target), "report": summary() if callable(summary) else str(report)}
+        report = run_judge(config.filter.llm, mined["train"], target)
+    return {"train": str(target), "report": report.summary()}
 
 
 def _train_settings(config: PipelineConfig, train_data: str, start_model: str | None, folder: Path) -> TrainConfig:
@@ -332,10 +386,12 @@ def _evaluate(model_path: str, config: PipelineConfig, data: Path, target: Path)
 
 # ---------------------------------------------------------------------------- driver
 
-def run_pipeline(config: PipelineConfig, force: list[str] | None = None) -> PipelineResult:
+def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: str | None = None) -> PipelineResult:
     """Run every stage of ``config`` not yet complete in ``config.work_dir``; return the comparison table.
 
     ``force``: stage names to redo even when complete (later stages follow, their inputs having changed).
+    ``until``: the last stage to run (``"filter"``: build the training data and stop); the result then has no
+    metrics and ``model_path`` is the last stage's main output.
     """
     from .evaluation.metrics import format_table
     from .resources import default_model_path
@@ -343,38 +399,67 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None) -> Pipe
     unknown = set(force or ()) - set(STAGES)
     if unknown:
         raise ConfigError(f"--force: unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
+    if until is not None and until not in STAGES:
+        raise ConfigError(f"--until {until!r}: unknown stage; stages: {', '.join(STAGES)}")
     started = time.perf_counter()
     work = Path(config.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    write_json(work / "pipeline_config.json", asdict(config))
+    write_json(work / "pipeline_config.json", _public(asdict(config)))
     base_model = config.model or default_model_path()
     runner = _Runner(work, set(force or ()))
 
+    def stop_after(name: str, output: str) -> PipelineResult | None:
+        if until != name:
+            return None
+        for later in STAGES[STAGES.index(name) + 1:]:
+            runner.status[later] = "not run (--until)"
+        write_json(work / "results.json", {"stages": runner.status, "until": until, "output": output})
+        return PipelineResult(runner.status, {}, "", Path(output), time.perf_counter() - started)
+
     corpus = runner.stage("corpus", {"corpus": config.corpus, "format": config.corpus_format,
-                                     "text_unit": config.text_unit}, lambda f: _corpus_stage(config, f))
-    queries = runner.stage("queries", asdict(config.queries), lambda f: _queries_stage(config, corpus, f))
+                                     "text_unit": config.text_unit, "max_documents": config.max_documents},
+                          lambda f: _corpus_stage(config, f))
+    if (done := stop_after("corpus", corpus["corpus"])) is not None:
+        return done
+    passages = corpus
+    if config.chunk is not None:
+        passages = runner.stage("chunk", asdict(config.chunk), lambda f: _chunk_stage(config, corpus, f))
+    else:
+        runner.status["chunk"] = "off"
+    if (done := stop_after("chunk", passages["corpus"])) is not None:
+        return done
+    queries = runner.stage("queries", asdict(config.queries), lambda f: _queries_stage(config, passages, f))
+    if (done := stop_after("queries", queries["train"])) is not None:
+        return done
 
     pretrained_model: str | None = None
     if config.pretrain is not None:
-        settings = asdict(_pretrain_settings(config, corpus, queries, work / "pretrain"))
-        pretrained = runner.stage("pretrain", settings, lambda f: _pretrain_stage(config, corpus, queries, f))
+        settings = asdict(_pretrain_settings(config, passages, queries, work / "pretrain"))
+        pretrained = runner.stage("pretrain", settings, lambda f: _pretrain_stage(config, passages, queries, f))
         pretrained_model = pretrained["model"]
     else:
         runner.status["pretrain"] = "off"
+    if (done := stop_after("pretrain", pretrained_model or queries["train"])) is not None:
+        return done
 
     train_data = queries["train"]
     if config.mine is not None:
         mined = runner.stage("mine", {"mining": asdict(config.mine), "pool": config.mine_pool},
-                             lambda f: _mine_stage(config, corpus, queries, f))
+                             lambda f: _mine_stage(config, passages, queries, f))
         train_data = mined["train"]
     else:
         runner.status["mine"] = "off"
+    if (done := stop_after("mine", train_data)) is not None:
+        return done
     if config.filter is not None:
         source = {"train": train_data}
-        filtered = runner.stage("filter", asdict(config.filter), lambda f: _filter_stage(config, source, f))
+        chosen = {"method": config.filter.method, config.filter.method: asdict(getattr(config.filter, config.filter.method))}
+        filtered = runner.stage("filter", chosen, lambda f: _filter_stage(config, source, f))
         train_data = filtered["train"]
     else:
         runner.status["filter"] = "off"
+    if (done := stop_after("filter", train_data)) is not None:
+        return done
 
     start_model = pretrained_model or config.model
     train_settings = _train_settings(config, train_data, start_model, work / "train")
@@ -386,6 +471,8 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None) -> Pipe
         return {"model": str(result.model_path), "steps": result.steps}
 
     trained = runner.stage("train", asdict(train_settings), train_body)
+    if (done := stop_after("train", trained["model"])) is not None:
+        return done
 
     eval_data = resolve_data_path(config.eval.data) if config.eval.data else resolve_data_path(config.corpus)
     if not (eval_data.is_dir() and (eval_data / "qrels").is_dir()):

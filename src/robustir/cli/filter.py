@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"robustir filter: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
     if args.method == "llm":
-        return _run_llm(args, output, shard)
+        return _run_llm(args)
     if args.method == "teacher":
         from ..mining.teacher_filter import TeacherFilterConfig, teacher_filter
 
@@ -109,26 +109,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_llm(args: argparse.Namespace, output: Path, shard: Shard) -> int:
-    from ..mining.generate import load_template
-    from ..mining.llm import LLMClient, build_backend
-    from ..mining.llm_judge import JudgeConfig, judge_negatives
+def _run_llm(args: argparse.Namespace) -> int:
+    from ..mining.llm_judge import JudgeConfig, run_judge
 
     flags = flags_from_args(args, {**_COMMON, "prompt_template": "prompt_template", "base_url": "llm.base_url",
                          "model": "llm.model", "api_key_env": "llm.api_key_env", "concurrency": "llm.concurrency",
-                         "cache": "llm.cache_path"})
+                         "cache": "llm.cache_path", "shard": "shard"})
     config = load_config(JudgeConfig, args.config, args.overrides, flags)
     if not config.llm.model:
         raise ConfigError("--method llm needs --model (the model name the server serves) and --base-url")
-    template = load_template(config.prompt_template, ("query", "passage")) if config.prompt_template else None
-    template_zh = load_template(config.prompt_template_zh, ("query", "passage")) if config.prompt_template_zh else None
-    backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))
-    with backend:
-        if isinstance(backend, LLMClient):
-            backend.preflight()
-        report = judge_negatives(args.input, output, backend, template=template, template_zh=template_zh,
-                                 language=config.language, cjk_threshold=config.cjk_threshold,
-                                 max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
-                                 shard=shard, overwrite=config.overwrite, progress=config.progress)
+    report = run_judge(config, args.input, args.output)
     print(f"robustir filter: {report.summary()}")
     return 0

@@ -17,11 +17,8 @@ import argparse
 import logging
 
 from ..config import load_config
-from ..data.documents import sharded_path
 from ..errors import ConfigError
-from ..io import Shard
-from ..mining.generate import GenerateConfig, generate_queries, load_template
-from ..mining.llm import LLMClient, build_backend
+from ..mining.generate import GenerateConfig, run_generate
 from .common import flags_from_args
 
 logger = logging.getLogger(__name__)
@@ -81,19 +78,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(GenerateConfig, args.config, args.overrides, _flags(args))
     if not config.input or not config.output:
         raise ConfigError("give --input PASSAGES.jsonl and --output OUT.jsonl (or input:/output: in --config)")
-    shard = Shard.parse(config.shard)
-    output = sharded_path(config.output, shard)
-    template = load_template(config.prompt_template, ("text",)) if config.prompt_template else None
-    template_zh = load_template(config.prompt_template_zh, ("text",)) if config.prompt_template_zh else None
-    backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))
-    with backend:
-        if config.preflight and isinstance(backend, LLMClient):
-            backend.preflight()
-        report = generate_queries(
-            config.input, output, backend, num_queries=config.num_queries, template=template,
-            template_zh=template_zh, language=config.language, cjk_threshold=config.cjk_threshold,
-            max_passage_chars=config.max_passage_chars, max_query_chars=config.max_query_chars, shard=shard,
-            beir_dir=config.beir_dir, overwrite=config.overwrite, progress=config.progress)
+    report = run_generate(config)
     print(f"robustir generate: {report.summary()}")
     if report.failed:
         print(f"robustir generate: {report.failed} passage(s) failed, listed in {report.failed_path}; "

@@ -25,7 +25,6 @@ STAGES: dict[str, tuple[str, str]] = {
     "mine": ("mine", "mine hard negatives with BM25 or a dense model"),
     "filter": ("filter", "remove false negatives (llm judge, teacher margin, passage sieve)"),
     "merge": ("merge", "merge the shards of a stage after checking they are all complete"),
-    "build-data": ("build_data", "chunk -> generate/pairs -> mine -> filter in one command"),
     "train": ("train", "contrastive fine-tuning (InfoNCE, PEG, CCR)"),
     "pretrain": ("pretrain", "retrieval-oriented pre-training (RetroMAE, GUR)"),
     "run": ("pipeline", "the whole pipeline from one config"),
@@ -57,11 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     stage = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=stage if stage in STAGES else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # ``key=value`` overrides may follow options (``run cfg.yaml --until filter lr=1``), which argparse alone
+    # cannot place once the positional list has been consumed: hand them to the stage's overrides.
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in item and not item.startswith("-") for item in extra):
+        args.overrides.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not args.verbose:  # libraries' per-file chatter (checkpoint writes, font cache) is noise at INFO
-        for name in ("accelerate", "matplotlib", "httpx", "urllib3", "faiss", "bm25s"):
+        for name in ("accelerate", "matplotlib", "httpx", "openai", "urllib3", "faiss", "bm25s"):
             logging.getLogger(name).setLevel(logging.WARNING)
     if not getattr(args, "_module", None):
         parser.print_help()

@@ -3,6 +3,7 @@
     robustir run configs/pipeline-example.yaml
     robustir run configs/pipeline-example.yaml work_dir=runs/try2 pretrain.max_steps=50 train.lr=3e-5
     robustir run configs/pipeline-example.yaml --force train      # redo fine-tuning (and evaluation)
+    robustir run configs/peg-recipe.yaml --until filter            # build the training data only
 
 Every stage is cached in ``work_dir``; a re-run skips completed stages and resumes an interrupted one.
 """
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import argparse
 
+from ..pipeline import STAGES
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="pipeline YAML/JSON (see configs/pipeline-example.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. work_dir=runs/x train.lr=3e-5")
     parser.add_argument("--work-dir", help="folder for every stage's outputs (overrides work_dir)")
     parser.add_argument("--force", action="append", default=[], metavar="STAGE",
-                        help="redo this stage even if complete (repeatable): corpus, queries, pretrain, mine, "
-                             "filter, train, eval")
+                        help="redo this stage even if complete (repeatable): " + ", ".join(STAGES))
+    parser.add_argument("--until", metavar="STAGE", choices=STAGES,
+                        help="stop after this stage, e.g. --until filter builds the training data only")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,9 +32,12 @@ def run(args: argparse.Namespace) -> int:
     if args.work_dir:
         overrides.append(f"work_dir={args.work_dir}")
     config = load_pipeline_config(args.config, overrides)
-    result = run_pipeline(config, force=args.force)
+    result = run_pipeline(config, force=args.force, until=args.until)
     stages = ", ".join(f"{name} {state}" for name, state in result.stages.items())
     print(f"stages: {stages} ({result.seconds / 60:.1f} min)")
+    if args.until and args.until != "eval":
+        print(f"output of stage {args.until}: {result.model_path}")
+        return 0
     print(f"fine-tuned model: {result.model_path}")
     print(result.table)
     return 0

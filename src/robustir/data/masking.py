@@ -5,10 +5,10 @@ seeded once is reproducible. A "mask" is a boolean array over token positions (`
 prediction); turning a selection into model inputs is a separate step (:func:`replace_masked_tokens`).
 
 * :func:`whole_word_mask` - the selection rule of HF's (pre-v5) ``DataCollatorForWholeWordMask`` that
-  RetroMAE's collator subclasses (methods-notes §4.1): shuffle the words, greedily take whole words
+  RetroMAE's collator subclasses (docs/methods.md#retromae-masking): shuffle the words, greedily take whole words
   until ``round(num_tokens * p)`` tokens are covered, skipping a word that would overshoot.
 * :func:`replace_masked_tokens` - BERT's 80 % ``[MASK]`` / 10 % random token / 10 % unchanged.
-* :class:`SpanMasker` - GUR's hump-geometric span masking (methods-notes §3.3, §3.5).
+* :class:`SpanMasker` - GUR's hump-geometric span masking (docs/methods.md#gur-span-masking).
 
 Special tokens are never selected. "Special" means any id in ``tokenizer.all_special_ids`` except
 ``[UNK]``: an unknown word still stands for text, so it may be masked and predicted.
@@ -88,7 +88,7 @@ def word_groups(
 def sample_whole_word_mask(
     groups: Sequence[np.ndarray], length: int, num_to_predict: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Greedy whole-word selection (HF ``_whole_word_mask`` rule, methods-notes §4.1).
+    """Greedy whole-word selection (HF ``_whole_word_mask`` rule, docs/methods.md#retromae-masking).
 
     Words are visited in random order; a word is taken if it still fits into ``num_to_predict``
     tokens, otherwise skipped (a shorter word later may still fit). Stops once the budget is met.
@@ -118,7 +118,7 @@ def whole_word_mask(
     """Select whole words covering ``round(num_tokens * probability)`` tokens of one sequence.
 
     ``num_tokens`` counts every non-padding token *including* [CLS]/[SEP], exactly as HF's whole-word
-    collator (which RetroMAE uses, methods-notes §4.1) does; at least one token is always requested.
+    collator (which RetroMAE uses, docs/methods.md#retromae-masking) does; at least one token is always requested.
     The selected fraction of *maskable* tokens is therefore slightly above ``probability`` for short
     sequences. Returns a boolean array of ``len(token_ids)``.
     """
@@ -165,7 +165,7 @@ def replace_masked_tokens(
 
 
 def span_length_probabilities(p: float = 0.66, mode: int = 3, max_len: int = 10) -> np.ndarray:
-    """P(L) ∝ p^|L - mode| for L = 1..max_len (GUR's hump-geometric span lengths, methods-notes §3.3).
+    """P(L) ∝ p^|L - mode| for L = 1..max_len (GUR's hump-geometric span lengths, docs/methods.md#gur-span-masking).
 
     Defaults give ≈ [.111, .168, .254, .168, .111, .073, .048, .032, .021, .014], E[L] ≈ 3.795.
     """
@@ -179,7 +179,7 @@ def span_length_probabilities(p: float = 0.66, mode: int = 3, max_len: int = 10)
 
 
 class SpanMasker:
-    """GUR span masking over token positions (methods-notes §3.3; paper: 15 % of tokens in spans).
+    """GUR span masking over token positions (docs/methods.md#gur-span-masking; paper: 15 % of tokens in spans).
 
     Algorithm, applied to every maximal run of maskable positions (so spans never touch special tokens):
 

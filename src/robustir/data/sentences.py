@@ -8,8 +8,8 @@ Rules (cheap, pure Python, one regex pass per text):
 
 * Newlines are hard boundaries: a sentence never spans a line break.
 * Chinese / CJK: split after a run of ``。！？；﹒﹔﹖﹗．…`` plus up to two closing quotes ``”’」』"'``; after ``：``
-  when an opening quote follows (the GUR authors' rule, methods-notes §3.1); and after ASCII ``!``/``?``
-  directly followed by a CJK character (mixed-width punctuation is common in web Chinese).
+  when an opening quote follows (the GUR authors' rule, docs/methods.md#gur-pair-mining-choices); and after ASCII
+  ``!``/``?`` directly followed by a CJK character (mixed-width punctuation is common in web Chinese).
 * English: split after a run of ``.!?…`` (plus closing quotes / brackets) that is followed by whitespace or the
   end of the line, unless the next word starts lower-case ("e.g. the"), or the word before the period is a
   known abbreviation ("et al.", "Fig.", "Dr."), a dotted acronym ("U.S.", "i.e."), or a single-letter initial

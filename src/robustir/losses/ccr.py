@@ -7,7 +7,7 @@ For query q with valid candidate columns C(q) (positive + negatives), cosine s a
     rcl(q)    = nce(p+, q) - beta * ccr(q)                                     (eq. 8), averaged over rows
 
 This is the paper's appendix listing (A.3). ``variant="authors_code"`` reproduces the sieve model the
-authors actually trained (methods-notes §1.2): no in-batch negatives (a row sees its own hard
+authors actually trained (docs/methods.md#ccr-loss): no in-batch negatives (a row sees its own hard
 negatives + positive, G columns) and their reduction ``sum(L) / (Q * G)`` over a matrix holding
 ``nce`` once and ``-beta * ccr`` in every column, i.e. ``mean_i(nce_i / G) - beta * mean_i ccr_i``:
 relative to the NCE term the regulariser weight is ``G * beta``, not ``beta``.

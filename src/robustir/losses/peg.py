@@ -7,7 +7,7 @@ With cosine s, temperature tau, a batch of B positive pairs and the valid negati
     a_n   = 1 if s_qp < sigma or s_qn < s_qp else t + s_qp                                     (5)
     t_s   = alpha * mean_B(s_qp) + (1 - alpha) * t_{s-1},   t_0 = 0                             (6)
 
-Choices where the paper is silent (methods-notes §2.3-2.4):
+Choices where the paper is silent (docs/methods.md#peg-loss-choices):
 - the paper writes a *sum* over queries; we take the mean over the local rows (same optimum, the
   learning rate absorbs the scale, and it matches every other loss here);
 - ``t`` is a buffer (saved in checkpoints), updated under no_grad once per training forward, *before*

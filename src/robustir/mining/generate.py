@@ -386,6 +386,38 @@ def generate_queries(input_path: str | Path, output_path: str | Path, backend: L
     return report
 
 
+def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
+                 output_path: str | Path | None = None) -> GenerateReport:
+    """The generation stage from its config: ``(config, input, output) -> report``.
+
+    ``input_path`` / ``output_path`` override ``config.input`` / ``config.output`` (the pipeline runner sets
+    them); the output gets the shard suffix of ``config.shard``. Templates are loaded and checked, the
+    backend is built with its reply cache (``OUT.llm-cache.sqlite`` unless ``llm.cache_path`` says otherwise)
+    and, for an HTTP endpoint with ``preflight``, checked before the first passage. The CLI (``robustir
+    generate``) and the runner (``robustir run``) both call this, so they cannot drift apart.
+    """
+    from ..data.documents import sharded_path
+    from .llm import LLMClient, build_backend
+
+    source = input_path if input_path is not None else config.input
+    target = output_path if output_path is not None else config.output
+    if not source or not target:
+        raise ConfigError("generate: give the input passages and the output file (input: / output:)")
+    shard = Shard.parse(config.shard)
+    output = sharded_path(target, shard)
+    template = load_template(config.prompt_template, ("text",)) if config.prompt_template else None
+    template_zh = load_template(config.prompt_template_zh, ("text",)) if config.prompt_template_zh else None
+    backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))
+    with backend:
+        if config.preflight and isinstance(backend, LLMClient):
+            backend.preflight()
+        return generate_queries(
+            source, output, backend, num_queries=config.num_queries, template=template, template_zh=template_zh,
+            language=config.language, cjk_threshold=config.cjk_threshold, max_passage_chars=config.max_passage_chars,
+            max_query_chars=config.max_query_chars, shard=shard, beir_dir=config.beir_dir,
+            overwrite=config.overwrite, progress=config.progress)
+
+
 def _write_failures(output: Path, failures: list[dict]) -> str | None:
     path = output.with_name(output.name + ".failed.jsonl")
     if not failures:

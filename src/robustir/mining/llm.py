@@ -9,11 +9,15 @@ Both stages talk to an LLM through one small interface, :class:`LLMBackend`::
 where ``messages`` is a chat conversation (``[{"role": "user", "content": "..."}]``) or a plain prompt string.
 Two backends implement it:
 
-* :class:`LLMClient` — POST ``{base_url}/chat/completions`` with ``Authorization: Bearer <key>``, so it works
-  with vLLM, Ollama (``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible.
-  Bounded thread concurrency, requests-per-minute limit, retries with exponential backoff + jitter that
-  honour ``Retry-After``, and clear :class:`~robustir.errors.EndpointError` messages for mistakes that no
-  retry can fix (wrong ``/v1`` base URL, unknown model, missing key).
+* :class:`LLMClient` — the official ``openai`` client pointed at ``base_url``, so it works with vLLM, Ollama
+  (``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible. The transport and its
+  retries are the ``openai`` package's: timeouts, connection errors and HTTP 408/409/429/5xx are retried
+  ``llm.max_retries`` times with exponential backoff that honours ``Retry-After`` / ``retry-after-ms``
+  (up to 2 minutes; a longer requested wait is not retried). This module adds what a long data job needs on
+  top: a thread pool of ``llm.concurrency`` requests yielding replies in input order, a requests-per-minute
+  :class:`RateLimiter`, asking again when a ``200`` reply has no usable text (same retry budget), and
+  :class:`~robustir.errors.EndpointError` messages that say what to fix for mistakes no retry can fix
+  (wrong ``/v1`` base URL, unknown model, missing key).
 * :class:`HFGenerator` — a local ``transformers`` causal LM (chat template when the tokenizer has one), batched.
 
 Both share :class:`LLMCache`, an sqlite3 (WAL) cache keyed by sha256 of (messages, model, sampling params),
@@ -22,12 +26,11 @@ written as soon as each reply arrives, so a re-run or a crash never pays for the
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
 import json
 import logging
+import math
 import os
-import random
 import re
 import sqlite3
 import threading
@@ -37,10 +40,10 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, Union
 from urllib.parse import urlsplit
 
-import httpx
+import openai
 
 from ..errors import ConfigError, EndpointError
 
@@ -49,12 +52,11 @@ logger = logging.getLogger(__name__)
 Message = dict[str, str]
 Conversation = Union[str, Sequence[Message]]
 
-# Status codes worth retrying: request timeout, rate limit, and server-side trouble.
-_RETRY_STATUS = {408, 409, 425, 429}
-# Client errors that are the same for every request (bad URL, key, model): stop at once, even under "skip".
-_FATAL_STATUS = {401, 403, 404, 405}
+# Statuses the openai client retries by itself; seeing one means the retries are used up.
+_RETRIED_STATUS = {408, 409, 429}
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
-
+# The openai client insists on a key; servers started without one (vLLM, Ollama) ignore whatever is sent.
+_NO_KEY = "EMPTY"
 
 @dataclass
 class LLMConfig:
@@ -79,12 +81,9 @@ class LLMConfig:
     system_prompt: str | None = None
     """Prepended as a system message to every conversation that has none."""
     timeout_s: float = 120.0
+    """Seconds to wait for one reply."""
     max_retries: int = 5
-    backoff_s: float = 1.0
-    """First retry waits about this long; each further retry doubles it (with jitter), up to ``backoff_max_s``."""
-    backoff_max_s: float = 60.0
-    max_retry_after_s: float = 600.0
-    """Upper bound on a server's ``Retry-After`` wait."""
+    """Retries per request after a timeout, connection error, HTTP 408/409/429/5xx or an unusable reply."""
     concurrency: int = 8
     requests_per_minute: float = 0.0
     """0 = unlimited."""
@@ -288,49 +287,54 @@ class LLMBackend(ABC):
 
 
 class RateLimiter:
-    """Spaces request starts at least ``60 / rpm`` seconds apart across all threads (0 = no limit)."""
+    """Spaces request starts at least ``60 / rpm`` seconds apart across all threads (0 = no limit).
 
-    def __init__(self, requests_per_minute: float) -> None:
+    ``clock`` and ``sleep`` are injectable so tests run on a fake clock; :class:`LLMClient` passes its stop
+    event's ``wait`` as ``sleep``, so closing the client cuts a wait short. The limit applies to the requests
+    this module starts; the openai client's own retries of a request are not spaced by it.
+    """
+
+    def __init__(self, requests_per_minute: float, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
+        if requests_per_minute < 0:
+            raise ConfigError(f"requests_per_minute must be >= 0 (0 = unlimited), got {requests_per_minute}")
         self.interval = 60.0 / requests_per_minute if requests_per_minute > 0 else 0.0
-        self._next = 0.0
+        self._clock = clock
+        self._sleep = sleep
+        self._next = -math.inf  # earliest start of the next request
         self._lock = threading.Lock()
 
-    def wait(self, stop: threading.Event | None = None) -> None:
+    def reserve(self) -> float:
+        """Claim the next free start slot; returns the seconds until it (0 when it is now)."""
         if self.interval <= 0:
-            return
+            return 0.0
         with self._lock:
-            now = time.monotonic()
-            slot = max(now, self._next)
+            now = self._clock()
+            slot = max(now, self._next)  # idle time earns no burst: at most one start per interval
             self._next = slot + self.interval
-        delay = slot - now
+        return slot - now
+
+    def wait(self) -> float:
+        """Block until this caller may start a request; returns the seconds waited."""
+        delay = self.reserve()
         if delay > 0:
-            (stop.wait(delay) if stop is not None else time.sleep(delay))
+            self._sleep(delay)
+        return delay
 
 
-class _Retryable(Exception):
-    """A failed attempt worth retrying; ``retry_after`` is the server's requested wait, if any."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _Permanent(Exception):
-    """A failed request that retrying cannot fix (e.g. 400 prompt too long); ``fatal`` = fails every request."""
-
-    def __init__(self, message: str, fatal: bool = False) -> None:
-        super().__init__(message)
-        self.fatal = fatal
+class _UnusableReply(Exception):
+    """A ``200`` reply without usable text (not JSON, no choices, empty content): worth asking again."""
 
 
 class LLMClient(LLMBackend):
     """Client for an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, Ollama, llama.cpp, OpenAI)."""
 
     def __init__(self, config: LLMConfig, *, cache: LLMCache | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 limiter: RateLimiter | None = None) -> None:
         if not config.model:
             raise ConfigError("llm.model is empty: give the model name the server serves (e.g. --model "
                               "Qwen/Qwen2.5-7B-Instruct for vLLM, --model qwen2.5:7b for Ollama)")
+        # Keyword arguments of chat.completions.create besides model/messages; also part of the cache key.
         params: dict[str, Any] = {"temperature": config.temperature}
         if config.max_tokens > 0:  # 0 leaves the limit to the server (or to extra_body: max_completion_tokens)
             params["max_tokens"] = config.max_tokens
@@ -345,21 +349,19 @@ class LLMClient(LLMBackend):
         self.config = config
         self.base_url = normalize_base_url(config.base_url)
         self.url = f"{self.base_url}/chat/completions"
-        headers = {"Content-Type": "application/json", **{str(k): str(v) for k, v in config.extra_headers.items()}}
-        key = config.resolved_api_key()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._http = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(config.timeout_s),
-            limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
+        local = urlsplit(self.base_url).hostname in _LOOPBACK
+        self._openai = openai.OpenAI(
+            base_url=self.base_url, api_key=config.resolved_api_key() or _NO_KEY, timeout=config.timeout_s,
+            max_retries=config.max_retries,
+            default_headers={str(k): str(v) for k, v in config.extra_headers.items()},
             # A local server must not be sent through an HTTP(S)_PROXY from the environment; remote ones may need it.
-            transport=transport, trust_env=urlsplit(self.base_url).hostname not in _LOOPBACK)
-        if logging.getLogger("httpx").level == logging.NOTSET:
-            # httpx logs every request at INFO; one line per LLM call would drown the progress bar.
-            logging.getLogger("httpx").setLevel(logging.WARNING)
+            http_client=openai.DefaultHttpxClient(trust_env=False) if local else None)
+        for name in ("httpx", "httpx2"):  # the openai client's transport (by version) logs every request at INFO
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="llm")
-        self._limiter = RateLimiter(config.requests_per_minute)
         self._stop = threading.Event()
+        self._limiter = limiter or RateLimiter(config.requests_per_minute, sleep=self._stop.wait)
         self._failure_lock = threading.Lock()
         self._consecutive_failures = 0
         self._inflight: dict[str, Future] = {}  # cache key -> request on its way (duplicates share it)
@@ -391,35 +393,36 @@ class LLMClient(LLMBackend):
                 future.cancel()
 
     def preflight(self) -> list[str]:
-        """Check the endpoint answers before a long run: GET ``{base_url}/models``.
+        """Check the endpoint answers before a long run: GET ``{base_url}/models``, without retries.
 
         Raises :class:`EndpointError` when the server cannot be reached or rejects the key; logs a warning when
         the model is not among the served ones. Returns the served model ids (empty when not listed).
         """
         url = f"{self.base_url}/models"
         try:
-            response = self._http.get(url, timeout=min(self.config.timeout_s, 30.0))
-        except httpx.HTTPError as exc:
-            raise EndpointError(f"cannot reach the LLM endpoint {url}: {type(exc).__name__}: {exc}.\n"
+            page = self._openai.with_options(max_retries=0, timeout=min(self.config.timeout_s, 30.0)).models.list()
+            served = [str(getattr(m, "id", "")) for m in getattr(page, "data", None) or []]
+        except openai.APIConnectionError as exc:  # also a timeout
+            raise EndpointError(f"cannot reach the LLM endpoint {url}: {_cause(exc)}.\n"
                                 f"  Fix: start the server (vLLM: `vllm serve MODEL`, Ollama: `ollama serve`) or "
                                 f"correct --base-url (now {self.base_url!r})") from None
-        if response.status_code in (401, 403):
-            raise EndpointError(_describe_http_error(url, response.status_code, response.text, self.config))
-        if response.status_code != 200:
-            logger.debug("GET %s -> %s; skipping the model check", url, response.status_code)
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise EndpointError(self._explain(exc, attempts=1)[0]) from None
+        except openai.APIStatusError as exc:
+            logger.debug("GET %s -> %s; skipping the model check", url, exc.status_code)
             return []
-        try:
-            served = [str(m.get("id")) for m in response.json().get("data", [])]
-        except (ValueError, AttributeError):
+        except (openai.APIError, ValueError, TypeError):  # answered, but not with a model list
             return []
         if served and self.model not in served:
             logger.warning("model %r is not among the models %s serves: %s", self.model, url, ", ".join(served[:20]))
         return served
 
     def close(self) -> None:
-        self._stop.set()  # wakes threads sleeping in a backoff so they give up quickly
+        # Wakes threads waiting on the rate limiter so they give up; requests under way (and the openai client's
+        # backoff before a retry of one) are waited for, so their replies still reach the cache.
+        self._stop.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._http.close()
+        self._openai.close()
         super().close()
 
     # -- internals ----------------------------------------------------------------------------------------
@@ -446,70 +449,83 @@ class LLMClient(LLMBackend):
         with self._inflight_lock:
             self._inflight.pop(key, None)
 
-    def _body(self, messages: list[Message]) -> dict:
-        body: dict[str, Any] = {"model": self.model, "messages": messages}
-        body.update({k: v for k, v in self.params.items() if k != "extra_body"})
-        body.update(self.config.extra_body)
-        return body
-
     def _complete_one(self, messages: list[Message], key: str) -> Completion:
-        body = self._body(messages)
-        last_error = "no attempt made"
-        for attempt in range(self.config.max_retries + 1):
+        """One conversation: the openai client retries transport trouble; unusable replies are asked again here.
+
+        Both share one budget of ``max_retries + 1`` requests.
+        """
+        budget = self.config.max_retries + 1
+        attempts = 0
+        while True:
+            self._limiter.wait()
             if self._stop.is_set():
-                break
-            if attempt:
-                self.stats.add(retries=1)
-            self._limiter.wait(self._stop)
+                return Completion(None, error="cancelled: the LLM client was closed")
+            client = self._openai if not attempts else self._openai.with_options(max_retries=budget - attempts - 1)
             try:
-                completion = self._attempt(body)
-            except _Retryable as exc:
-                last_error = str(exc)
-                if attempt < self.config.max_retries:
-                    delay = self._backoff(attempt, exc.retry_after)
-                    logger.debug("LLM request failed (%s); retry %d/%d in %.1fs", last_error, attempt + 1,
-                                 self.config.max_retries, delay)
-                    self._stop.wait(delay)
-                continue
-            except _Permanent as exc:
-                return self._fail(str(exc), fatal=exc.fatal)
-            self._store(key, completion)
-            self.stats.add(completions=1, prompt_tokens=completion.prompt_tokens or 0,
+                raw = client.chat.completions.with_raw_response.create(model=self.model, messages=messages,
+                                                                      **self.params)
+            except openai.APIError as exc:
+                attempts += _attempts_of(exc)
+                self.stats.add(requests=attempts, retries=attempts - 1)
+                return self._fail(*self._explain(exc, attempts))
+            attempts += 1 + int(getattr(raw, "retries_taken", 0))
+            try:
+                completion = _reply_of(raw)
+            except _UnusableReply as exc:
+                if attempts < budget:
+                    logger.debug("unusable LLM reply (%s); asking again", exc)
+                    continue
+                self.stats.add(requests=attempts, retries=attempts - 1)
+                return self._fail(self._gave_up(attempts, str(exc)))
+            self.stats.add(requests=attempts, retries=attempts - 1, completions=1,
+                           prompt_tokens=completion.prompt_tokens or 0,
                            completion_tokens=completion.completion_tokens or 0)
+            self._store(key, completion)
             with self._failure_lock:
                 self._consecutive_failures = 0
             return completion
-        return self._fail(f"{self.url}: gave up after {self.config.max_retries + 1} attempt(s); last error: "
-                          f"{last_error}.\n  Fix: check the server is up and not overloaded; raise llm.timeout_s "
-                          f"or llm.max_retries, or lower llm.concurrency")
 
-    def _attempt(self, body: dict) -> Completion:
-        self.stats.add(requests=1)
-        try:
-            response = self._http.post(self.url, json=body)
-        except httpx.TimeoutException:
-            raise _Retryable(f"timed out after {self.config.timeout_s:g}s") from None
-        except httpx.TransportError as exc:  # connection refused/reset, DNS, protocol errors
-            raise _Retryable(f"{type(exc).__name__}: {exc or 'connection failed'}") from None
-        status = response.status_code
-        if status in _RETRY_STATUS or status >= 500:
-            raise _Retryable(f"HTTP {status}: {_excerpt(response.text)}",
-                             retry_after=parse_retry_after(response.headers.get("retry-after")))
-        if status >= 400:
-            raise _Permanent(_describe_http_error(self.url, status, response.text, self.config),
-                             fatal=status in _FATAL_STATUS)
-        if status != 200:
-            raise _Retryable(f"unexpected HTTP {status}: {_excerpt(response.text)}")
-        return parse_chat_response(response.text)
+    def _explain(self, exc: openai.APIError, attempts: int) -> tuple[str, bool]:
+        """``(message, fatal)`` for a request the openai client gave up on; fatal = every request would fail."""
+        config, base = self.config, self.base_url
+        if isinstance(exc, openai.APITimeoutError):
+            return self._gave_up(attempts, f"no reply within llm.timeout_s={config.timeout_s:g}s"), False
+        if isinstance(exc, openai.APIConnectionError):
+            return (f"cannot reach the LLM endpoint {self.url}: {_cause(exc)} ({attempts} attempt(s)).\n"
+                    f"  Fix: start the server (vLLM: `vllm serve MODEL`, Ollama: `ollama serve`) or correct "
+                    f"--base-url (now {base!r})"), False
+        if not isinstance(exc, openai.APIStatusError):
+            return self._gave_up(attempts, f"{type(exc).__name__}: {exc}"), False
+        status, body = exc.status_code, _excerpt(exc.response.text) or "(empty body)"
+        message = f"{exc.request.url} answered HTTP {status}: {body}"
+        if status in _RETRIED_STATUS or status >= 500:  # the openai client's retries are used up
+            wait = exc.response.headers.get("retry-after") if status == 429 else None
+            hint = (f"; the server asked to wait {wait}s" if wait else "") + (
+                "; set llm.requests_per_minute" if status == 429 else "")
+            return self._gave_up(attempts, message, hint), False
+        fatal = True
+        if status in (401, 403):
+            fix = (f"the endpoint rejected the API key: export {config.api_key_env}=<key> (or set llm.api_key / "
+                   f"llm.api_key_env); local vLLM/Ollama servers need a key only if started with one")
+        elif status == 404 and (getattr(exc, "code", None) == "model_not_found" or "model" in body.lower()):
+            fix = (f"the server does not serve the model {config.model!r}: GET {base}/models lists the names "
+                   f"it serves (pass one with --model or llm.model; for Ollama `ollama pull NAME` first)")
+        elif status in (404, 405):
+            fix = (f"check that base_url is the API root, usually ending in /v1 (vLLM http://localhost:8000/v1, "
+                   f"Ollama http://localhost:11434/v1, OpenAI https://api.openai.com/v1; now {base!r}), and that "
+                   f"the model {config.model!r} is served (GET {base}/models lists the names)")
+        else:  # e.g. 400 prompt too long: this request only
+            fatal = False
+            fix = (f"the server refused this request: check the model name {config.model!r}, that prompt + "
+                   f"max_tokens ({config.max_tokens}) fits the context window, and the extra_body options")
+        return f"{message}\n  Fix: {fix}", fatal
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            # The server said how long to wait: honour it (bounded), plus a little jitter to de-synchronise threads.
-            return min(retry_after, self.config.max_retry_after_s) + random.uniform(0, 0.1 * max(retry_after, 0.1))
-        ceiling = min(self.config.backoff_max_s, self.config.backoff_s * (2 ** attempt))
-        return random.uniform(ceiling / 2, ceiling)  # "equal jitter": never zero, never synchronised
+    def _gave_up(self, attempts: int, last_error: str, hint: str = "") -> str:
+        return (f"{self.url}: gave up after {attempts} attempt(s); last error: {last_error}.\n  Fix: check the "
+                f"server is up and not overloaded; raise llm.timeout_s or llm.max_retries, or lower "
+                f"llm.concurrency{hint}")
 
-    def _fail(self, message: str, *, fatal: bool = False) -> Completion:
+    def _fail(self, message: str, fatal: bool = False) -> Completion:
         self.stats.add(failures=1)
         if fatal or self.on_failure == "raise":
             raise EndpointError(message)
@@ -536,49 +552,42 @@ def normalize_base_url(url: str) -> str:
     return url
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """``Retry-After`` as seconds: delta-seconds (also fractional) or an HTTP date; ``None`` if absent/unparseable."""
-    if not value:
-        return None
-    value = value.strip()
+def _reply_of(raw: Any) -> Completion:
+    """The reply text and token counts of a raw chat-completions response; raises :class:`_UnusableReply`."""
+    text = raw.http_response.text
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def parse_chat_response(text: str) -> Completion:
-    """Extract the reply from a chat-completions response body; malformed bodies raise a retryable error."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        raise _Retryable(f"reply is not JSON: {_excerpt(text)}") from None
-    if not isinstance(data, dict):
-        raise _Retryable(f"reply is not a JSON object: {_excerpt(text)}")
-    if "error" in data and not data.get("choices"):
-        raise _Retryable(f"server reported an error: {_excerpt(json.dumps(data['error'], ensure_ascii=False))}")
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise _Retryable(f"reply has no choices: {_excerpt(text)}")
+        data = raw.parse()  # lenient: unexpected shapes come back as they are, checked below
+    except (ValueError, openai.APIResponseValidationError):
+        raise _UnusableReply(f"reply is not JSON: {_excerpt(text)}") from None
+    choices = getattr(data, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise _UnusableReply(f"reply has no choices: {_excerpt(text)}")
     choice = choices[0]
-    message = choice.get("message")
-    content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    message = getattr(choice, "message", None)
+    content = getattr(message, "content", None) if message is not None else getattr(choice, "text", None)
     if isinstance(content, list):  # some servers return content parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     if not isinstance(content, str) or not content.strip():
-        reason = choice.get("finish_reason")
-        raise _Retryable(f"reply has empty content (finish_reason={reason!r})"
-                         + ("; raise llm.max_tokens" if reason == "length" else ""))
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    return Completion(content, prompt_tokens=_as_int(usage.get("prompt_tokens")),
-                      completion_tokens=_as_int(usage.get("completion_tokens")))
+        reason = getattr(choice, "finish_reason", None)
+        raise _UnusableReply(f"reply has empty content (finish_reason={reason!r})"
+                             + ("; raise llm.max_tokens" if reason == "length" else ""))
+    usage = getattr(data, "usage", None)
+    return Completion(content, prompt_tokens=_as_int(getattr(usage, "prompt_tokens", None)),
+                      completion_tokens=_as_int(getattr(usage, "completion_tokens", None)))
+
+
+def _attempts_of(exc: openai.APIError) -> int:
+    """Requests the openai client sent before raising ``exc`` (it numbers its retries in a request header)."""
+    try:
+        return 1 + int(exc.request.headers.get("x-stainless-retry-count", 0))
+    except (AttributeError, TypeError, ValueError):
+        return 1
+
+
+def _cause(exc: openai.APIError) -> str:
+    """What went wrong below an openai connection error, e.g. ``ConnectError: [Errno 111] Connection refused``."""
+    cause = exc.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None and str(cause) else str(exc)
 
 
 _THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.S | re.I)
@@ -602,22 +611,6 @@ def _as_int(value: Any) -> int | None:
 def _excerpt(text: str, limit: int = 300) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _describe_http_error(url: str, status: int, body: str, config: LLMConfig) -> str:
-    message = f"{url} answered HTTP {status}: {_excerpt(body) or '(empty body)'}"
-    base = normalize_base_url(config.base_url)
-    if status in (401, 403):
-        fix = (f"the endpoint rejected the API key: export {config.api_key_env}=<key> (or set llm.api_key / "
-               f"llm.api_key_env); local vLLM/Ollama servers need a key only if started with one")
-    elif status in (404, 405):
-        fix = (f"check that base_url is the API root, usually ending in /v1 (vLLM http://localhost:8000/v1, "
-               f"Ollama http://localhost:11434/v1, OpenAI https://api.openai.com/v1; now {base!r}), and that "
-               f"the model {config.model!r} is served (GET {base}/models lists the names)")
-    else:
-        fix = (f"the server refused this request: check the model name {config.model!r}, that prompt + "
-               f"max_tokens ({config.max_tokens}) fits the context window, and the extra_body options")
-    return f"{message}\n  Fix: {fix}"
 
 
 class HFGenerator(LLMBackend):

@@ -120,6 +120,8 @@ class JudgeConfig:
     shard: str | None = None
     overwrite: bool = False
     progress: bool = True
+    preflight: bool = True
+    """Check the endpoint (its model list) before starting, for a fast clear error when it is unreachable."""
     llm: LLMConfig = field(default_factory=lambda: LLMConfig(temperature=0.0, max_tokens=16))
 
 
@@ -250,6 +252,40 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
             write_json(report_path or output.with_name(output.name + ".report.json"), asdict(report))
     logger.info("llm judge: %s", report.summary())
     return report
+
+
+def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
+              output_path: str | Path | None = None) -> JudgeReport:
+    """The LLM-judge stage from its config: ``(config, input, output) -> report``.
+
+    ``input_path`` / ``output_path`` override ``config.input`` / ``config.output``; the output gets the shard
+    suffix of ``config.shard``. Templates (``{query}``, ``{passage}``) are loaded and checked, the backend is
+    built with its reply cache and, for an HTTP endpoint with ``preflight``, checked before the first request.
+    ``robustir filter --method llm`` and ``robustir run`` both call this.
+    """
+    from ..data.documents import sharded_path
+    from .generate import load_template
+    from .llm import LLMClient, build_backend
+
+    source = input_path if input_path is not None else config.input
+    target = output_path if output_path is not None else config.output
+    if not source or not target:
+        raise ConfigError("llm judge: give the input training JSONL and the output file (input: / output:)")
+    if not config.llm.model:
+        raise ConfigError("llm judge: llm.model is empty; give the model name the server serves (and llm.base_url)")
+    shard = Shard.parse(config.shard)
+    output = sharded_path(target, shard)
+    template = load_template(config.prompt_template, ("query", "passage")) if config.prompt_template else None
+    template_zh = (load_template(config.prompt_template_zh, ("query", "passage"))
+                   if config.prompt_template_zh else None)
+    backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))
+    with backend:
+        if config.preflight and isinstance(backend, LLMClient):
+            backend.preflight()
+        return judge_negatives(source, output, backend, template=template, template_zh=template_zh,
+                               language=config.language, cjk_threshold=config.cjk_threshold,
+                               max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
+                               shard=shard, overwrite=config.overwrite, progress=config.progress)
 
 
 def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, histogram: Counter) -> dict:

@@ -9,8 +9,8 @@ sentences is long enough. Length is a **weighted** length (authors' ``weight``):
     wc >= 3                                   (about 3 Hanzi or 10 Latin letters), or
     wc >= 2 and min(weight(a), weight(b)) <= 15   (short sentences need only about 2 Hanzi),
 
-where ``wc`` is the weight of the heaviest common substring. Facts of the authors' code are in
-methods-notes §3.1; this module follows it with these **deliberate deviations**:
+where ``wc`` is the weight of the heaviest common substring. The authors' code and the paper are compared in
+docs/methods.md#gur-pair-mining; this module follows the code with these **deliberate deviations**:
 
 * Weights are kept as integers in tenths (10 / 3 / 1), so "10 Latin letters = 3.0" is exact; the
   authors' float sum makes 10 × 0.3 = 2.9999999999999996 < 3 and rejects such pairs.

@@ -1,7 +1,7 @@
 """Passage sieve (CCR, Wang et al. AAAI 2024, Algorithm 1): drop hard negatives a briefly trained model finds
 too close to the query.
 
-Steps (facts of the authors' code in methods-notes §1.2):
+Steps (the paper and the authors' code compared in docs/methods.md#ccr-passage-sieve):
 
 1. **Brief training** on the noisy data with the CCR loss (:class:`~robustir.losses.ccr.CCRLoss`) through
    :func:`robustir.training.trainer.train` -- 1 epoch, ``mine="none"``, ``num_negatives=train_negatives``
@@ -21,7 +21,7 @@ Steps (facts of the authors' code in methods-notes §1.2):
    the sieve removes every candidate, the single *lowest-scored* candidate is kept (the authors keep one at
    random; the lowest is the deterministic choice least likely to be a false negative).
 
-Deliberate deviations from the authors' training run (methods-notes §1.2): learning rate 1e-5 instead of
+Deliberate deviations from the authors' run (docs/methods.md#passage-sieve-choices): learning rate 1e-5 instead of
 1e-7 (with a few hundred steps 1e-7 leaves the model practically unchanged), torch AdamW's default betas
 (0.9, 0.999) instead of (0.8, 0.9), warm-up 20% as theirs. Defaults follow the authors' ``main`` branch:
 ``variant="authors_code"``, ``beta=0.1`` (effective weight ``(k+1) * beta`` = 0.6), ``temperature=1.0``.

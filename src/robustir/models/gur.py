@@ -1,4 +1,4 @@
-"""GUR: joint span-masked language modelling and in-pair contrastive learning (methods-notes §3.2-§3.5).
+"""GUR: joint span-masked language modelling and in-pair contrastive learning (docs/methods.md#gur-joint-pre-training).
 
 Xue et al., "Generate to Understand for Representation" (shared/papers/gur-generate-to-understand.txt).
 The authors train a T5 encoder-decoder; here the recipe is adapted to an encoder-only BERT masked LM:
@@ -140,7 +140,7 @@ class ProjectionHead(nn.Module):
 def symmetric_info_nce(
     a: Tensor, b: Tensor, *, temperature: float = 0.1, similarity: str = "cosine"
 ) -> tuple[Tensor, Tensor]:
-    """GUR's contrastive loss (paper eq. for L_CL; code ``compute_clip_loss``, methods-notes §3.4).
+    """GUR's contrastive loss (paper eq. 2; code ``compute_clip_loss``; docs/methods.md#gur-joint-pre-training).
 
     ``logits = sim(a, b) / temperature`` over the (B, B) in-batch matrix, positives on the diagonal;
     loss = (CE(logits, arange) + CE(logits.T, arange)) / 2. Returns ``(loss, accuracy)``, accuracy being

@@ -1,4 +1,4 @@
-"""RetroMAE: retrieval-oriented pre-training with an asymmetric masked auto-encoder (methods-notes §4).
+"""RetroMAE: retrieval-oriented masked auto-encoder pre-training (docs/methods.md#retromae-pre-training).
 
 Xiao et al., "RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked Auto-Encoder",
 EMNLP 2022. The encoder (a BERT masked LM) reads a sentence with 30 % of its words masked and squeezes
@@ -7,7 +7,7 @@ heavily masked view of the sentence (50 %), which forces h to carry the sentence
 
 Pipeline: ``RetroMAECollator(examples) -> batch``; ``RetroMAEModel(**batch) -> {"loss", ...}``.
 
-Choices made explicit (methods-notes §4.3, §6):
+Choices made explicit (docs/methods.md#retromae-choices):
 
 * Query stream = ``h + P_i`` (raw position-embedding lookup, **no LayerNorm, no dropout**): the
   original staoxiao/RetroMAE form, not FlagEmbedding's ``LayerNorm(h + P_i + T_0)``.
@@ -55,7 +55,7 @@ _CONFIG_NAME = "config.json"
 
 
 # ----------------------------------------------------------------------------------------------------
-# Collator (methods-notes §4.1)
+# Collator (docs/methods.md#retromae-masking)
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -141,7 +141,7 @@ class RetroMAECollator:
 
         A pool of ``min(L, decoder_mask_pool)`` whole-word masks at ``decoder_mlm_probability`` is drawn
         once; row i uses a random member of the pool, also hides itself, and always sees position 0
-        unless i == 0 (methods-notes §4.1).
+        unless i == 0 (docs/methods.md#retromae-masking).
         """
         length = len(token_ids)
         maskable = maskable_positions(token_ids, self.tokenizer)
@@ -197,7 +197,7 @@ class RetroMAECollator:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Enhanced decoder (methods-notes §4.2)
+# Enhanced decoder (docs/methods.md#retromae-enhanced-decoding)
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -379,7 +379,7 @@ class RetroMAEModel(MaskedLMPretrainModel):
         return pool(out.last_hidden_state, attention_mask, self.pooling)
 
     def decode(self, h: Tensor, decoder_input_ids: Tensor, decoder_attention_mask: Tensor) -> Tensor:
-        """Enhanced decoding (two streams, methods-notes §4.2); returns (B, L, D) decoder states."""
+        """Enhanced decoding (two streams, docs/methods.md#retromae-enhanced-decoding); returns (B, L, D) states."""
         embeddings = self.encoder.base_model.embeddings
         length = decoder_input_ids.shape[1]
         # Key/value stream: the encoder's own embeddings of the unmasked ids, slot 0 replaced by h.

@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["PretrainConfig", "PretrainResult", "StreamingExamples", "pretrain", "read_pairs", "read_texts",
            "write_pretrain_report"]
 
-DEFAULT_LR = 1e-4  # both papers' code: RetroMAE README (bert-base), GUR train_files.py (methods-notes §3.4, §4.2)
+DEFAULT_LR = 1e-4  # both papers' code (RetroMAE README, bert-base; GUR train_files.py): docs/methods.md#retromae-choices
 DEFAULT_MAX_LENGTH = {"retromae": 512, "gur": 128}  # RetroMAE recipe 512; GUR truncates sentences to 128
 
 
@@ -78,12 +78,12 @@ class PretrainConfig:
     data_format: Literal["auto", "jsonl", "beir", "text", "pairs"] = "auto"
     max_length: int | None = None  # tokens per text; None = 512 (retromae) / 128 (gur)
     shuffle_buffer: int = 10_000  # examples held for shuffling a stream (per process)
-    # RetroMAE (methods-notes §4)
+    # RetroMAE (docs/methods.md#retromae-pre-training)
     encoder_mask_ratio: float = 0.3
     decoder_mask_ratio: float = 0.5
     encoder_loss_weight: float = 1.0
     decoder_loss_weight: float = 1.0
-    # GUR (methods-notes §3)
+    # GUR (docs/methods.md#gur-joint-pre-training)
     mask_ratio: float = 0.15  # paper
     mask_ratio_range: list[float] | None = None  # [0.10, 0.29] = the authors' code (ratio drawn per sentence)
     projection: bool = False

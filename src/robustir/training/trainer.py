@@ -251,6 +251,11 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
             groups = sampler.batch(step, accelerator.process_index)
             q, p, ids, positive_ids = collate(groups, unwrapped, config.query_max_length,
                                               config.train_passage_max_length or config.passage_max_length)
+            # on the model's device before the engine sees them: GradCache's RNG snapshot (RandContext) records
+            # the generator of the devices its input tensors live on, so CPU inputs would replay GPU dropout
+            # with other masks
+            q = {k: v.to(accelerator.device) for k, v in q.items()}
+            p = {k: v.to(accelerator.device) for k, v in p.items()}
             output = engine.step(model, q, p, config.num_negatives, passage_ids=ids, positive_ids=positive_ids)
             grad_norm = None
             if config.max_grad_norm:
