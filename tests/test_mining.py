@@ -10,7 +10,7 @@ import pytest
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
 from robustir.mining import negatives as negatives_module
-from robustir.mining.merge import merge_shards
+from robustir.outputs import StageOutput
 from robustir.mining.negatives import MiningConfig, MiningQuery, load_jsonl_for_mining, mine_jsonl, mine_negatives
 
 WORDS = "cell protein gene virus cancer brain heart lung blood immune".split()
@@ -205,13 +205,13 @@ def test_merge_refuses_missing_and_incomplete_shards(tmp_path):
     shard4.unlink()  # shard 4 never ran
     (tmp_path / "m.shard-00004-of-00004.jsonl.report.json").unlink()
     with pytest.raises(ConfigError) as info:
-        merge_shards(out)
+        StageOutput(out).merge()
     message = str(info.value)
     assert "3 of 4 shards" in message and "shard 2/4" in message and "shard 3/4" in message and "shard 4/4" in message
     assert "missing" in message and not out.exists()
     assert main(["merge", "--output", str(out)]) == 2
     with pytest.raises(ConfigError, match="no shard files"):
-        merge_shards(tmp_path / "other.jsonl")
+        StageOutput(tmp_path / "other.jsonl").merge()
 
 
 def test_merge_of_document_stages_checks_done_files(tmp_path):
@@ -219,11 +219,11 @@ def test_merge_of_document_stages_checks_done_files(tmp_path):
                                                  for i in range(6)])
     for i in (1, 2):
         assert main(["chunk", "--input", str(docs), "--output", str(tmp_path / "p.jsonl"), "--shard", f"{i}/2"]) == 0
-    result = merge_shards(tmp_path / "p.jsonl")
+    result = StageOutput(tmp_path / "p.jsonl").merge()
     assert result.lines == 6 and result.report is None
     (tmp_path / "p.shard-00001-of-00002.jsonl.done").write_text('"doc0"\n')
     with pytest.raises(ConfigError, match=r"\.done"):
-        merge_shards(tmp_path / "p.jsonl")
+        StageOutput(tmp_path / "p.jsonl").merge()
 
 
 def test_dense_mining_with_tiny_model(tmp_path, tiny_model_dir):

@@ -42,9 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from .config import from_dict, load_config
+from .config import load_config
 from .errors import ConfigError
-from .io import atomic_write, read_jsonl, write_json
+from .io import atomic_write, write_json
 from .mining.generate import GenerateConfig
 from .mining.llm_judge import JudgeConfig
 from .mining.negatives import MiningConfig

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from ..data.chunking import chunk_corpus
-from ..data.documents import remove_outputs, sharded_path
+from ..outputs import StageOutput
 from ..io import Shard
 
 
@@ -34,10 +33,11 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     shard = Shard.parse(args.shard)
-    output = sharded_path(args.output, shard)
+    target = StageOutput(args.output, shard)
+    output = target.path
     if args.overwrite:
-        remove_outputs(output)
-    elif Path(output).exists():
+        target.clear()
+    elif target.complete():
         print(f"robustir chunk: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
     started = time.perf_counter()

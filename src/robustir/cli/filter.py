@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 
 from ..config import load_config
-from ..data.documents import sharded_path
+from ..outputs import StageOutput
 from ..errors import ConfigError
 from ..io import Shard
 from .common import flags_from_args
@@ -77,11 +77,12 @@ _COMMON = {"keep_removed": "keep_removed", "overwrite": "overwrite", "progress":
 
 def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
-    output = sharded_path(args.output, shard)
+    target = StageOutput(args.output, shard, reports=True)
+    output = target.path
     if Path(args.input).resolve() == Path(output).resolve():
         raise ConfigError(f"--output {output} is the input file; filters never overwrite their input")
-    report_path = output.with_name(output.name + ".report.json")
-    if output.exists() and report_path.exists() and not args.overwrite:
+    report_path = target.report
+    if target.complete() and not args.overwrite:
         print(f"robustir filter: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
     if args.method == "llm":

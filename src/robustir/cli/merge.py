@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..mining.merge import merge_shards
+from ..outputs import StageOutput
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = merge_shards(args.output, args.shards, args.allow_failures)
+    result = StageOutput(args.output).merge(args.shards, args.allow_failures)
     extra = f" and {result.report.name}" if result.report else ""
     print(f"robustir merge: {result.shards} shards, {result.lines} lines -> {result.output}{extra}")
     return 0

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from ..data.documents import sharded_path
+from ..outputs import StageOutput
 from ..errors import ConfigError
 from ..index.dense import DenseIndexConfig
 from ..io import Shard
@@ -75,14 +74,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--corpus goes with --input (a BEIR folder brings its own corpus)")
     config = mining_config(args)
     shard = Shard.parse(args.shard)
-    output = sharded_path(args.output, shard)
-    report_path = output.with_name(output.name + ".report.json")
-    if Path(output).exists() and report_path.exists() and not args.overwrite:
+    target = StageOutput(args.output, shard, reports=True)
+    output, report_path = target.path, target.report
+    if target.complete() and not args.overwrite:
         print(f"robustir mine: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
     if args.overwrite:
-        for stale in (output, output.with_name(output.name + ".partial"), report_path):
-            stale.unlink(missing_ok=True)
+        target.clear()
     encoder = None
     if config.method == "dense":
         from ..models.encoder import Encoder

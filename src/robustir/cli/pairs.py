@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from ..config import load_config
-from ..data.documents import remove_outputs, sharded_path
+from ..outputs import StageOutput
 from ..io import Shard
 from ..mining.pairs import PairMiningConfig, mine_pairs
 
@@ -44,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
         flags["require_lcs"] = False
     config = load_config(PairMiningConfig, args.config, args.overrides, flags)
     shard = Shard.parse(args.shard)
-    output = sharded_path(args.output, shard)
+    target = StageOutput(args.output, shard)
+    output = target.path
     if args.overwrite:
-        remove_outputs(output)
-    elif Path(output).exists():
+        target.clear()
+    elif target.complete():
         print(f"robustir pairs: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
     started = time.perf_counter()

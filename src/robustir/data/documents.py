@@ -20,7 +20,6 @@ partial file but not in the done-file) are removed before work continues.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal
@@ -28,7 +27,7 @@ from typing import Iterator, Literal
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, atomic_write, open_binary, read_jsonl
 
-__all__ = ["Document", "read_documents", "resolve_format", "DocumentOutput", "sharded_path"]
+__all__ = ["Document", "read_documents", "resolve_format", "DocumentOutput"]
 
 InputFormat = Literal["auto", "jsonl", "text", "beir"]
 
@@ -143,14 +142,6 @@ def _read_text_docs(path: Path, unit: str) -> Iterator[tuple[int, Document]]:
         yield block_line, Document(str(number), "", "".join(block).rstrip("\r\n"))
 
 
-def sharded_path(path: str | Path, shard: Shard) -> Path:
-    """``out.jsonl`` -> ``out.shard-00002-of-00008.jsonl`` for shard 2/8 (unchanged when not sharded)."""
-    path = Path(path)
-    if shard.count == 1:
-        return path
-    return path.with_name(path.stem + shard.suffix() + path.suffix)
-
-
 class DocumentOutput:
     """JSONL output resumable per *document*, including documents that produced no record.
 
@@ -171,8 +162,10 @@ class DocumentOutput:
     def __init__(self, path: str | Path, doc_field: str = "doc_id") -> None:
         self.path = Path(path)
         self.doc_field = doc_field
-        self.done_path = self.path.with_name(self.path.name + ".done")
-        partial = self.path.with_name(self.path.name + ".partial")
+        from ..outputs import StageOutput
+
+        self.done_path = StageOutput(self.path).done
+        partial = StageOutput(self.path).partial
         self.done: set[str] = set()
         if self.done_path.exists() and partial.exists():
             with open(self.done_path, encoding="utf-8") as handle:
@@ -246,11 +239,3 @@ def _drop_unfinished(partial: Path, doc_field: str, done: set[str]) -> None:
     if dropped:
         with atomic_write(partial) as handle:
             handle.writelines(keep)
-
-
-def remove_outputs(path: str | Path) -> None:
-    """Delete ``path`` and its resume files (``--overwrite``)."""
-    path = Path(path)
-    for p in (path, path.with_name(path.name + ".partial"), path.with_name(path.name + ".done")):
-        if p.exists():
-            os.unlink(p)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections import deque
@@ -30,7 +29,8 @@ from typing import Iterator, Literal
 from ..errors import ConfigError, DataError
 from ..data.cjk import cjk_share
 from ..data.documents import checked_fields
-from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl, write_json
+from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
+from ..outputs import StageOutput
 from .llm import LLMBackend, LLMConfig, strip_reasoning
 
 logger = logging.getLogger(__name__)
@@ -275,13 +275,11 @@ def _count_lines(path: Path) -> int:
 
 def prepare_output(output: Path, overwrite: bool) -> None:
     """Delete earlier results (``overwrite``) or reopen a finished output for resuming (retry of failures)."""
-    partial = output.with_name(output.name + ".partial")
+    target = StageOutput(output, reports=True)
     if overwrite:
-        for stale in (output, partial):
-            if stale.exists():
-                stale.unlink()
-    elif output.exists() and not partial.exists():
-        os.replace(output, partial)  # a finished run may still have failures to retry: continue from it
+        target.clear()
+    else:
+        target.reopen()  # a finished run may still have failures to retry: continue from it
 
 
 def generate_queries(input_path: str | Path, output_path: str | Path, backend: LLMBackend, *,
@@ -379,7 +377,7 @@ def generate_queries(input_path: str | Path, output_path: str | Path, backend: L
         report.elapsed_s = round(time.monotonic() - started, 3)
         report.failed_path = _write_failures(output, failures)
         if finished:
-            write_json(output.with_name(output.name + ".report.json"), asdict(report))
+            StageOutput(output).write_report(asdict(report))
     if beir_dir is not None:
         export_beir_queries(output, beir_dir)
     logger.info("generate: %s", report.summary())
@@ -396,18 +394,17 @@ def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
     and, for an HTTP endpoint with ``preflight``, checked before the first passage. The CLI (``robustir
     generate``) and the runner (``robustir run``) both call this, so they cannot drift apart.
     """
-    from ..data.documents import sharded_path
     from .llm import LLMClient, build_backend
 
     source = input_path if input_path is not None else config.input
     target = output_path if output_path is not None else config.output
     if not source or not target:
         raise ConfigError("generate: give the input passages and the output file (input: / output:)")
-    shard = Shard.parse(config.shard)
-    output = sharded_path(target, shard)
+    stage = StageOutput(target, config.shard, reports=True)
+    shard, output = stage.shard, stage.path
     template = load_template(config.prompt_template, ("text",)) if config.prompt_template else None
     template_zh = load_template(config.prompt_template_zh, ("text",)) if config.prompt_template_zh else None
-    backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))
+    backend = build_backend(config.llm, cache_path=stage.llm_cache)
     with backend:
         if config.preflight and isinstance(backend, LLMClient):
             backend.preflight()
@@ -419,7 +416,7 @@ def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
 
 
 def _write_failures(output: Path, failures: list[dict]) -> str | None:
-    path = output.with_name(output.name + ".failed.jsonl")
+    path = StageOutput(output).failed
     if not failures:
         if path.exists():
             path.unlink()  # failures of an earlier run were retried successfully

@@ -27,6 +27,7 @@ from typing import Iterator, Literal
 
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
+from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
 from .generate import _progress, prepare_output, render_template
@@ -249,7 +250,7 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
         report.llm = client.stats.as_dict()
         report.elapsed_s = round(time.monotonic() - started, 3)
         if finished:
-            write_json(report_path or output.with_name(output.name + ".report.json"), asdict(report))
+            write_json(report_path or StageOutput(output).report, asdict(report))
     logger.info("llm judge: %s", report.summary())
     return report
 
@@ -263,7 +264,6 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
     built with its reply cache and, for an HTTP endpoint with ``preflight``, checked before the first request.
     ``robustir filter --method llm`` and ``robustir run`` both call this.
     """
-    from ..data.documents import sharded_path
     from .generate import load_template
     from .llm import LLMClient, build_backend
 
@@ -273,12 +273,12 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
         raise ConfigError("llm judge: give the input training JSONL and the output file (input: / output:)")
     if not config.llm.model:
         raise ConfigError("llm judge: llm.model is empty; give the model name the server serves (and llm.base_url)")
-    shard = Shard.parse(config.shard)
-    output = sharded_path(target, shard)
+    stage = StageOutput(target, config.shard, reports=True)
+    shard, output = stage.shard, stage.path
     template = load_template(config.prompt_template, ("query", "passage")) if config.prompt_template else None
     template_zh = (load_template(config.prompt_template_zh, ("query", "passage"))
                    if config.prompt_template_zh else None)
-    backend = build_backend(config.llm, cache_path=output.with_name(output.name + ".llm-cache.sqlite"))
+    backend = build_backend(config.llm, cache_path=stage.llm_cache)
     with backend:
         if config.preflight and isinstance(backend, LLMClient):
             backend.preflight()

@@ -29,7 +29,8 @@ from ..data.beir import BeirDataset, load_beir
 from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import DenseIndex, DenseIndexConfig
-from ..io import ResumableJsonlWriter, Shard, write_json
+from ..io import ResumableJsonlWriter, Shard
+from ..outputs import StageOutput
 from .margins import margin_reason
 
 logger = logging.getLogger(__name__)
@@ -246,7 +247,7 @@ def mine_negatives(queries: list[MiningQuery], doc_ids: list[str], doc_texts: li
     finally:
         writer.close()
         bar.close()
-    write_json(output.with_name(output.name + ".report.json"), {"config": _plain(config), **report.summary()})
+    StageOutput(output).write_report({"config": _plain(config), **report.summary()})
     return report
 
 

@@ -40,8 +40,9 @@ import numpy as np
 
 from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
-from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
-from .margins import REASON_ABSOLUTE, REASON_RELATIVE, margin_reason
+from ..io import ResumableJsonlWriter, Shard, read_jsonl
+from ..outputs import StageOutput
+from .margins import margin_reason
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +145,13 @@ def check_paths(input_path: str | Path, output_path: str | Path, overwrite: bool
     if output.resolve() == input_path.resolve():
         raise ConfigError(f"output {output} is the input file; filters never overwrite their input, "
                           "choose a new file")
-    partial = output.with_name(output.name + ".partial")
+    target = StageOutput(output, reports=True)
     if overwrite:
-        for stale in (output, partial, output.with_name(output.name + ".report.json")):
-            stale.unlink(missing_ok=True)
-    elif output.exists():
+        target.clear()
+    elif target.complete():
         raise ConfigError(f"{output} already exists (complete); pass overwrite=True / --overwrite to redo it")
+    elif output.exists():  # renamed into place but its report was never written: the run did not finish
+        output.unlink()
     return input_path, output
 
 
@@ -214,7 +216,7 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
     if on_finish is not None:
         on_finish(report, collected)
     if finished:
-        write_json(output.with_name(output.name + ".report.json"), asdict(report))
+        StageOutput(output).write_report(asdict(report))
     logger.info("%s", report.summary())
     return report
 

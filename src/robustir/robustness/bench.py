@@ -42,6 +42,7 @@ from ..data.training_data import TrainingExample, load_training_data
 from ..errors import ConfigError
 from ..io import atomic_write, write_json
 from ..mining.llm import LLMConfig
+from ..outputs import StageOutput
 from .noise import NOISE_KINDS, plant_noise
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
                          train_sentence_transformers, write_rows)
@@ -273,7 +274,7 @@ class _Bench:
         name = {"recipe": "teacher"}.get(method, method)
         variant = self.config.variant(method)
         target = noisy.with_name(f"{name}-{variant}.jsonl")
-        report = target.with_name(target.name + ".report.json")
+        report = StageOutput(target).report
         if not (target.exists() and report.exists()):
             from ..config import from_dict
 
@@ -296,7 +297,7 @@ class _Bench:
                 from ..mining.llm import LLMClient, build_backend
                 from ..mining.llm_judge import judge_negatives
 
-                backend = build_backend(self.config.llm_config(), cache_path=target.with_name("llm-cache.sqlite"))
+                backend = build_backend(self.config.llm_config(), cache_path=StageOutput(target).llm_cache)
                 with backend:
                     if isinstance(backend, LLMClient):
                         backend.preflight()

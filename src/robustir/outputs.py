@@ -1,0 +1,214 @@
+"""The stage-output protocol: one object owns an output's sidecar files, its completion rule, its shards and
+their merge.
+
+Every data stage (chunk, pairs, generate, mine, filter) writes one JSONL output ``OUT`` -- or, as shard ``i`` of
+``n`` (``--shard i/n``), ``OUT.shard-0000i-of-0000n.jsonl`` -- and these sidecars next to it:
+
+==========================  =====================================================================================
+``OUT.partial``             records written so far (:class:`~robustir.io.ResumableJsonlWriter`); renamed to
+                            ``OUT`` when the stage finishes, so ``OUT`` never holds a half-written file
+``OUT.done``                per-document progress of document stages (:class:`~robustir.data.documents.DocumentOutput`),
+                            removed on finish
+``OUT.report.json``         the stage's report, written after the rename (stages that report)
+``OUT.failed.jsonl``        items still to retry (query generation); a re-run retries them
+``OUT.llm-cache.sqlite``    the LLM reply cache of LLM stages (kept by ``clear``: those replies are paid for)
+==========================  =====================================================================================
+
+**Complete** means: ``OUT`` exists, neither ``.partial`` nor ``.done`` does, no ``.failed.jsonl`` (unless failures
+are accepted) and, for a stage that reports, ``.report.json`` exists. :meth:`StageOutput.problems` says what is
+missing in words; every CLI "already complete, nothing to do" check, the runner and ``robustir merge`` use it.
+
+Merging (:meth:`StageOutput.merge`) concatenates the ``n`` shards in shard order (with round-robin sharding
+this is not the input order) after checking every one is complete -- when *any* shard has a report, every shard
+needs one, since the stage is not recorded in the files -- writes ``OUT`` atomically, and combines the shard
+reports into ``OUT.report.json`` (numbers summed where every shard has them, the shard reports kept as a list).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, DataError
+from .io import Shard, atomic_write, write_json
+
+__all__ = ["StageOutput", "MergeResult"]
+
+PARTIAL, DONE, REPORT, FAILED, LLM_CACHE = ".partial", ".done", ".report.json", ".failed.jsonl", ".llm-cache.sqlite"
+_STATS = {"mean", "min", "max", "median", "p25", "p75"}  # per-shard statistics do not add up: kept per shard
+
+
+@dataclass
+class MergeResult:
+    output: Path
+    shards: int
+    lines: int
+    report: Path | None
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """The output ``base`` of a stage, as written by ``shard`` (the whole output when not sharded).
+
+    ``reports``: the stage writes ``.report.json`` last, so the output is complete only with it.
+    """
+
+    base: Path
+    shard: Shard = field(default_factory=Shard)
+    reports: bool = False
+
+    def __init__(self, base: str | Path, shard: Shard | str | None = None, *, reports: bool = False) -> None:
+        object.__setattr__(self, "base", Path(base))
+        object.__setattr__(self, "shard", shard if isinstance(shard, Shard) else Shard.parse(shard))
+        object.__setattr__(self, "reports", reports)
+
+    # ------------------------------------------------------------------ names
+    @property
+    def path(self) -> Path:
+        """The file this shard writes: ``out.jsonl`` -> ``out.shard-00002-of-00008.jsonl`` for shard 2/8."""
+        if self.shard.count == 1:
+            return self.base
+        return self.base.with_name(self.base.stem + self.shard.suffix() + self.base.suffix)
+
+    def sidecar(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    @property
+    def partial(self) -> Path:
+        return self.sidecar(PARTIAL)
+
+    @property
+    def done(self) -> Path:
+        return self.sidecar(DONE)
+
+    @property
+    def report(self) -> Path:
+        return self.sidecar(REPORT)
+
+    @property
+    def failed(self) -> Path:
+        return self.sidecar(FAILED)
+
+    @property
+    def llm_cache(self) -> Path:
+        return self.sidecar(LLM_CACHE)
+
+    # ------------------------------------------------------------------ state
+    def problems(self, *, allow_failures: bool = False, need_report: bool | None = None) -> list[str]:
+        """Why this output is not complete, in words (empty when it is)."""
+        need_report = self.reports if need_report is None else need_report
+        if not self.path.exists():
+            return ["missing" if not self.partial.exists() else
+                    "unfinished (only a .partial file: the stage is running or was interrupted)"]
+        problems = []
+        if self.partial.exists():
+            problems.append("being redone (a .partial file exists next to it)")
+        if self.done.exists():
+            problems.append("unfinished (its .done progress file still exists)")
+        if self.failed.exists() and not allow_failures:
+            problems.append(f"has failed items to retry ({self.failed.name}; re-run the stage, or merge with "
+                            "--allow-failures)")
+        if need_report and not self.report.exists():
+            problems.append("no .report.json (the stage did not finish)")
+        return problems
+
+    def complete(self, *, allow_failures: bool = False) -> bool:
+        return not self.problems(allow_failures=allow_failures)
+
+    def clear(self) -> None:
+        """Remove the output and its resume files and report (``--overwrite``); the LLM reply cache stays."""
+        for path in (self.path, self.partial, self.done, self.report, self.failed):
+            path.unlink(missing_ok=True)
+
+    def reopen(self) -> None:
+        """Continue a finished output (a generation run with failures to retry): move it back to ``.partial``."""
+        if self.path.exists() and not self.partial.exists():
+            self.path.replace(self.partial)
+
+    def write_report(self, report: dict) -> Path:
+        write_json(self.report, report)
+        return self.report
+
+    # ------------------------------------------------------------------ shards
+    def shards(self, count: int) -> list["StageOutput"]:
+        return [StageOutput(self.base, Shard(i, count), reports=self.reports) for i in range(count)]
+
+    def shard_counts(self) -> dict[int, list[Path]]:
+        """Shard files of this output (finished or not) grouped by their shard count ``n``."""
+        base = self.base
+        pattern = re.compile(re.escape(base.stem) + r"\.shard-(\d{5})-of-(\d{5})" + re.escape(base.suffix)
+                             + r"(\.partial|\.done)?$")
+        found: dict[int, set[Path]] = {}
+        if not base.parent.exists():
+            return {}
+        for candidate in base.parent.iterdir():
+            match = pattern.match(candidate.name)
+            if match:
+                final = candidate.with_name(candidate.name[: len(candidate.name) - len(match.group(3) or "")])
+                found.setdefault(int(match.group(2)), set()).add(final)
+        return {n: sorted(paths) for n, paths in found.items()}
+
+    def merge(self, count: int | None = None, allow_failures: bool = False) -> MergeResult:
+        """Concatenate the ``count`` complete shards into :attr:`base` (atomically) and merge their reports.
+
+        ``count`` is found from the file names when not given. Raises :class:`ConfigError` listing every missing
+        or incomplete shard, so nothing is merged from a partial set.
+        """
+        output = self.base
+        if count is None:
+            groups = self.shard_counts()
+            if not groups:
+                raise ConfigError(f"no shard files of {output} (expected names like "
+                                  f"{output.stem}.shard-00001-of-00004{output.suffix} next to it)")
+            if len(groups) > 1:
+                raise ConfigError(f"shard files of {output} from several shard counts ({sorted(groups)}); "
+                                  "pass --shards N to choose, and delete the stale ones")
+            count = next(iter(groups))
+        shards = self.shards(count)
+        any_report = self.reports or any(s.report.exists() for s in shards)
+        bad = [(s, problems) for s in shards
+               if (problems := s.problems(allow_failures=allow_failures, need_report=any_report))]
+        if bad:
+            lines = "\n".join(f"  shard {s.shard} {s.path.name}: {'; '.join(p)}" for s, p in bad)
+            raise ConfigError(f"cannot merge {output}: {len(bad)} of {count} shards are missing or incomplete:\n"
+                              f"{lines}\n  Fix: run (or finish) those shards with --shard I/{count}, then merge again")
+        total = 0
+        with atomic_write(output, "wb", encoding=None) as handle:
+            for shard in shards:
+                with open(shard.path, "rb") as shard_file:
+                    for raw in shard_file:
+                        if raw.strip():
+                            handle.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                            total += 1
+        merged = StageOutput(output)
+        report = _merge_reports(merged, shards) if any_report else None
+        failed = [s.failed for s in shards if s.failed.exists()]  # carried over when they were accepted
+        if failed:
+            with atomic_write(merged.failed, "wb", encoding=None) as handle:
+                for path in failed:
+                    with open(path, "rb") as src:
+                        shutil.copyfileobj(src, handle)
+        return MergeResult(output, count, total, report)
+
+
+def _merge_reports(output: StageOutput, shards: list[StageOutput]) -> Path:
+    reports = []
+    for shard in shards:
+        try:
+            reports.append(json.loads(shard.report.read_text(encoding="utf-8")))
+        except json.JSONDecodeError as exc:
+            raise DataError(shard.report, f"invalid JSON ({exc.msg})", fix="re-run that shard to rewrite its report") from None
+    merged: dict = {"merged_from": [str(s.path) for s in shards]}
+    for key, value in reports[0].items():
+        values = [r.get(key) for r in reports]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[key] = sum(values)  # counts add up; so do elapsed seconds (total work)
+        elif all(isinstance(v, dict) and not _STATS.intersection(v) for v in values) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for v in values for x in v.values()):
+            keys = dict.fromkeys(k for v in values for k in v)
+            merged[key] = {k: sum(v.get(k, 0) for v in values) for k in keys}
+    merged["shard_reports"] = reports
+    return output.write_report(merged)
