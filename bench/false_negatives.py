@@ -68,7 +68,7 @@ class CachedEncoder:
 def build_noisy_file(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, dict[str, str]], list[str]]:
     """Training JSONL with injected false negatives; returns (path, {record key: {text: kind}}, corpus texts)."""
     from robustir.data.beir import load_beir
-    from robustir.mining.negatives import MiningConfig, mine_negatives, queries_from_beir
+    from robustir.negatives.mining import MiningConfig, mine_negatives, queries_from_beir
 
     dataset = load_beir(args.data, "train")
     texts = dataset.corpus.texts_for_encoding()
@@ -84,7 +84,7 @@ def build_noisy_file(args: argparse.Namespace, work: Path) -> tuple[Path, dict[s
     mined_path = work / "bm25.jsonl"
     if not mined_path.exists():
         # mine as if the first positive were the only one, so the other positives can come back as negatives too
-        from robustir.mining.negatives import MiningQuery
+        from robustir.negatives.mining import MiningQuery
 
         single_pos = [MiningQuery(q.query_id, q.text, [q.positive_ids[0]]) for q in queries]
         mine_negatives(single_pos, dataset.corpus.ids, texts, mined_path,
@@ -155,8 +155,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, force=True)
 
-    from robustir.mining.sieve import SieveConfig, sieve_negatives, train_sieve_model
-    from robustir.mining.teacher_filter import EmbeddingTeacher, TeacherFilterConfig, teacher_filter
+    from robustir.filtering.sieve import SieveConfig, sieve_negatives, train_sieve_model
+    from robustir.filtering.teacher import EmbeddingTeacher, TeacherFilterConfig, teacher_filter
     from robustir.models.encoder import Encoder
     from robustir.resources import default_model_path
 
@@ -199,8 +199,8 @@ def main() -> None:
            time.perf_counter() - start)
 
     if args.base_url:
-        from robustir.mining.llm import LLMClient, LLMConfig
-        from robustir.mining.llm_judge import judge_negatives
+        from robustir.llm import LLMClient, LLMConfig
+        from robustir.filtering.llm_judge import judge_negatives
 
         start = time.perf_counter()
         with LLMClient(LLMConfig(base_url=args.base_url, model=args.llm_model, temperature=0.0, max_tokens=16)) as c:

@@ -41,7 +41,7 @@ def _load(data: str):
 
 
 def side_robustir(args: argparse.Namespace) -> dict:
-    from robustir.mining.negatives import MiningConfig, mine_negatives, queries_from_beir
+    from robustir.negatives.mining import MiningConfig, mine_negatives, queries_from_beir
     from robustir.models.encoder import Encoder
     from robustir.resources import default_model_path
 

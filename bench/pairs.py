@@ -5,7 +5,7 @@
     python bench/pairs.py --compare-library     # also time the authors' `suffixautomaton` package if installed
 
 Mining runs in-process over the raw documents (title + text), single core, default
-:class:`~robustir.mining.pairs.PairMiningConfig`, no file output, so the figures are the miner's own.
+:class:`~robustir.queries.pairs.PairMiningConfig`, no file output, so the figures are the miner's own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 
 from robustir.data.documents import read_documents
-from robustir.mining.pairs import (PairMiningConfig, SuffixAutomaton, _DocCounters, document_rows,
+from robustir.queries.pairs import (PairMiningConfig, SuffixAutomaton, _DocCounters, document_rows,
                                    mine_document_pairs)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

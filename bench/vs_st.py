@@ -27,7 +27,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from robustir.data.training_data import load_training_data
-    from robustir.mining.negatives import MiningConfig, mine_beir
+    from robustir.negatives.mining import MiningConfig, mine_beir
     from robustir.robustness.sidebyside import (PRESETS, evaluate_model, materialize_rows, train_robustir,
                                                 train_sentence_transformers, write_rows)
 

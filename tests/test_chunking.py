@@ -75,7 +75,7 @@ def test_cjk_helpers() -> None:
 
 def test_every_stage_uses_the_one_cjk_definition() -> None:
     from robustir.index.bm25 import split_words
-    from robustir.mining.pairs import char_weight
+    from robustir.queries.pairs import char_weight
 
     assert split_words("한국 data") == ["한", "국", "한국", "data"]  # Hangul is CJK for BM25 too
     assert char_weight("ᄀ") == 1.0 and char_weight("Ⰰ") == 0.3  # Jamo counts as CJK, Glagolitic does not

@@ -10,9 +10,9 @@ import pytest
 
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
-from robustir.mining import teacher_filter as teacher_module
-from robustir.mining.sieve import SieveConfig, sieve_decision, sieve_negatives
-from robustir.mining.teacher_filter import TeacherFilterConfig, load_teacher, margin_reason, teacher_filter
+from robustir.filtering import teacher as teacher_module
+from robustir.filtering.sieve import SieveConfig, sieve_decision, sieve_negatives
+from robustir.filtering.teacher import TeacherFilterConfig, load_teacher, margin_reason, teacher_filter
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -240,9 +240,9 @@ def test_every_reader_of_the_training_format_refuses_the_same_record(tmp_path):
     from fake_llm_server import FakeLLMServer
 
     from robustir.data.training_data import load_training_data
-    from robustir.mining.llm import LLMClient, LLMConfig
-    from robustir.mining.llm_judge import judge_negatives
-    from robustir.mining.negatives import load_jsonl_for_mining
+    from robustir.llm import LLMClient, LLMConfig
+    from robustir.filtering.llm_judge import judge_negatives
+    from robustir.negatives.mining import load_jsonl_for_mining
     from robustir.training.pretrain import read_pairs
 
     source = tmp_path / "bad.jsonl"

@@ -18,10 +18,10 @@ import pytest
 
 from robustir.errors import EndpointError
 from robustir.data.cjk import cjk_share
-from robustir.mining.generate import (DEFAULT_TEMPLATE_EN, generate_queries, parse_questions,
+from robustir.queries.generate import (DEFAULT_TEMPLATE_EN, generate_queries, parse_questions,
                                       render_template)
-from robustir.mining.llm import LLMCache, LLMClient, LLMConfig, RateLimiter, strip_reasoning
-from robustir.mining.llm_judge import judge_negatives, parse_yes_no
+from robustir.llm import LLMCache, LLMClient, LLMConfig, RateLimiter, strip_reasoning
+from robustir.filtering.llm_judge import judge_negatives, parse_yes_no
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_llm_server import FakeLLMServer, last_user  # noqa: E402
@@ -170,7 +170,7 @@ def test_wrong_base_url_is_a_clear_error_without_retries(on_failure):
 def test_wrong_model_name_is_a_clear_error(caplog):
     with FakeLLMServer(check_model=True) as server:
         client = make_client(server, model="fake-modle", on_failure="skip")
-        with caplog.at_level(logging.WARNING, logger="robustir.mining.llm"):
+        with caplog.at_level(logging.WARNING, logger="robustir.llm"):
             assert client.preflight() == ["fake-model"]
         assert "'fake-modle' is not among the models" in caplog.text
         with pytest.raises(EndpointError) as info:  # fatal even under skip: every request would fail
@@ -395,7 +395,7 @@ def test_generate_custom_template_file(tmp_path):
     passages = write_passages(tmp_path / "corpus.jsonl", 2)
     template = tmp_path / "prompt.txt"
     template.write_text('Give {n} queries as JSON {"queries": [...]} for: {text}', encoding="utf-8")
-    from robustir.mining.generate import load_template
+    from robustir.llm import load_template
 
     with FakeLLMServer(lambda m: '{"queries": ["q a one", "q b two"]}') as server:
         client = make_client(server)
@@ -456,8 +456,8 @@ def test_generate_crash_resume_pays_nothing_twice(tmp_path):
 
 _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from robustir.mining.generate import generate_queries
-    from robustir.mining.llm import LLMCache, LLMClient, LLMConfig
+    from robustir.queries.generate import generate_queries
+    from robustir.llm import LLMCache, LLMClient, LLMConfig
     url, passages, out, cache, after = sys.argv[1:6]
 
     class KilledBackend:  # SIGKILLs its own process when asked for reply number `after` + 1
@@ -631,7 +631,7 @@ def test_hf_backend_on_tiny_random_model(tmp_path, minilm_path):
     import torch
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    from robustir.mining.llm import HFGenerator
+    from robustir.llm import HFGenerator
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=2, n_head=2,

@@ -9,9 +9,9 @@ import pytest
 
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
-from robustir.mining import negatives as negatives_module
+from robustir.negatives import mining as negatives_module
 from robustir.outputs import StageOutput
-from robustir.mining.negatives import MiningConfig, MiningQuery, load_jsonl_for_mining, mine_jsonl, mine_negatives
+from robustir.negatives.mining import MiningConfig, MiningQuery, load_jsonl_for_mining, mine_jsonl, mine_negatives
 
 WORDS = "cell protein gene virus cancer brain heart lung blood immune".split()
 
@@ -80,7 +80,7 @@ def test_relative_margin_is_the_teacher_filters_rule_for_negative_scores():
     # move above it (-2.0 * 0.95 = -1.9 would keep -2.0 < s <= -1.9, negatives that outscore the positive).
     import random
 
-    from robustir.mining.negatives import MiningReport, select_negatives
+    from robustir.negatives.mining import MiningReport, select_negatives
 
     candidates = [(0, -1.95), (1, -2.05), (2, -2.2)]
     kept = select_negatives(candidates, -2.0, MiningConfig(num_negatives=5, relative_margin=0.05),

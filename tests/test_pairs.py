@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from robustir.mining.pairs import (PairMiningConfig, SuffixAutomaton, char_weight, document_rows,
+from robustir.queries.pairs import (PairMiningConfig, SuffixAutomaton, char_weight, document_rows,
                                    heaviest_common_substring, is_match, mine_document_pairs, mine_pairs, text_weight)
 
 
@@ -205,7 +205,7 @@ def test_cli_pairs(tmp_path: Path, capsys) -> None:
 
 def test_kgram_prefilter_changes_nothing(monkeypatch) -> None:
     """The k-gram pre-filter only skips pairs the automaton would reject: same pairs with it switched off."""
-    import robustir.mining.pairs as mining
+    import robustir.queries.pairs as mining
 
     shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     docs = [(f"x{i}", DOC_TITLE, DOC_TEXT) for i in range(2)]

@@ -12,7 +12,7 @@ import yaml
 
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
-from robustir.mining import teacher_filter as teacher_module
+from robustir.filtering import teacher as teacher_module
 from robustir.pipeline import STAGES, load_pipeline_config, run_pipeline
 
 sys.path.insert(0, str(Path(__file__).parent))

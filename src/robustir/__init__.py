@@ -26,8 +26,8 @@ _EXPORTS = {
     "BatchEngine": "robustir.training.batch_engine",
     "TrainConfig": "robustir.training.arguments",
     "train": "robustir.training.trainer",
-    "MiningConfig": "robustir.mining.negatives",
-    "mine_beir": "robustir.mining.negatives",
+    "MiningConfig": "robustir.negatives.mining",
+    "mine_beir": "robustir.negatives.mining",
     "PretrainConfig": "robustir.training.pretrain",
     "pretrain": "robustir.training.pretrain",
 }

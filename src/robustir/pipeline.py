@@ -45,12 +45,12 @@ from typing import Any, Callable, Literal
 from .config import load_config
 from .errors import ConfigError
 from .io import atomic_write, write_json
-from .mining.generate import GenerateConfig
-from .mining.llm_judge import JudgeConfig
-from .mining.negatives import MiningConfig
-from .mining.pairs import PairMiningConfig
-from .mining.sieve import SieveConfig
-from .mining.teacher_filter import TeacherFilterConfig
+from .queries.generate import GenerateConfig
+from .filtering.llm_judge import JudgeConfig
+from .negatives.mining import MiningConfig
+from .queries.pairs import PairMiningConfig
+from .filtering.sieve import SieveConfig
+from .filtering.teacher import TeacherFilterConfig
 from .training.arguments import TrainConfig
 from .training.pretrain import PretrainConfig, resolve_data_path
 
@@ -241,13 +241,13 @@ def _queries_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
     stage = config.queries
     target = folder / "train.jsonl"
     if stage.source == "pairs":
-        from .mining.pairs import mine_pairs
+        from .queries.pairs import mine_pairs
 
         raw = folder / "pairs.jsonl"
         stats = mine_pairs(corpus["corpus"], raw, stage.pairs)
         logger.info("pairs: %d from %d documents", stats.pairs, stats.documents)
     elif stage.source == "generate":
-        from .mining.generate import run_generate
+        from .queries.generate import run_generate
 
         raw = folder / "generated.jsonl"
         report = run_generate(stage.generate, corpus["corpus"], raw)
@@ -321,7 +321,7 @@ def _gur_pairs(config: PipelineConfig, queries: dict) -> str:
 
 
 def _mine_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
-    from .mining.negatives import mine_jsonl
+    from .negatives.mining import mine_jsonl
 
     assert config.mine is not None
     pool = config.mine_pool
@@ -347,17 +347,17 @@ def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
     target = folder / "train.jsonl"
     method = config.filter.method
     if method == "teacher":
-        from .mining.teacher_filter import teacher_filter
+        from .filtering.teacher import teacher_filter
 
         report = teacher_filter(mined["train"], target, config.filter.teacher)  # model None: the bundled MiniLM
     elif method == "sieve":
-        from .mining.sieve import sieve_negatives
+        from .filtering.sieve import sieve_negatives
 
         options = replace(config.filter.sieve, model=config.filter.sieve.model or config.model,
                           work_dir=config.filter.sieve.work_dir or str(folder / "sieve-work"))
         report = sieve_negatives(mined["train"], target, options)
     else:
-        from .mining.llm_judge import run_judge
+        from .filtering.llm_judge import run_judge
 
         report = run_judge(config.filter.llm, mined["train"], target)
     return {"train": str(target), "report": report.summary()}

@@ -11,8 +11,8 @@ Methods::
     robustir filter --method sieve --input mined.jsonl --output clean.jsonl --num-negatives 7 [--no-train] [--strict]
 
 ``--config FILE`` (YAML/JSON) and trailing ``key=value`` overrides set any option of the method's config
-(:class:`~robustir.mining.llm_judge.JudgeConfig`, :class:`~robustir.mining.teacher_filter.TeacherFilterConfig`,
-:class:`~robustir.mining.sieve.SieveConfig`). The input is never overwritten; a complete output is left alone
+(:class:`~robustir.filtering.llm_judge.JudgeConfig`, :class:`~robustir.filtering.teacher.TeacherFilterConfig`,
+:class:`~robustir.filtering.sieve.SieveConfig`). The input is never overwritten; a complete output is left alone
 (``--overwrite`` redoes it); an interrupted run resumes.
 """
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "llm":
         return _run_llm(args)
     if args.method == "teacher":
-        from ..mining.teacher_filter import TeacherFilterConfig, teacher_filter
+        from ..filtering.teacher import TeacherFilterConfig, teacher_filter
 
         flags = flags_from_args(args, {**_COMMON, "model": "model", "teacher_kind": "kind", "absolute_margin": "absolute_margin",
                              "relative_margin": "relative_margin", "max_length": "max_length",
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(TeacherFilterConfig, args.config, args.overrides, flags)
         report = teacher_filter(args.input, output, config)
     else:
-        from ..mining.sieve import SieveConfig, sieve_negatives
+        from ..filtering.sieve import SieveConfig, sieve_negatives
 
         flags = flags_from_args(args, {**_COMMON, "model": "model", "num_negatives": "num_negatives", "train": "train",
                              "strict": "strict", "variant": "variant", "beta": "beta", "temperature": "temperature",
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_llm(args: argparse.Namespace) -> int:
-    from ..mining.llm_judge import JudgeConfig, run_judge
+    from ..filtering.llm_judge import JudgeConfig, run_judge
 
     flags = flags_from_args(args, {**_COMMON, "prompt_template": "prompt_template", "base_url": "llm.base_url",
                          "model": "llm.model", "api_key_env": "llm.api_key_env", "concurrency": "llm.concurrency",

@@ -18,7 +18,7 @@ import logging
 
 from ..config import load_config
 from ..errors import ConfigError
-from ..mining.generate import GenerateConfig, run_generate
+from ..queries.generate import GenerateConfig, run_generate
 from .common import flags_from_args
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from ..outputs import StageOutput
 from ..errors import ConfigError
 from ..index.dense import DenseIndexConfig
 from ..io import Shard
-from ..mining.negatives import MiningConfig, mine_beir, mine_jsonl
+from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
 from .common import add_encoder_args, encoder_options, model_or_default
 
 

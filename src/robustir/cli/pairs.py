@@ -9,7 +9,7 @@ import time
 from ..config import load_config
 from ..outputs import StageOutput
 from ..io import Shard
-from ..mining.pairs import PairMiningConfig, mine_pairs
+from ..queries.pairs import PairMiningConfig, mine_pairs
 
 
 def register(parser: argparse.ArgumentParser) -> None:

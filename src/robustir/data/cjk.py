@@ -3,7 +3,7 @@
 Every stage that treats Chinese, Japanese or Korean text differently asks here: sentence splitting and token
 counting (``data/sentences.py``, ``data/chunking.py``), BM25 analysis (``index/bm25.py``: CJK runs become
 character n-grams), the prompt language of LLM steps (``cjk_share`` against ``cjk_threshold``) and GUR's
-character weights (``mining/pairs.py``).
+character weights (``queries/pairs.py``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from ..config import to_dict
 from ..data.training_data import TrainingExample, load_training_data
 from ..errors import ConfigError
 from ..io import atomic_write, write_json
-from ..mining.llm import LLMConfig
+from ..llm import LLMConfig
 from ..outputs import StageOutput
 from .noise import NOISE_KINDS, plant_noise
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
@@ -223,7 +223,7 @@ class _Bench:
     # -- data
     def clean(self) -> list[TrainingExample]:
         if self._clean is None:
-            from ..mining.negatives import MiningConfig, mine_beir
+            from ..negatives.mining import MiningConfig, mine_beir
 
             mined = self.out / "data" / "mined.jsonl"
             if not mined.exists():
@@ -280,13 +280,13 @@ class _Bench:
 
             target.unlink(missing_ok=True)
             if name == "teacher":
-                from ..mining.teacher_filter import TeacherFilterConfig, teacher_filter
+                from ..filtering.teacher import TeacherFilterConfig, teacher_filter
 
                 options = {"bf16": self.budget.bf16, "progress": False, "model": self.config.model,
                            "max_length": self.budget.passage_max_length, **self.config.method_options(method)}
                 teacher_filter(noisy, target, from_dict(TeacherFilterConfig, options, where="teacher"))
             elif name == "sieve":
-                from ..mining.sieve import SieveConfig, sieve_negatives
+                from ..filtering.sieve import SieveConfig, sieve_negatives
 
                 options = {"num_negatives": max(self.budget.num_negatives, self.budget.pool // 2),
                            "bf16": self.budget.bf16, "train_bf16": self.budget.bf16, "progress": False,
@@ -294,8 +294,8 @@ class _Bench:
                            "plot": False, **self.config.sieve}
                 sieve_negatives(noisy, target, from_dict(SieveConfig, options, where="sieve"))
             elif name == "llm":
-                from ..mining.llm import LLMClient, build_backend
-                from ..mining.llm_judge import judge_negatives
+                from ..llm import LLMClient, build_backend
+                from ..filtering.llm_judge import judge_negatives
 
                 backend = build_backend(self.config.llm_config(), cache_path=StageOutput(target).llm_cache)
                 with backend:

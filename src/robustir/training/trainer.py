@@ -84,7 +84,7 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait)
 def mine_for_training(examples: list[TrainingExample], beir_root: Path | None, config: TrainConfig,
                       encoder: Encoder, output: Path) -> None:
     from ..data.beir import load_corpus
-    from ..mining.negatives import MiningConfig, MiningQuery, mine_negatives
+    from ..negatives.mining import MiningConfig, MiningQuery, mine_negatives
 
     if beir_root is not None:
         corpus, _ = load_corpus(beir_root / "corpus.jsonl" if (beir_root / "corpus.jsonl").exists()

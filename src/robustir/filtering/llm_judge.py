@@ -25,13 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
+from tqdm.auto import tqdm
+
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
 from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
-from .generate import _progress, prepare_output, render_template
-from .llm import LLMBackend, LLMConfig, strip_reasoning
+from ..llm import LLMBackend, LLMConfig, render_template, strip_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +180,17 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
     if language not in ("auto", "en", "zh"):
         raise ConfigError(f"language must be auto, en or zh, got {language!r}")
     started = time.monotonic()
-    prepare_output(output, overwrite)
+    if overwrite:
+        StageOutput(output).clear()
+    else:
+        StageOutput(output).reopen()  # a finished output is continued (failures retried, new records appended)
     report = JudgeReport(output=str(output))
     writer = ResumableJsonlWriter(output, key_field=None)
     already = writer.count
     histogram: Counter[int] = Counter()
     pending: deque[_Pending] = deque()  # records in input order, waiting for their verdicts
     slots: deque[tuple[_Pending, int]] = deque()  # (record, negative index) of each request, in stream order
-    bar = _progress(None, progress, "judge", unit="record")
+    bar = tqdm(desc="judge", unit="record", disable=not progress, dynamic_ncols=True, mininterval=1.0)
 
     def pick_template(query: str, negative: str) -> str:
         if template is not None:
@@ -264,8 +268,7 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
     built with its reply cache and, for an HTTP endpoint with ``preflight``, checked before the first request.
     ``robustir filter --method llm`` and ``robustir run`` both call this.
     """
-    from .generate import load_template
-    from .llm import LLMClient, build_backend
+    from ..llm import LLMClient, build_backend, load_template
 
     source = input_path if input_path is not None else config.input
     target = output_path if output_path is not None else config.output

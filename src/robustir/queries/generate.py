@@ -2,7 +2,7 @@
 
 PEG splits raw texts into short passages and "make[s] full use of an off-the-shelf LLM to generate questions
 based on these short passages. Each question is treated as one query positively associated to the passage".
-This module does exactly that, for any :class:`~robustir.mining.llm.LLMBackend`:
+This module does exactly that, for any :class:`~robustir.llm.LLMBackend`:
 
 input  — passages JSONL (a BEIR ``corpus.jsonl`` or the output of ``robustir chunk``): ``_id``, ``title``, ``text``
 output — FlagEmbedding training JSONL, one line per generated query::
@@ -26,12 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
+from tqdm.auto import tqdm
+
 from ..errors import ConfigError, DataError
 from ..data.cjk import cjk_share
 from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
 from ..outputs import StageOutput
-from .llm import LLMBackend, LLMConfig, strip_reasoning
+from ..llm import LLMBackend, LLMConfig, load_template, render_template, strip_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -63,36 +65,6 @@ DEFAULT_TEMPLATE_ZH = """\
 文本：{text}
 """
 
-
-
-def render_template(template: str, values: dict[str, object]) -> str:
-    """Replace ``{name}`` placeholders literally (other braces, e.g. JSON examples, are left alone).
-
-    A line whose only variable content is an empty value (e.g. ``Title: {title}`` for a passage without a
-    title) is left out, so prompts never show dangling labels.
-    """
-    lines = []
-    for line in template.splitlines(keepends=True):
-        names = [name for name in values if "{" + name + "}" in line]
-        if names and all(str(values[name]).strip() == "" for name in names):
-            continue
-        for name in names:
-            line = line.replace("{" + name + "}", str(values[name]))
-        lines.append(line)
-    return "".join(lines)
-
-
-def load_template(path: str | Path, required: tuple[str, ...]) -> str:
-    """Read a prompt template file and check it has the ``required`` placeholders."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"prompt template {path} not found")
-    text = path.read_text(encoding="utf-8")
-    missing = [name for name in required if "{" + name + "}" not in text]
-    if missing:
-        raise ConfigError(f"prompt template {path}: missing placeholder(s) "
-                          f"{', '.join('{' + m + '}' for m in missing)}; the passage would never reach the LLM")
-    return text
 
 
 # "1." "1)" "(1)" "1、" "１．" "一、" "Q1:" "问题1：" and bullets.
@@ -273,15 +245,6 @@ def _count_lines(path: Path) -> int:
         return sum(1 for raw in handle if raw.strip())
 
 
-def prepare_output(output: Path, overwrite: bool) -> None:
-    """Delete earlier results (``overwrite``) or reopen a finished output for resuming (retry of failures)."""
-    target = StageOutput(output, reports=True)
-    if overwrite:
-        target.clear()
-    else:
-        target.reopen()  # a finished run may still have failures to retry: continue from it
-
-
 def generate_queries(input_path: str | Path, output_path: str | Path, backend: LLMBackend, *,
                      num_queries: int = 3, template: str | None = None, template_zh: str | None = None,
                      language: str = "auto", cjk_threshold: float = 0.3, max_passage_chars: int = 4000,
@@ -303,7 +266,10 @@ def generate_queries(input_path: str | Path, output_path: str | Path, backend: L
         raise DataError(input_path, "file not found",
                         fix="give a passages JSONL (BEIR corpus.jsonl or robustir chunk output)")
     started = time.monotonic()
-    prepare_output(output, overwrite)
+    if overwrite:
+        StageOutput(output).clear()
+    else:
+        StageOutput(output).reopen()  # a finished output is continued (failures retried, new records appended)
     report = GenerateReport(output=str(output))
     total_lines = _count_lines(input_path)
     report.passages = len(range(shard.index, total_lines, shard.count))
@@ -318,7 +284,8 @@ def generate_queries(input_path: str | Path, output_path: str | Path, backend: L
         return (template_zh or DEFAULT_TEMPLATE_ZH) if zh else DEFAULT_TEMPLATE_EN
 
     writer = GroupedJsonlWriter(output, key_field="pos_id")
-    bar = _progress(report.passages, progress, "generate")
+    bar = tqdm(total=report.passages, desc="generate", unit="passage", disable=not progress, dynamic_ncols=True,
+               mininterval=1.0)
     seen_this_run: set[str] = set()
 
     def prompts() -> Iterator[str]:
@@ -394,7 +361,7 @@ def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
     and, for an HTTP endpoint with ``preflight``, checked before the first passage. The CLI (``robustir
     generate``) and the runner (``robustir run``) both call this, so they cannot drift apart.
     """
-    from .llm import LLMClient, build_backend
+    from ..llm import LLMClient, build_backend
 
     source = input_path if input_path is not None else config.input
     target = output_path if output_path is not None else config.output
@@ -436,19 +403,3 @@ def export_beir_queries(train_jsonl: str | Path, beir_dir: str | Path) -> None:
         for _, record in read_jsonl(train_jsonl):
             queries.write(json.dumps({"_id": record["qid"], "text": record["query"]}, ensure_ascii=False) + "\n")
             qrels.write(f"{record['qid']}\t{record['pos_id']}\t1\n")
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int | None, enabled: bool, desc: str, unit: str = "passage"):  # -> tqdm | _NoBar
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=1.0)

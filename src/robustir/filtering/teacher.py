@@ -6,7 +6,7 @@ scores too close to the positive is likely relevant too (a false negative) and i
     absolute margin a:  remove if  s(q, n) > s(q, p) - a
     relative margin r:  remove if  s(q, n) > s(q, p) - |s(q, p)| * r      (NV-Retriever "TopK-PercPos", r = 0.05)
 
-(the one rule, shared with ``robustir mine``: :mod:`robustir.mining.margins`)
+(the one rule, shared with ``robustir mine``: :mod:`robustir.negatives.margins`)
 
 ``s(q, p)`` is the *lowest* score among the record's positives -- the conservative choice, and the same one
 ``robustir mine`` makes. (The ``|s|`` form only matters for teachers with negative scores such as raw
@@ -18,7 +18,7 @@ Teachers: an embedding model (:class:`~robustir.models.encoder.Encoder`, cosine)
 one-label models). ``kind="auto"`` picks the cross-encoder when the folder's ``config.json`` names a
 ``*ForSequenceClassification`` architecture.
 
-This module also holds the streaming engine shared with the passage sieve (:mod:`robustir.mining.sieve`):
+This module also holds the streaming engine shared with the passage sieve (:mod:`robustir.filtering.sieve`):
 records are read in input order, decided in batches, and appended to a resumable output (a re-run with the same
 input and shard skips what the partial output already holds). The input is never overwritten; aligned
 per-negative fields (``neg_scores``, ``neg_ids``, any list field ``neg_*`` as long as ``neg``) are filtered
@@ -42,7 +42,7 @@ from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl
 from ..outputs import StageOutput
-from .margins import margin_reason
+from ..negatives.margins import margin_reason
 
 logger = logging.getLogger(__name__)
 

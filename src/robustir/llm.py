@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 import openai
 
-from ..errors import ConfigError, EndpointError
+from .errors import ConfigError, EndpointError
 
 logger = logging.getLogger(__name__)
 
@@ -728,3 +728,35 @@ def build_backend(config: LLMConfig, *, cache_path: str | Path | None = None) ->
                            on_failure=config.on_failure, system_prompt=config.system_prompt,
                            trust_remote_code=config.trust_remote_code)
     return LLMClient(config, cache=cache)
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+def render_template(template: str, values: dict[str, object]) -> str:
+    """Replace ``{name}`` placeholders literally (other braces, e.g. JSON examples, are left alone).
+
+    A line whose only variable content is an empty value (e.g. ``Title: {title}`` for a passage without a
+    title) is left out, so prompts never show dangling labels.
+    """
+    lines = []
+    for line in template.splitlines(keepends=True):
+        names = [name for name in values if "{" + name + "}" in line]
+        if names and all(str(values[name]).strip() == "" for name in names):
+            continue
+        for name in names:
+            line = line.replace("{" + name + "}", str(values[name]))
+        lines.append(line)
+    return "".join(lines)
+
+
+def load_template(path: str | Path, required: tuple[str, ...]) -> str:
+    """Read a prompt template file and check it has the ``required`` placeholders."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"prompt template {path} not found")
+    text = path.read_text(encoding="utf-8")
+    missing = [name for name in required if "{" + name + "}" not in text]
+    if missing:
+        raise ConfigError(f"prompt template {path}: missing placeholder(s) "
+                          f"{', '.join('{' + m + '}' for m in missing)}; the passage would never reach the LLM")
+    return text

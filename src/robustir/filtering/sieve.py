@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..io import Shard, write_json
-from .teacher_filter import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
+from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 
 logger = logging.getLogger(__name__)
 

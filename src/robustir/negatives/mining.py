@@ -6,7 +6,7 @@ For every query, candidates are retrieved to depth ``range_max``; then
 2. the rank window ``[range_min, range_max)`` and score limits apply: ``max_score`` / ``min_score``,
    ``absolute_margin`` (keep if score <= positive − margin) and ``relative_margin`` (keep if
    score <= positive − |positive| × margin, NV-Retriever's "TopK-PercPos"; the one rule of
-   :mod:`robustir.mining.margins`, shared with the teacher filter); the positive score used is the
+   :mod:`robustir.negatives.margins`, shared with the teacher filter); the positive score used is the
    *lowest* of the query's positives, the conservative choice when a query has several;
 3. ``num_negatives`` are taken from the survivors, from the top or sampled at random (seeded).
 

@@ -1,1 +1,0 @@
-"""robustir.mining."""

@@ -1,0 +1,1 @@
+"""Training pairs from raw text: LLM-generated queries (PEG, ``generate``) and GUR's LCS sentence pairs (``pairs``)."""
