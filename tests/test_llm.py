@@ -654,3 +654,13 @@ def test_hf_backend_on_tiny_random_model(tmp_path, minilm_path):
     assert all(isinstance(r, str) for r in greedy.complete(conversations))
     generate_queries(write_passages(tmp_path / "c.jsonl", 2), tmp_path / "o.jsonl", greedy,
                      template=DEFAULT_TEMPLATE_EN, progress=False)
+
+
+def test_a_section_given_in_part_keeps_the_fields_own_defaults():
+    # JudgeConfig.llm defaults to a yes/no judge (temperature 0, 16 tokens), not LLMConfig's generation defaults
+    from robustir.config import load_config
+    from robustir.filtering.llm_judge import JudgeConfig
+
+    config = load_config(JudgeConfig, None, ["llm.model=m", "llm.base_url=http://127.0.0.1:1/v1"])
+    assert (config.llm.model, config.llm.temperature, config.llm.max_tokens) == ("m", 0.0, 16)
+    assert load_config(JudgeConfig, None, ["llm.temperature=0.3"]).llm.temperature == 0.3

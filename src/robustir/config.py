@@ -73,6 +73,13 @@ def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
     hints_by_name = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in data.items():
+        field = fields[key]
+        if isinstance(value, dict) and field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+            if dataclasses.is_dataclass(default):
+                # a section given in part keeps the *field's* defaults for the rest (JudgeConfig.llm defaults to
+                # temperature 0 and 16 tokens, not LLMConfig's generation defaults)
+                value = _deep_merge(_shallow_fields(default), value)
         kwargs[key] = _coerce(hints_by_name[key], value, f"{where}.{key}")
     try:
         return cls(**kwargs)
@@ -159,6 +166,12 @@ def _deep_merge(low: dict, high: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def _shallow_fields(obj: Any) -> dict:
+    """A dataclass instance as a dict of its fields, nested sections as dicts (values not deep-copied)."""
+    return {f.name: (_shallow_fields(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v)
+            for f in dataclasses.fields(obj)}
 
 
 def to_dict(obj: Any) -> dict:

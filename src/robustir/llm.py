@@ -63,6 +63,7 @@ class LLMConfig:
     """How to reach and sample from the LLM. Every field can be set from YAML or as ``llm.<field>=value``."""
 
     backend: Literal["openai", "hf"] = "openai"
+    """``openai``: an OpenAI-compatible HTTP endpoint (vLLM, Ollama, OpenAI); ``hf``: a local transformers model."""
     base_url: str = "http://localhost:8000/v1"
     """API root, usually ending in ``/v1`` (vLLM :8000/v1, Ollama :11434/v1, OpenAI https://api.openai.com/v1)."""
     model: str = ""
@@ -70,6 +71,7 @@ class LLMConfig:
     api_key: str | None = None
     """The key itself (prefer ``api_key_env`` so keys stay out of config files)."""
     api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key."""
     temperature: float = 0.7
     top_p: float | None = None
     max_tokens: int = 512
@@ -85,8 +87,9 @@ class LLMConfig:
     max_retries: int = 5
     """Retries per request after a timeout, connection error, HTTP 408/409/429/5xx or an unusable reply."""
     concurrency: int = 8
+    """Requests in flight at once."""
     requests_per_minute: float = 0.0
-    """0 = unlimited."""
+    """Requests per minute at most; 0 = unlimited."""
     on_failure: Literal["raise", "skip"] = "raise"
     """After the retries: ``raise`` an EndpointError, or ``skip`` (the reply is ``None`` and the stage records it)."""
     max_consecutive_failures: int = 20

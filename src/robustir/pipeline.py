@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from .config import load_config
+from .data.chunking import ChunkConfig
 from .errors import ConfigError
 from .io import atomic_write, write_json
 from .queries.generate import GenerateConfig
@@ -62,18 +63,9 @@ __all__ = ["ChunkStage", "EvalStage", "FilterStage", "PipelineConfig", "Pipeline
 STAGES = ("corpus", "chunk", "queries", "pretrain", "mine", "filter", "train", "eval")
 
 
-@dataclass
-class ChunkStage:
-    """Documents -> passages (:func:`robustir.data.chunking.chunk_corpus`): what a chunked corpus hands to query
-    generation and mining."""
-
-    max_tokens: int = 256
-    """Passage length in words / CJK characters (or tokens of ``tokenizer``)."""
-    overlap: int = 1
-    """Sentences repeated from the previous passage."""
-    min_tokens: int = 32
-    tokenizer: str | None = None
-    """HF tokenizer for exact token counts (None: words / CJK characters)."""
+ChunkStage = ChunkConfig
+"""Documents -> passages (:func:`robustir.data.chunking.chunk_corpus`): what a chunked corpus hands to query
+generation and mining (the same options as ``robustir chunk``)."""
 
 
 @dataclass

@@ -6,9 +6,11 @@ import argparse
 import sys
 import time
 
-from ..data.chunking import chunk_corpus
+from ..config import load_config
+from ..data.chunking import ChunkConfig, chunk_corpus
 from ..outputs import StageOutput
 from ..io import Shard
+from .common import add_config_flags, flags_from_args
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -19,19 +21,20 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)")
     parser.add_argument("--text-unit", default="block", choices=["block", "line"],
                         help="plain text: one document per blank-line-separated block, or per line")
-    parser.add_argument("--max-tokens", type=int, default=256, help="token budget of a passage")
-    parser.add_argument("--overlap", type=int, default=1, help="sentences repeated from the previous passage")
-    parser.add_argument("--min-tokens", type=int, default=32,
-                        help="a shorter last passage borrows earlier sentences (within the budget)")
-    parser.add_argument("--tokenizer", default=None,
-                        help="HF tokenizer name or path for exact counts (default: words / CJK characters)")
+    keys = add_config_flags(parser, ChunkConfig, ["max_tokens", "overlap", "min_tokens", "tokenizer"])
+    parser.set_defaults(_flag_keys=keys)
     parser.add_argument("--shard", default=None, help="process shard I of N (round-robin over documents), e.g. 2/8")
     parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")
+
+
+def build_config(args: argparse.Namespace) -> ChunkConfig:
+    return load_config(ChunkConfig, None, None, flags_from_args(args, args._flag_keys))
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    config = build_config(args)
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard)
     output = target.path
@@ -41,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"robustir chunk: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
     started = time.perf_counter()
-    stats = chunk_corpus(args.input, output, fmt=args.format, text_unit=args.text_unit, tokenizer=args.tokenizer,
-                         max_tokens=args.max_tokens, overlap_sentences=args.overlap, min_tokens=args.min_tokens,
+    stats = chunk_corpus(args.input, output, fmt=args.format, text_unit=args.text_unit, tokenizer=config.tokenizer,
+                         max_tokens=config.max_tokens, overlap_sentences=config.overlap, min_tokens=config.min_tokens,
                          shard=shard,
                          progress=lambda docs: tqdm(docs, desc="chunk", unit="doc", file=sys.stderr,
                                                     disable=None))

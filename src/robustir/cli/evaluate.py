@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import load_config
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
-from ..index.dense import DenseIndexConfig
-from .common import add_encoder_args, data_or_default, encoder_options, model_or_default
+from .common import (add_config_flags, add_encoder_args, data_or_default, encoder_options, flags_from_args,
+                     model_or_default)
+
+# EvalConfig fields with a flag (help from the dataclass); --batch-size and --bf16 are the shared encoder flags
+FIELDS = ["top_k", "index.kind", "index.nprobe", "ignore_identical_ids", "cache_dir"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -15,20 +19,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="BEIR folder (default: the bundled SciFact)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--output", default=None, help="folder for metrics.json and run.trec")
-    parser.add_argument("--top-k", type=int, default=1000)
-    parser.add_argument("--index", choices=["flat", "ivf", "hnsw"], default="flat",
-                        help="FAISS index: exact inner product (flat) or approximate for large corpora")
-    parser.add_argument("--nprobe", type=int, default=32, help="IVF cells searched")
-    parser.add_argument("--ignore-identical-ids", action="store_true",
-                        help="drop a retrieved document whose id equals the query id (ArguAna)")
-    parser.add_argument("--cache-dir", default=None, help="reuse corpus embeddings saved here")
+    keys = add_config_flags(parser, EvalConfig, FIELDS, rename={"index.kind": "index"})
+    parser.set_defaults(_flag_keys=keys)
+
+
+def build_config(args: argparse.Namespace) -> EvalConfig:
+    flags = flags_from_args(args, args._flag_keys)
+    flags.update(batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
+    return load_config(EvalConfig, None, None, flags)
 
 
 def run(args: argparse.Namespace) -> int:
     model = args.model if args.model and args.model.lower() == "bm25" else model_or_default(args.model)
-    config = EvalConfig(top_k=args.top_k, batch_size=args.batch_size, bf16=args.bf16,
-                        ignore_identical_ids=args.ignore_identical_ids, cache_dir=args.cache_dir,
-                        index=DenseIndexConfig(kind=args.index, nprobe=args.nprobe))
+    config = build_config(args)
     data = data_or_default(args.data)
     options = {} if model == "bm25" else encoder_options(args)
     result = evaluate(model, data, args.split, config, output=args.output, **options)

@@ -22,10 +22,23 @@ import argparse
 from pathlib import Path
 
 from ..config import load_config
-from ..outputs import StageOutput
 from ..errors import ConfigError
+from ..filtering.llm_judge import JudgeConfig
+from ..filtering.sieve import SieveConfig
+from ..filtering.teacher import TeacherFilterConfig
 from ..io import Shard
-from .common import flags_from_args
+from ..outputs import StageOutput
+from .common import add_config_flags, flags_from_args
+
+# Flags shared by the methods: fields of the same name in all three configs (JudgeConfig: llm.model for --model)
+SHARED = ["keep_removed", "shard", "overwrite", "progress"]
+ENCODING = ["batch_size", "bf16"]  # teacher and sieve
+MODEL_HELP = ("llm: model name on the server; teacher: teacher folder; sieve: starting model "
+              "(teacher/sieve: None = the bundled all-MiniLM-L6-v2)")
+# each method's own fields, in its --help group
+LLM = ["llm.base_url", "llm.api_key_env", "llm.concurrency", "prompt_template", "llm.cache_path"]
+TEACHER = ["kind", "absolute_margin", "relative_margin", "suspect_positive_share", "max_length"]
+SIEVE = ["num_negatives", "train", "strict", "variant", "beta", "temperature", "lr", "max_steps", "work_dir"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -33,46 +46,30 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="training JSONL with query/pos/neg (e.g. from robustir mine)")
     parser.add_argument("--output", required=True, help="new JSONL to write (never the input)")
     parser.add_argument("--config", help="YAML/JSON file with the method's options")
-    parser.add_argument("--model", help="llm: model name on the server; teacher: teacher folder; sieve: starting "
-                                        "model (teacher/sieve default: the bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--no-removed", dest="keep_removed", action="store_false", default=None,
-                        help="do not add the 'removed' list (text + reason) to each record")
-    parser.add_argument("--shard", help="I/N: filter shard I of N of the records (output gets a shard suffix)")
-    parser.add_argument("--overwrite", action="store_true", default=None, help="redo a complete output")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    llm = parser.add_argument_group("llm")
-    llm.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1")
-    llm.add_argument("--api-key-env", help="environment variable holding the API key")
-    llm.add_argument("--concurrency", type=int)
-    llm.add_argument("--prompt-template", help="template file with {query} and {passage}")
-    llm.add_argument("--cache", help="reply cache file (default OUT.llm-cache.sqlite; 'none' disables)")
-    teacher = parser.add_argument_group("teacher")
-    teacher.add_argument("--teacher-kind", choices=["auto", "embedding", "cross-encoder"])
-    teacher.add_argument("--absolute-margin", type=float, help="remove if score > positive - margin")
-    teacher.add_argument("--relative-margin", type=float,
-                         help="remove if score > positive * (1 - margin) (default 0.05; 'none' via override)")
-    teacher.add_argument("--suspect-positive-share", type=float,
-                         help="also remove a positive when more than this share of its negatives score above it "
-                              "(false positives; e.g. 0.5; default off)")
-    teacher.add_argument("--max-length", type=int, help="teacher token limit")
-    sieve = parser.add_argument_group("sieve")
-    sieve.add_argument("--num-negatives", type=int, help="negatives wanted per query (pool = 2x; default 15)")
-    sieve.add_argument("--no-train", dest="train", action="store_false", default=None,
-                       help="skip the brief CCR training; sieve with the model as it is")
-    sieve.add_argument("--strict", action="store_true", default=None, help="remove ties with the mean (authors)")
-    sieve.add_argument("--variant", choices=["authors_code", "paper"], help="CCR loss variant (default authors_code)")
-    sieve.add_argument("--beta", type=float)
-    sieve.add_argument("--temperature", type=float)
-    sieve.add_argument("--lr", type=float, help="brief-training learning rate (default 1e-5; paper 1e-7)")
-    sieve.add_argument("--max-steps", type=int, help="cap the brief training (default: 1 epoch)")
-    sieve.add_argument("--work-dir", help="brief-training folder (default OUT.sieve-work)")
-    enc = parser.add_argument_group("encoding (teacher, sieve)")
-    enc.add_argument("--batch-size", type=int)
-    enc.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast for encoding")
+    model = add_config_flags(parser, TeacherFilterConfig, ["model"], help={"model": MODEL_HELP})
+    shared = add_config_flags(parser, TeacherFilterConfig, SHARED, rename={"keep_removed": "removed"})
+    llm = add_config_flags(parser.add_argument_group("llm"), JudgeConfig, LLM, rename={"llm.cache_path": "cache"},
+                           help={"llm.cache_path": "reply cache file (unset: OUT.llm-cache.sqlite; 'none' disables "
+                                                   "caching)"})
+    teacher = add_config_flags(parser.add_argument_group("teacher"), TeacherFilterConfig, TEACHER,
+                               rename={"kind": "teacher-kind"})
+    sieve = add_config_flags(parser.add_argument_group("sieve"), SieveConfig, SIEVE)
+    encoding = add_config_flags(parser.add_argument_group("encoding (teacher, sieve)"), TeacherFilterConfig, ENCODING)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. beta=0.5")
+    parser.set_defaults(_flag_keys={  # method -> {dest: config key}
+        "llm": {**shared, **llm, "model": "llm.model"},
+        "teacher": {**model, **shared, **teacher, **encoding},
+        "sieve": {**model, **shared, **sieve, **encoding},
+    })
 
 
-_COMMON = {"keep_removed": "keep_removed", "overwrite": "overwrite", "progress": "progress"}
+CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
+
+
+def build_config(args: argparse.Namespace) -> JudgeConfig | TeacherFilterConfig | SieveConfig:
+    """The method's config: defaults < --config file < flags < key=value overrides."""
+    flags = flags_from_args(args, args._flag_keys[args.method])
+    return load_config(CONFIGS[args.method], args.config, args.overrides, flags)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,38 +82,25 @@ def run(args: argparse.Namespace) -> int:
     if target.complete() and not args.overwrite:
         print(f"robustir filter: {output} is complete; nothing to do (--overwrite to redo)")
         return 0
+    config = build_config(args)
     if args.method == "llm":
-        return _run_llm(args)
+        return _run_llm(args, config)
     if args.method == "teacher":
-        from ..filtering.teacher import TeacherFilterConfig, teacher_filter
+        from ..filtering.teacher import teacher_filter
 
-        flags = flags_from_args(args, {**_COMMON, "model": "model", "teacher_kind": "kind", "absolute_margin": "absolute_margin",
-                             "relative_margin": "relative_margin", "max_length": "max_length",
-                             "suspect_positive_share": "suspect_positive_share",
-                             "batch_size": "batch_size", "bf16": "bf16", "shard": "shard"})
-        config = load_config(TeacherFilterConfig, args.config, args.overrides, flags)
         report = teacher_filter(args.input, output, config)
     else:
-        from ..filtering.sieve import SieveConfig, sieve_negatives
+        from ..filtering.sieve import sieve_negatives
 
-        flags = flags_from_args(args, {**_COMMON, "model": "model", "num_negatives": "num_negatives", "train": "train",
-                             "strict": "strict", "variant": "variant", "beta": "beta", "temperature": "temperature",
-                             "lr": "lr", "max_steps": "max_steps", "work_dir": "work_dir",
-                             "batch_size": "batch_size", "bf16": "bf16", "shard": "shard"})
-        config = load_config(SieveConfig, args.config, args.overrides, flags)
         report = sieve_negatives(args.input, output, config)
     print(f"robustir filter: {report.summary()}")
     print(f"robustir filter: report {report_path}")
     return 0
 
 
-def _run_llm(args: argparse.Namespace) -> int:
-    from ..filtering.llm_judge import JudgeConfig, run_judge
+def _run_llm(args: argparse.Namespace, config: JudgeConfig) -> int:
+    from ..filtering.llm_judge import run_judge
 
-    flags = flags_from_args(args, {**_COMMON, "prompt_template": "prompt_template", "base_url": "llm.base_url",
-                         "model": "llm.model", "api_key_env": "llm.api_key_env", "concurrency": "llm.concurrency",
-                         "cache": "llm.cache_path", "shard": "shard"})
-    config = load_config(JudgeConfig, args.config, args.overrides, flags)
     if not config.llm.model:
         raise ConfigError("--method llm needs --model (the model name the server serves) and --base-url")
     report = run_judge(config, args.input, args.output)

@@ -17,12 +17,17 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..config import load_config
 from ..outputs import StageOutput
 from ..errors import ConfigError
-from ..index.dense import DenseIndexConfig
 from ..io import Shard
 from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
-from .common import add_encoder_args, encoder_options, model_or_default
+from .common import add_config_flags, add_encoder_args, encoder_options, flags_from_args, model_or_default
+
+# MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size and --bf16
+# are the shared encoder flags (encode_batch_size, bf16)
+FIELDS = ["method", "num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
+          "relative_margin", "sampling", "seed", "cache_dir", "index.kind", "query_batch_size"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,22 +39,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                                          "default: every pos/neg text of the input")
     parser.add_argument("--output", required=True,
                         help="training JSONL to write (with --shard i/n: .shard-0000i-of-0000n before the suffix)")
-    parser.add_argument("--method", choices=["bm25", "dense"], default="bm25")
-    parser.add_argument("--num-negatives", type=int, default=15, help="negatives per query (default 15)")
-    parser.add_argument("--range-min", type=int, default=0,
-                        help="skip this many top-ranked non-positives (likely false negatives)")
-    parser.add_argument("--range-max", type=int, default=100, help="retrieve to this rank (default 100)")
-    parser.add_argument("--max-score", type=float, help="drop candidates scoring above this")
-    parser.add_argument("--min-score", type=float, help="drop candidates scoring below this")
-    parser.add_argument("--absolute-margin", type=float, help="keep if score <= positive score - margin")
-    parser.add_argument("--relative-margin", type=float,
-                        help="keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)")
-    parser.add_argument("--sampling", choices=["top", "random"], default="top",
-                        help="take the top survivors, or sample them at random (seeded)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--cache-dir", help="reuse corpus embeddings saved here (dense)")
-    parser.add_argument("--index", choices=["flat", "ivf", "hnsw"], default="flat", help="FAISS index (dense)")
-    parser.add_argument("--query-batch-size", type=int, default=1024, help="queries retrieved per chunk")
+    keys = add_config_flags(parser, MiningConfig, FIELDS, rename={"index.kind": "index"})
+    parser.set_defaults(_flag_keys=keys)
     parser.add_argument("--shard", help="process shard I of N of the queries (round-robin), e.g. 2/8")
     parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")
     add_encoder_args(parser)
@@ -57,12 +48,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def mining_config(args: argparse.Namespace) -> MiningConfig:
     """The :class:`MiningConfig` the flags describe (validated)."""
-    config = MiningConfig(method=args.method, num_negatives=args.num_negatives, range_min=args.range_min,
-                          range_max=args.range_max, max_score=args.max_score, min_score=args.min_score,
-                          absolute_margin=args.absolute_margin, relative_margin=args.relative_margin,
-                          sampling=args.sampling, seed=args.seed, query_batch_size=args.query_batch_size,
-                          encode_batch_size=args.batch_size, bf16=args.bf16, cache_dir=args.cache_dir,
-                          index=DenseIndexConfig(kind=args.index))
+    flags = flags_from_args(args, args._flag_keys)
+    flags.update(encode_batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
+    config = load_config(MiningConfig, None, None, flags)
     config.validate()
     return config
 

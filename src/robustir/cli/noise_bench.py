@@ -14,33 +14,34 @@ from __future__ import annotations
 import argparse
 
 from ..config import load_config
-from .common import flags_from_args
+from .common import add_config_flags, flags_from_args
 
-FLAGS = {"data": "data", "model": "model", "preset": "preset", "kinds": "kinds", "rates": "rates",
-         "methods": "methods", "seeds": "seeds", "output": "output", "eval_split": "eval_split"}
+# NoiseBenchConfig fields with a flag (help from the dataclass); the others via --config or key=value
+FIELDS = ["data", "model", "preset", "kinds", "rates", "methods", "seeds", "output", "eval_split"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ..robustness.bench import BENCH_PRESETS, METHODS
+    from ..robustness.bench import BENCH_PRESETS, METHODS, NoiseBenchConfig
     from ..robustness.noise import NOISE_KINDS
 
     parser.add_argument("--config", help="YAML/JSON file with NoiseBenchConfig fields")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. budget.epochs=2 per_query=2")
-    parser.add_argument("--data", help="BEIR folder with train and test splits (default: bundled SciFact)")
-    parser.add_argument("--model", help="model folder or hub id (default: bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--preset", choices=sorted(BENCH_PRESETS), help="budget and default grid (default cpu)")
-    parser.add_argument("--kinds", nargs="+", choices=list(NOISE_KINDS))
-    parser.add_argument("--rates", nargs="+", type=float, help="shares of noisy training queries, e.g. 0 0.2 0.4")
-    parser.add_argument("--methods", nargs="+", choices=list(METHODS))
-    parser.add_argument("--seeds", nargs="+", type=int)
-    parser.add_argument("--output", help="result folder (default runs/noise-bench)")
-    parser.add_argument("--eval-split", help="evaluation split (default test)")
+    keys = add_config_flags(parser, NoiseBenchConfig, FIELDS, extra={  # str fields whose values the code lists
+        "preset": {"choices": sorted(BENCH_PRESETS)}, "kinds": {"choices": list(NOISE_KINDS)},
+        "methods": {"choices": list(METHODS)}})
+    parser.set_defaults(_flag_keys=keys)
+
+
+def build_config(args: argparse.Namespace):
+    from ..robustness.bench import NoiseBenchConfig
+
+    return load_config(NoiseBenchConfig, args.config, args.overrides, flags=flags_from_args(args, args._flag_keys))
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..robustness.bench import NoiseBenchConfig, run_noise_bench, write_table
+    from ..robustness.bench import run_noise_bench, write_table
 
-    config = load_config(NoiseBenchConfig, args.config, args.overrides, flags=flags_from_args(args, FLAGS))
+    config = build_config(args)
 
     def progress(row: dict) -> None:
         print(f"noise-bench: {row['kind']} {100 * row['rate']:.0f}% {row['method']} seed {row['seed']}: "

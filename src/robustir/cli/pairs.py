@@ -10,6 +10,10 @@ from ..config import load_config
 from ..outputs import StageOutput
 from ..io import Shard
 from ..queries.pairs import PairMiningConfig, mine_pairs
+from .common import add_config_flags, flags_from_args
+
+# PairMiningConfig fields with a flag (help from the dataclass); the others via --config or key=value
+FIELDS = ["seed", "repeat", "window", "min_weight", "use_title", "require_lcs"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -20,28 +24,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-unit", default="block", choices=["block", "line"],
                         help="plain text: one document per blank-line-separated block, or per line")
     parser.add_argument("--config", default=None, help="YAML/JSON file of PairMiningConfig options")
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default 0)")
-    parser.add_argument("--repeat", type=int, default=None, help="max pairs per sentence (default 2)")
-    parser.add_argument("--window", type=int, default=None, help="sentence pairs need j - i < window (default 100)")
-    parser.add_argument("--min-weight", type=float, default=None,
-                        help="weighted LCS needed in general (default 3.0 = 3 Hanzi / 10 Latin letters)")
-    parser.add_argument("--no-title", action="store_true", help="do not pair the title with sentences")
-    parser.add_argument("--no-lcs", action="store_true", help="accept every candidate (GUR-LCS ablation)")
+    keys = add_config_flags(parser, PairMiningConfig, FIELDS, rename={"use_title": "title", "require_lcs": "lcs"})
+    parser.set_defaults(_flag_keys=keys)
     parser.add_argument("--shard", default=None, help="process shard I of N (round-robin over documents), e.g. 2/8")
     parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. short_text_weight=20")
 
 
+def build_config(args: argparse.Namespace) -> PairMiningConfig:
+    return load_config(PairMiningConfig, args.config, args.overrides, flags_from_args(args, args._flag_keys))
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    flags = {"seed": args.seed, "repeat": args.repeat, "window": args.window, "min_weight": args.min_weight}
-    flags = {k: v for k, v in flags.items() if v is not None}
-    if args.no_title:
-        flags["use_title"] = False
-    if args.no_lcs:
-        flags["require_lcs"] = False
-    config = load_config(PairMiningConfig, args.config, args.overrides, flags)
+    config = build_config(args)
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard)
     output = target.path

@@ -15,41 +15,27 @@ import os
 
 from ..config import load_config
 from ..training.pretrain import PretrainConfig
-from .common import flags_from_args
+from .common import add_config_flags, flags_from_args
 
-FLAGS = {  # flag -> config key; only flags given on the command line override the file
-    "mode": "mode", "model": "model", "data": "data", "data_format": "data_format", "output": "output",
-    "resume_heads": "heads", "max_length": "max_length", "batch_size": "batch_size", "epochs": "epochs",
-    "max_steps": "max_steps", "lr": "lr", "seed": "seed", "save_steps": "save_steps",
-}
+# PretrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
+# set in --config or as a key=value override
+FIELDS = ["mode", "model", "data", "data_format", "output", "heads", "max_length", "batch_size", "epochs",
+          "max_steps", "lr", "seed", "save_steps", "bf16", "gradient_checkpointing"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML or JSON file with PretrainConfig fields")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lr=5e-5 temperature=0.05")
-    parser.add_argument("--mode", choices=["retromae", "gur"], help="pre-training method (default retromae)")
-    parser.add_argument("--model", help="model folder or hub id to start from (default: bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--data", help="retromae: raw text (JSONL with 'text', BEIR folder, plain text one document "
-                                       "per line; .gz ok); gur: pairs JSONL from `robustir pairs`")
-    parser.add_argument("--data-format", choices=["auto", "jsonl", "beir", "text", "pairs"])
-    parser.add_argument("--output")
-    parser.add_argument("--resume-heads", metavar="PATH",
-                        help="continue from saved heads: a decoder_head/projection_head folder or a previous output")
-    parser.add_argument("--max-length", type=int, help="tokens per text (default 512 retromae, 128 gur)")
-    parser.add_argument("--batch-size", type=int, help="texts (retromae) or pairs (gur) per process per step")
-    parser.add_argument("--epochs", type=float)
-    parser.add_argument("--max-steps", type=int, help="stop after this many steps (skips counting the data)")
-    parser.add_argument("--lr", type=float)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: at the end)")
-    parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast")
-    parser.add_argument("--gradient-checkpointing", action="store_true", default=None)
+    keys = add_config_flags(
+        parser, PretrainConfig, FIELDS, rename={"heads": "resume-heads"}, extra={"heads": {"metavar": "PATH"}},
+        help={"mode": "pre-training method", "output": "output folder (the encoder goes to OUTPUT/model)",
+              "bf16": "bf16 autocast"})
+    parser.set_defaults(_flag_keys=keys)
 
 
 def build_config(args: argparse.Namespace) -> PretrainConfig:
-    # store_true switches default to None, so an absent switch leaves the config file's value
-    switches = {"bf16": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
-    return load_config(PretrainConfig, args.config, args.overrides, flags=flags_from_args(args, {**FLAGS, **switches}))
+    # every generated flag defaults to None, so an absent flag leaves the config file's value
+    return load_config(PretrainConfig, args.config, args.overrides, flags=flags_from_args(args, args._flag_keys))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,8 +24,23 @@ from .sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
 
-__all__ = ["Passage", "TokenCounter", "WordCounter", "HFTokenCounter", "make_counter", "chunk_document",
-           "chunk_corpus", "ChunkStats"]
+__all__ = ["ChunkConfig", "Passage", "TokenCounter", "WordCounter", "HFTokenCounter", "make_counter",
+           "chunk_document", "chunk_corpus", "ChunkStats"]
+
+
+@dataclass
+class ChunkConfig:
+    """How documents become passages: the flags of ``robustir chunk`` and the ``chunk:`` section of ``robustir run``
+    (:func:`chunk_corpus` takes these as keywords)."""
+
+    max_tokens: int = 256
+    """Passage length in words / CJK characters (or tokens of ``tokenizer``)."""
+    overlap: int = 1
+    """Sentences repeated from the previous passage."""
+    min_tokens: int = 32
+    """A shorter last passage borrows earlier sentences (within the budget)."""
+    tokenizer: str | None = None
+    """HF tokenizer name or path for exact token counts (None: words / CJK characters)."""
 
 
 @dataclass(frozen=True)

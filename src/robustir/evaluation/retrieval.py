@@ -22,10 +22,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EvalConfig:
-    top_k: int = 1000
+    top_k: int = 1000  # documents retrieved per query
     batch_size: int = 64
     bf16: bool = False
-    ignore_identical_ids: bool = False
+    ignore_identical_ids: bool = False  # drop a retrieved document whose id equals the query id (ArguAna)
     cache_dir: str | None = None  # reuse corpus embeddings across runs
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)

@@ -66,11 +66,16 @@ class SieveConfig:
     strict: bool = False
     """Remove ties with the mean too (authors' code) instead of keeping them (paper)."""
     variant: Literal["authors_code", "paper"] = "authors_code"
+    """CCR loss variant of the brief training."""
     beta: float = 0.1
+    """CCR loss beta."""
     temperature: float = 1.0
+    """CCR loss temperature."""
     lr: float = 1e-5
+    """Brief-training learning rate (the paper: 1e-7)."""
     epochs: float = 1.0
     max_steps: int | None = None
+    """Cap on the brief training's steps (None = ``epochs``)."""
     train_batch_size: int = 16
     train_negatives: int = 5
     warmup_ratio: float = 0.2

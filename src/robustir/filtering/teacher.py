@@ -366,19 +366,28 @@ class TeacherFilterConfig:
     model: str | None = None
     """Teacher folder: embedding model or cross-encoder (None = the bundled all-MiniLM-L6-v2)."""
     kind: Literal["auto", "embedding", "cross-encoder"] = "auto"
+    """What the teacher is (``auto``: a cross-encoder when the folder holds a sequence-classification head)."""
     absolute_margin: float | None = None
+    """Remove a negative scoring above the positive's score minus this."""
     relative_margin: float | None = 0.05
-    """NV-Retriever's TopK-PercPos default; set None to use only the absolute margin."""
+    """Remove a negative scoring above the positive's score times (1 - this): NV-Retriever's TopK-PercPos
+    default; set None to use only the absolute margin."""
     suspect_positive_share: float | None = None
     """Also judge the positives: remove a positive when more than this share of the record's negatives
     score above it (a likely false positive: a mislabelled pair or a failed generated query). None = off."""
     batch_size: int = 64
+    """Encoding batch size."""
     max_length: int | None = None
+    """Teacher token limit (None = the model's own)."""
     bf16: bool = False
+    """bfloat16 autocast for encoding."""
     batch_records: int = 256
     keep_removed: bool = True
+    """Add the ``removed`` list (text + reason) to each record."""
     shard: str | None = None
+    """``I/N``: filter shard I of N of the records (the output gets a shard suffix)."""
     overwrite: bool = False
+    """Redo a complete output."""
     progress: bool = True
 
     def validate(self) -> None:

@@ -21,9 +21,9 @@ IndexKind = Literal["flat", "ivf", "hnsw"]
 
 @dataclass
 class DenseIndexConfig:
-    kind: IndexKind = "flat"
+    kind: IndexKind = "flat"  # FAISS index: exact inner product (flat) or approximate for large corpora
     nlist: int | None = None  # IVF cells; default 4*sqrt(n)
-    nprobe: int = 32
+    nprobe: int = 32  # IVF cells searched
     hnsw_m: int = 32
     ef_search: int = 256
     use_gpu: bool = False  # only when faiss was built with GPU support

@@ -38,20 +38,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class MiningConfig:
-    method: Literal["bm25", "dense"] = "bm25"
-    num_negatives: int = 15
-    range_min: int = 0
-    range_max: int = 100
-    max_score: float | None = None
-    min_score: float | None = None
-    absolute_margin: float | None = None
-    relative_margin: float | None = None
-    sampling: Literal["top", "random"] = "top"
+    method: Literal["bm25", "dense"] = "bm25"  # retriever that ranks the candidates
+    num_negatives: int = 15  # negatives per query
+    range_min: int = 0  # skip this many top-ranked non-positives (likely false negatives)
+    range_max: int = 100  # retrieve to this rank
+    max_score: float | None = None  # drop candidates scoring above this
+    min_score: float | None = None  # drop candidates scoring below this
+    absolute_margin: float | None = None  # keep if score <= positive score - margin
+    relative_margin: float | None = None  # keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)
+    sampling: Literal["top", "random"] = "top"  # take the top survivors, or sample them at random (seeded)
     seed: int = 42
-    query_batch_size: int = 1024
+    query_batch_size: int = 1024  # queries retrieved per chunk
     encode_batch_size: int = 64
     bf16: bool = False
-    cache_dir: str | None = None
+    cache_dir: str | None = None  # reuse corpus embeddings saved here (dense)
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 

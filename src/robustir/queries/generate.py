@@ -151,23 +151,30 @@ class GenerateConfig:
     """Arguments of ``robustir generate`` (YAML/JSON file, flags, ``key=value`` overrides)."""
 
     input: str = ""
+    """Passages JSONL with ``_id``, ``title``, ``text`` (a BEIR corpus.jsonl or ``robustir chunk`` output)."""
     output: str = ""
+    """Training JSONL to write (query/pos/neg, one line per query)."""
     num_queries: int = 3
+    """Questions asked for per passage."""
     prompt_template: str | None = None
     """Template file for every passage (``{title}``, ``{text}``, ``{n}``); default: built-in English/Chinese."""
     prompt_template_zh: str | None = None
     """Template file for Chinese passages when the language is chosen automatically."""
     language: Literal["auto", "en", "zh"] = "auto"
+    """Prompt language; ``auto`` chooses per passage by its share of CJK letters."""
     cjk_threshold: float = 0.3
     """``auto``: passages whose letters are at least this share CJK get the Chinese prompt."""
     max_passage_chars: int = 4000
     """Passage text is cut to this many characters inside the prompt (``pos`` keeps the full text)."""
     max_query_chars: int = 300
     shard: str | None = None
+    """``I/N``: process shard I of N of the passages (the output gets a ``.shard-I-of-N`` suffix)."""
     beir_dir: str | None = None
     """Also write a BEIR view of the generated queries: ``queries.jsonl`` and ``qrels/train.tsv``."""
     overwrite: bool = False
+    """Start afresh instead of resuming."""
     progress: bool = True
+    """Show a progress bar."""
     preflight: bool = True
     """Check the endpoint (GET /models) before starting, for a fast clear error when it is unreachable."""
     llm: LLMConfig = field(default_factory=LLMConfig)

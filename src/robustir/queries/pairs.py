@@ -187,12 +187,12 @@ def heaviest_common_substring(a: str, b: str) -> tuple[str, float]:
 class PairMiningConfig:
     """Options of GUR pair mining (defaults follow the authors' released ``repeat2`` data, §3.1)."""
 
-    seed: int = 0
+    seed: int = 0                 # sampling seed
     repeat: int = 2               # max pairs a sentence may take part in
     title_extra: int = 1          # extra uses for the title (authors' --title, default 1)
     use_title: bool = True        # pair the title with sentences
     window: int = 100             # sentence pairs (i, j) need j - i < window
-    min_weight: float = 3.0       # keep if wc >= min_weight ...
+    min_weight: float = 3.0       # keep if the weighted LCS wc >= this (3 Hanzi / 10 Latin letters) ...
     short_min_weight: float = 2.0  # ... or wc >= short_min_weight and a sentence is short:
     short_text_weight: float = 15.0  # weight(a) <= this or weight(b) <= this
     min_chars: int = 2            # sentences outside [min_chars, max_chars] are not used
@@ -200,7 +200,7 @@ class PairMiningConfig:
     match_chars: int = 128        # normalisation: lower() and truncate to this many characters
     max_candidates: int = 100_000  # candidate pairs sampled per document
     max_pairs_factor: float = 2.0  # stop a document at this many pairs per row (authors: 2)
-    require_lcs: bool = True      # False = accept every candidate (the paper's GUR-LCS ablation)
+    require_lcs: bool = True      # test the weighted LCS (False = accept every candidate: GUR-LCS ablation)
     dedup: Literal["document", "global"] = "global"
 
     def __post_init__(self) -> None:

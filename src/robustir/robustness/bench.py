@@ -73,13 +73,20 @@ class NoiseBenchConfig:
     model: str | None = None
     """Model folder or hub id; None = the bundled all-MiniLM-L6-v2."""
     preset: str = "cpu"
+    """Budget and default grid (one of BENCH_PRESETS)."""
     kinds: list[str] = field(default_factory=list)
+    """Noise kinds to plant (empty = the preset's grid)."""
     rates: list[float] = field(default_factory=list)
+    """Shares of noisy training queries, e.g. [0, 0.2, 0.4] (empty = the preset's grid)."""
     methods: list[str] = field(default_factory=list)
+    """Training methods compared (empty = the preset's grid)."""
     seeds: list[int] = field(default_factory=list)
+    """Seeds of the noise and the training (empty = the preset's grid)."""
     output: str = "runs/noise-bench"
+    """Result folder: results.jsonl, results.md, results.png."""
     train_split: str = "train"
     eval_split: str = "test"
+    """Evaluation split of ``data``."""
     per_query: int = 3
     """False negatives planted per noisy query."""
     budget: dict = field(default_factory=dict)

@@ -1,0 +1,262 @@
+"""CLI flags generated from the config dataclasses (robustir.cli.common.add_config_flags)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import pytest
+
+from robustir.cli.common import add_config_flags, field_help, flags_from_args
+from robustir.cli.main import build_parser, main
+from robustir.config import load_config
+
+
+@dataclass
+class Inner:
+    base_url: str = "http://localhost:8000/v1"
+    """Where the server listens."""
+    retries: int = 3  # tries after a failure
+
+
+@dataclass
+class Small:
+    lr: float = 2e-5  # learning rate
+    steps: Optional[int] = None
+    """Stop after
+    this many steps."""
+    mode: Literal["fast", "slow"] = "fast"
+    bf16: bool = False
+    """bf16 autocast; 100% optional."""
+    names: list[str] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)  # shares, e.g. 0 0.5
+    inner: Inner = field(default_factory=Inner)
+    options: dict = field(default_factory=dict)
+    plain: str = ""
+
+
+def _small_parser(**kwargs) -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="t")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--config")
+    keys = add_config_flags(parser, Small, ["lr", "steps", "mode", "bf16", "names", "rates", "inner.base_url",
+                                            "inner.retries", "plain"], **kwargs)
+    return parser, keys
+
+
+def test_generator_maps_types_choices_switches_and_nested_keys():
+    parser, keys = _small_parser(rename={"inner.retries": "tries"})
+    assert keys == {"lr": "lr", "steps": "steps", "mode": "mode", "bf16": "bf16", "names": "names", "rates": "rates",
+                    "base_url": "inner.base_url", "tries": "inner.retries", "plain": "plain"}
+    args = parser.parse_args(["--lr", "0.5", "--steps", "7", "--mode", "slow", "--bf16", "--names", "a", "b",
+                              "--rates", "0", "0.5", "--base-url", "http://h/v1", "--tries", "4", "--plain", "p"])
+    assert (args.lr, args.steps, args.mode, args.bf16, args.names, args.rates) == (0.5, 7, "slow", True, ["a", "b"],
+                                                                                     [0.0, 0.5])
+    assert type(args.steps) is int and type(args.lr) is float
+    assert flags_from_args(args, keys) == {"lr": 0.5, "steps": 7, "mode": "slow", "bf16": True, "names": ["a", "b"],
+                                           "rates": [0.0, 0.5], "inner": {"base_url": "http://h/v1", "retries": 4},
+                                           "plain": "p"}
+    assert parser.parse_args(["--no-bf16"]).bf16 is False
+    # every flag defaults to None: nothing given, nothing overrides a config file
+    absent = parser.parse_args([])
+    assert all(getattr(absent, dest) is None for dest in keys) and flags_from_args(absent, keys) == {}
+
+
+@pytest.mark.parametrize("argv", [["--mode", "medium"], ["--steps", "1.5"], ["--lr", "x"], ["--retries", "1"]])
+def test_generator_rejects_bad_values_and_old_names(argv):
+    parser, _ = _small_parser(rename={"inner.retries": "tries"})
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+
+
+def test_generator_help_from_docstrings_comments_defaults_and_overrides():
+    assert field_help(Small, "lr") == "learning rate"  # trailing comment
+    assert field_help(Small, "steps") == "Stop after this many steps."  # attribute docstring, one line
+    assert field_help(Inner, "retries") == "tries after a failure"
+    assert field_help(Small, "mode") == ""
+    parser, _ = _small_parser(help={"plain": "a plain string"})
+    text = " ".join(parser.format_help().split())
+    assert "--lr LR learning rate (default: 2e-05)" in text
+    assert "--steps STEPS Stop after this many steps (default: None)" in text
+    assert "--mode {fast,slow} default: fast" in text
+    assert "--bf16, --no-bf16 bf16 autocast; 100% optional (default: False)" in text  # % survives argparse
+    assert "--base-url BASE_URL Where the server listens (default: http://localhost:8000/v1)" in text
+    assert "--rates RATES [RATES ...] shares, e.g. 0 0.5 (default: [])" in text
+    assert "--plain PLAIN a plain string (default: '')" in text
+
+
+def test_generator_refuses_what_cannot_be_a_flag():
+    parser = argparse.ArgumentParser()
+    with pytest.raises(TypeError, match="key=value"):
+        add_config_flags(parser, Small, ["options"])
+    with pytest.raises(ValueError, match="no field 'lrr'"):
+        add_config_flags(parser, Small, ["lrr"])
+    with pytest.raises(ValueError, match="not a section"):
+        add_config_flags(parser, Small, ["lr.x"])
+    with pytest.raises(ValueError, match="not listed"):
+        add_config_flags(parser, Small, ["lr"], rename={"steps": "n"})
+
+
+def test_precedence_defaults_file_flags_overrides(tmp_path):
+    parser, keys = _small_parser()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("lr: 0.1\nsteps: 5\nmode: slow\nbf16: true\ninner:\n  retries: 9\n  base_url: http://file/v1\n")
+    args = parser.parse_args(["--config", str(cfg), "--lr", "0.2", "--retries", "1", "--no-bf16", "steps=6",
+                              "inner.retries=2"])
+    config = load_config(Small, args.config, args.overrides, flags_from_args(args, keys))
+    assert config.lr == 0.2  # flag over file
+    assert config.steps == 6  # key=value over file
+    assert config.inner.retries == 2  # key=value over flag over file
+    assert config.inner.base_url == "http://file/v1" and config.mode == "slow"  # file over default (no flag given)
+    assert config.bf16 is False  # --no-bf16 over the file's true
+    assert config.plain == ""  # default
+
+
+# ------------------------------------------------------------------------------------------ every converted CLI
+
+HELP_FLAGS = {
+    "train": ["--model", "--train-data", "--eval-data", "--loss {infonce,peg,ccr}", "--batch-size", "--chunk-size",
+              "--epochs", "--max-steps", "--lr", "--seed", "--num-negatives", "--mine {bm25,dense,none}", "--no-mine",
+              "--query-max-length", "--passage-max-length", "--bf16, --no-bf16", "--gradient-checkpointing"],
+    "pretrain": ["--mode {retromae,gur}", "--model", "--data", "--data-format", "--output", "--resume-heads PATH",
+                 "--max-length", "--batch-size", "--epochs", "--max-steps", "--lr", "--seed", "--save-steps",
+                 "--bf16, --no-bf16", "--gradient-checkpointing"],
+    "generate": ["--input", "--output", "--base-url", "--model", "--api-key-env", "--backend {openai,hf}",
+                 "--num-queries", "--prompt-template", "--prompt-template-zh", "--language {auto,en,zh}",
+                 "--concurrency", "--rpm", "--temperature", "--max-tokens", "--timeout", "--max-retries",
+                 "--on-failure {raise,skip}", "--cache", "--shard", "--beir-dir", "--overwrite, --no-overwrite",
+                 "--progress, --no-progress", "--preflight, --no-preflight"],
+    "filter": ["--method", "--model", "--removed, --no-removed", "--shard", "--overwrite", "--no-progress",
+               "--base-url", "--api-key-env", "--concurrency", "--prompt-template", "--cache",
+               "--teacher-kind {auto,embedding,cross-encoder}", "--absolute-margin", "--relative-margin",
+               "--suspect-positive-share", "--max-length", "--num-negatives", "--train, --no-train",
+               "--strict, --no-strict", "--variant {authors_code,paper}", "--beta", "--temperature", "--lr",
+               "--max-steps", "--work-dir", "--batch-size", "--bf16, --no-bf16"],
+    "mine": ["--data", "--split", "--input", "--corpus", "--method {bm25,dense}", "--num-negatives", "--range-min",
+             "--range-max", "--max-score", "--min-score", "--absolute-margin", "--relative-margin",
+             "--sampling {top,random}", "--seed", "--cache-dir", "--index {flat,ivf,hnsw}", "--query-batch-size",
+             "--shard", "--overwrite", "--batch-size", "--bf16"],
+    "pairs": ["--format", "--text-unit", "--seed", "--repeat", "--window", "--min-weight", "--title, --no-title",
+              "--lcs, --no-lcs", "--shard", "--overwrite"],
+    "noise-bench": ["--data", "--model", "--preset {cpu,gpu}", "--kinds {chunk-fn,", "--rates RATES [RATES ...]",
+                    "--methods {infonce,", "--seeds SEEDS [SEEDS ...]", "--output", "--eval-split"],
+    "eval": ["--data", "--split", "--output", "--top-k", "--index {flat,ivf,hnsw}", "--nprobe",
+             "--ignore-identical-ids, --no-ignore-identical-ids", "--cache-dir", "--batch-size", "--bf16"],
+    "chunk": ["--format", "--text-unit", "--max-tokens", "--overlap", "--min-tokens", "--tokenizer", "--shard"],
+}
+
+
+@pytest.mark.parametrize("stage", sorted(HELP_FLAGS))
+def test_cli_help_lists_the_flags_with_their_defaults(stage, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    with pytest.raises(SystemExit) as info:
+        main([stage, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    missing = [flag for flag in HELP_FLAGS[stage] if flag not in text]
+    assert not missing, f"robustir {stage} --help lacks {missing}"
+    assert "(default: " in text
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    return build_parser(only=argv[0]).parse_args(argv)
+
+
+def test_train_flags_reach_the_config(tmp_path):
+    from robustir.cli.train import build_config
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("bf16: true\nlr: 1.0e-5\nmine: dense\n")
+    config = build_config(_args(["train", "--config", str(cfg), "--lr", "3e-5", "--no-mine", "--chunk-size", "4"]))
+    assert (config.lr, config.mine, config.chunk_size, config.bf16) == (3e-5, "none", 4, True)
+    config = build_config(_args(["train", "--config", str(cfg), "--no-bf16", "--mine", "bm25", "lr=4e-5"]))
+    assert (config.bf16, config.mine, config.lr) == (False, "bm25", 4e-5)
+
+
+def test_pretrain_flags_reach_the_config():
+    from robustir.cli.pretrain import build_config
+
+    config = build_config(_args(["pretrain", "--mode", "gur", "--resume-heads", "h", "--gradient-checkpointing",
+                                 "--max-length", "64", "temperature=0.05"]))
+    assert (config.mode, config.heads, config.gradient_checkpointing, config.max_length, config.temperature) == \
+        ("gur", "h", True, 64, 0.05)
+
+
+def test_generate_flags_reach_the_config(tmp_path):
+    from robustir.cli.generate import build_config
+
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("num_queries: 5\nllm:\n  temperature: 0.1\n  model: from-file\n")
+    config = build_config(_args(["generate", "--config", str(cfg), "--model", "m", "--rpm", "30", "--timeout", "5",
+                                 "--cache", "none", "--no-preflight", "--temperature", "0.3", "llm.temperature=0.5"]))
+    assert (config.llm.model, config.llm.requests_per_minute, config.llm.timeout_s, config.llm.cache_path) == \
+        ("m", 30.0, 5.0, "none")
+    assert config.preflight is False and config.progress is True and config.num_queries == 5
+    assert config.llm.temperature == 0.5  # key=value over flag over file
+
+
+def test_filter_flags_reach_each_methods_config(tmp_path):
+    from robustir.cli.filter import build_config
+    from robustir.filtering.llm_judge import JudgeConfig
+    from robustir.filtering.sieve import SieveConfig
+    from robustir.filtering.teacher import TeacherFilterConfig
+
+    io = ["--input", "in.jsonl", "--output", "out.jsonl"]
+    config = build_config(_args(["filter", "--method", "llm", *io, "--model", "m", "--base-url", "http://h/v1",
+                                 "--cache", "c.sqlite", "--no-removed", "--shard", "1/2"]))
+    assert isinstance(config, JudgeConfig)
+    assert (config.llm.model, config.llm.base_url, config.llm.cache_path) == ("m", "http://h/v1", "c.sqlite")
+    assert (config.keep_removed, config.shard) == (False, "1/2")
+    config = build_config(_args(["filter", "--method", "teacher", *io, "--model", "t", "--teacher-kind",
+                                 "cross-encoder", "--relative-margin", "0.1", "--bf16", "--batch-size", "8"]))
+    assert isinstance(config, TeacherFilterConfig)
+    assert (config.model, config.kind, config.relative_margin, config.bf16, config.batch_size) == \
+        ("t", "cross-encoder", 0.1, True, 8)
+    config = build_config(_args(["filter", "--method", "sieve", *io, "--no-train", "--strict", "--num-negatives", "3",
+                                 "--lr", "1e-6", "--no-progress", "beta=0.5"]))
+    assert isinstance(config, SieveConfig)
+    assert (config.train, config.strict, config.num_negatives, config.lr, config.progress, config.beta) == \
+        (False, True, 3, 1e-6, False, 0.5)
+
+
+def test_mine_flags_reach_the_config():
+    from robustir.cli.mine import mining_config
+
+    config = mining_config(_args(["mine", "--data", "d", "--output", "o", "--index", "hnsw", "--num-negatives", "5",
+                                  "--relative-margin", "0.05", "--batch-size", "8", "--bf16"]))
+    assert (config.index.kind, config.num_negatives, config.relative_margin) == ("hnsw", 5, 0.05)
+    assert (config.encode_batch_size, config.bf16, config.method, config.range_max) == (8, True, "bm25", 100)
+
+
+def test_pairs_flags_reach_the_config():
+    from robustir.cli.pairs import build_config
+
+    config = build_config(_args(["pairs", "--input", "i", "--output", "o", "--no-title", "--no-lcs",
+                                 "--min-weight", "2.5", "max_candidates=50"]))
+    assert (config.use_title, config.require_lcs, config.min_weight, config.max_candidates) == (False, False, 2.5, 50)
+    assert build_config(_args(["pairs", "--input", "i", "--output", "o"])).use_title is True
+
+
+def test_noise_bench_flags_reach_the_config(capsys):
+    from robustir.cli.noise_bench import build_config
+
+    config = build_config(_args(["noise-bench", "budget.epochs=2", "--preset", "gpu", "--kinds", "chunk-fn", "fp-hard",
+                                 "--rates", "0", "0.2", "--seeds", "1", "2", "--methods", "peg"]))
+    assert (config.preset, config.kinds, config.rates, config.seeds, config.methods, config.budget) == \
+        ("gpu", ["chunk-fn", "fp-hard"], [0.0, 0.2], [1, 2], ["peg"], {"epochs": 2})
+    with pytest.raises(SystemExit):
+        _args(["noise-bench", "--kinds", "no-such-kind"])
+    capsys.readouterr()
+
+
+def test_eval_and_chunk_flags_reach_the_config():
+    from robustir.cli.chunk import build_config as chunk_config
+    from robustir.cli.evaluate import build_config as eval_config
+
+    config = eval_config(_args(["eval", "--top-k", "10", "--index", "ivf", "--nprobe", "4", "--ignore-identical-ids",
+                                "--batch-size", "16"]))
+    assert (config.top_k, config.index.kind, config.index.nprobe, config.ignore_identical_ids, config.batch_size,
+            config.bf16) == (10, "ivf", 4, True, 16, False)
+    config = chunk_config(_args(["chunk", "--input", "i", "--output", "o", "--max-tokens", "10", "--tokenizer", "tok"]))
+    assert (config.max_tokens, config.overlap, config.min_tokens, config.tokenizer) == (10, 1, 32, "tok")
