@@ -1,4 +1,5 @@
-"""BatchEngine: gradient caching equals the plain step, column layout, duplicate masking, RNG replay."""
+"""BatchEngine: gradient caching equals the plain step (with and without aux losses, GUR included), column layout,
+duplicate masking, RNG replay."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from robustir.losses import get_loss
-from robustir.losses.base import ContrastiveBatch, ContrastiveLoss, LossOutput
+from robustir.losses.base import AuxLoss, ContrastiveBatch, ContrastiveLoss, LossOutput
 from robustir.training.batch_engine import BatchEngine, RandContext
 
 LOSS_NAMES = ["infonce", "peg", "ccr"]
@@ -42,10 +43,16 @@ class ChunkedForward(nn.Module):
         super().__init__()
         self.model, self.chunk_size = model, chunk_size
 
-    def forward(self, features: dict[str, Tensor]) -> Tensor:
+    def forward(self, features: dict[str, Tensor]) -> Tensor | tuple[Tensor, AuxLoss]:
         n = next(iter(features.values())).shape[0]
-        return torch.cat([self.model({k: v[s:s + self.chunk_size] for k, v in features.items()})
-                          for s in range(0, n, self.chunk_size)])
+        outputs = [self.model({k: v[s:s + self.chunk_size] for k, v in features.items()})
+                   for s in range(0, n, self.chunk_size)]
+        if isinstance(outputs[0], Tensor):
+            return torch.cat(outputs)
+        # (embeddings, AuxLoss) per chunk: one AuxLoss whose total and count are the chunks' sums
+        aux = [out[1] for out in outputs]
+        return torch.cat([out[0] for out in outputs]), AuxLoss(
+            sum(a.total for a in aux), sum(float(a.count) for a in aux), aux[0].name, aux[0].weight)
 
 
 class DotLoss(ContrastiveLoss):
@@ -329,3 +336,157 @@ def test_positive_ids_mask_every_known_positive_of_the_query():
     assert mask[0, 2:].all() and mask[1, 2:].all()
     plain = engine.build_batch(queries, passages, 1, passage_ids)
     assert plain.candidate_mask is None  # without positive_ids nothing is a duplicate here
+
+
+# ---------------------------------------------------------------------------------- (d) aux losses
+
+
+class AuxEncoder(TinyEncoder):
+    """TinyEncoder that also returns a token-level aux loss from the same forward: the sum over real tokens of
+    ||dropout(embedding)||^2 and the number of tokens (which differs per chunk: the weighting matters)."""
+
+    def forward(self, features: dict[str, Tensor]) -> tuple[Tensor, AuxLoss]:
+        mask = features["attention_mask"].unsqueeze(-1).to(self.embed.weight.dtype)
+        tokens = self.dropout(self.embed(features["input_ids"])) * mask
+        embeddings = self.proj(tokens.sum(1) / mask.sum(1).clamp_min(1.0))
+        return embeddings, AuxLoss((tokens ** 2).sum(), features["attention_mask"].sum(), "token_norm", weight=0.5)
+
+
+@pytest.mark.parametrize("backward", [True, False])
+@pytest.mark.parametrize("chunk_size", [3, 4])
+def test_aux_loss_cached_equals_plain(chunk_size: int, backward: bool) -> None:
+    """total = loss_weight * contrastive + weight * sum(totals) / sum(counts), equal in both modes, also when
+    the caller back-propagates a scaled loss (backward=False: the replay gets the aux gradient scaled too)."""
+    b, k = 6, 2
+    queries, passages, ids = make_batch(b, k)
+    torch.manual_seed(0)
+    plain_model = AuxEncoder().double().train()
+    cached_model = copy.deepcopy(plain_model)
+    results = []
+    for model, chunk in ((plain_model, None), (cached_model, chunk_size)):
+        torch.manual_seed(123)
+        engine = BatchEngine(get_loss("infonce"), chunk_size=chunk, loss_weight=0.7)
+        out = engine.step(model, queries, passages, k, passage_ids=ids, backward=backward)
+        if not backward:
+            assert out.loss.requires_grad
+            (3 * out.loss).backward()
+        results.append(out)
+    plain, cached = results
+    assert "token_norm" in plain.components and plain.components.keys() == cached.components.keys()
+    assert torch.allclose(plain.loss.double(), cached.loss.double(), atol=1e-6, rtol=1e-6)
+    assert plain.components["token_norm"] == pytest.approx(cached.components["token_norm"], rel=1e-9)
+    assert float(plain.loss.detach()) == pytest.approx(
+        0.7 * plain.components["nce"] + 0.5 * plain.components["token_norm"], rel=1e-6)
+    assert_same_grads(grads(plain_model), grads(cached_model))
+
+
+def test_aux_loss_is_the_mean_over_all_units_of_the_step() -> None:
+    """Without dropout the aux component is sum over every query and passage token / their number."""
+    b, k = 4, 1
+    queries, passages, _ = make_batch(b, k)
+    torch.manual_seed(0)
+    model = AuxEncoder(dropout=0.0).double()
+    out = BatchEngine(get_loss("infonce"), chunk_size=3).step(model, queries, passages, k)
+    with torch.no_grad():
+        sums = [float(((model.embed(f["input_ids"]) * f["attention_mask"].unsqueeze(-1)) ** 2).sum())
+                for f in (queries, passages)]
+    count = int(queries["attention_mask"].sum() + passages["attention_mask"].sum())
+    assert out.components["token_norm"] == pytest.approx(sum(sums) / count, rel=1e-9)
+
+
+def test_model_output_errors_are_explained() -> None:
+    queries, passages = random_features(2, seed=1), random_features(2, seed=2)
+
+    def bad(features: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"embeddings": TinyEncoder()(features)}
+
+    with pytest.raises(TypeError, match="AuxLoss"):
+        BatchEngine(DotLoss()).step(bad, queries, passages, 0)
+
+    def clash(features: dict[str, Tensor]) -> tuple[Tensor, AuxLoss]:
+        embeddings = TinyEncoder()(features)
+        return embeddings, AuxLoss(embeddings.sum(), 1, name="nce")
+
+    with pytest.raises(ValueError, match="collides"):
+        BatchEngine(get_loss("infonce")).step(clash, queries, passages, 0)
+
+
+# ---------------------------------------------------------------------------------- (e) GUR through the engine
+
+GUR_PAIRS = [
+    ("a cat is chasing a mouse", "the cat is chasing the dog in the garden"),
+    ("dense retrieval encodes passages", "passages are encoded by dense retrieval models"),
+    ("photosynthesis happens in chloroplasts", "chloroplasts host photosynthesis in plant cells"),
+    ("the river floods every spring", "every spring the river floods the valley"),
+    ("vaccines were tested in a trial", "a randomized trial tested the vaccine"),
+]
+
+
+def gur_inputs(tiny_model_dir: str) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """An interleaved GUR collator batch and its a-rows (queries) and b-rows (passages), as pre-training splits it."""
+    from transformers import AutoTokenizer
+
+    from robustir.data.masking import SpanMasker
+    from robustir.models.gur import GURCollator
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = GURCollator(tokenizer, max_length=24, masker=SpanMasker(mask_ratio=0.3), seed=0)(GUR_PAIRS)
+    return batch, {k: v[0::2] for k, v in batch.items()}, {k: v[1::2] for k, v in batch.items()}
+
+
+def gur_model(tiny_model_dir: str, **options):
+    import transformers
+
+    from robustir.models.gur import GURModel
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        torch.manual_seed(0)
+        return GURModel.from_pretrained(tiny_model_dir, **options).double()
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def gur_step(model, a_rows, b_rows, chunk_size: int | None, seed: int = 11):
+    """A GUR pre-training step as robustir.training.pretrain runs it: a-rows are the queries, b-rows the passages."""
+    gur = model.model if isinstance(model, ChunkedForward) else model
+    engine = BatchEngine(gur.contrastive_loss(), chunk_size=chunk_size, loss_weight=gur.alpha)
+    torch.manual_seed(seed)
+    return engine.step(model, a_rows, b_rows, 0)
+
+
+GUR_OPTIONS = [{"alpha": 0.7, "mlm_weight": 1.3},
+               {"alpha": 0.7, "mlm_weight": 1.3, "similarity": "dot", "projection": True, "pooling": "mean"}]
+
+
+@pytest.mark.parametrize("options", GUR_OPTIONS)
+def test_gur_step_cached_equals_plain_and_the_models_own_loss(tiny_model_dir: str, options: dict) -> None:
+    """Dropout off: GURModel(**interleaved batch) (alpha * CL + mlm_weight * MLM in one call), a plain engine
+    step on a-rows vs b-rows, and GradCache steps (chunks 2 and 3 of 5 pairs) give one loss and one gradient."""
+    batch, a_rows, b_rows = gur_inputs(tiny_model_dir)
+    reference = gur_model(tiny_model_dir, **options).eval()
+    models = {name: copy.deepcopy(reference) for name in ("plain", "chunk2", "chunk3")}
+    own = reference(**batch)
+    own["loss"].backward()
+    outs = {name: gur_step(model, a_rows, b_rows, {"plain": None, "chunk2": 2, "chunk3": 3}[name])
+            for name, model in models.items()}
+    for name, out in outs.items():
+        assert float(out.loss) == pytest.approx(float(own["loss"].detach()), rel=1e-6), name
+        assert out.components["mlm_loss"] == pytest.approx(float(own["mlm_loss"]), rel=1e-6)
+        assert out.components["nce"] == pytest.approx(float(own["cl_loss"]), rel=1e-6)
+        assert_same_grads(grads(reference), grads(models[name]), atol=1e-7, rtol=1e-5)
+
+
+def test_gur_step_cached_equals_plain_with_dropout(tiny_model_dir: str) -> None:
+    """Dropout on (RNG replay): the reference encodes the same chunks with a graph, MLM totals and counts summed."""
+    _, a_rows, b_rows = gur_inputs(tiny_model_dir)
+    cached_model = gur_model(tiny_model_dir, **GUR_OPTIONS[1]).train()
+    reference_model = copy.deepcopy(cached_model)
+    cached = gur_step(cached_model, a_rows, b_rows, 3)
+    reference = gur_step(ChunkedForward(reference_model, 3), a_rows, b_rows, None)
+    assert float(cached.loss) == pytest.approx(float(reference.loss), rel=1e-6)
+    assert cached.components.keys() == reference.components.keys()
+    assert_same_grads(grads(reference_model), grads(cached_model), atol=1e-7, rtol=1e-5)
+    again = gur_step(copy.deepcopy(reference_model), a_rows, b_rows, None, seed=12)
+    assert float(again.loss) != pytest.approx(float(reference.loss), rel=1e-6)  # dropout really is on

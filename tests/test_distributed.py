@@ -170,3 +170,131 @@ def test_unequal_rows_raise_on_every_rank(rank_results: list[dict]) -> None:
 def test_global_mean_over_processes(rank_results: list[dict]) -> None:
     for result in rank_results:
         assert float(result["global_mean"]) == pytest.approx(3.0)  # (1 + 2 + 6) / 3, not (1.5 + 6) / 2
+
+
+# ---------------------------------------------------------------------------------- GUR pre-training steps
+
+GUR_PAIRS_PER_RANK = 3
+GUR_OPTIONS = {"alpha": 0.7, "mlm_weight": 1.3, "projection": True, "projection_dim": 8, "pooling": "mean"}
+# (label, chunk_size, wrap the model in DistributedDataParallel as pre-training does)
+GUR_MODES = (("plain", None, False), ("plain_ddp", None, True), ("cached_ddp", 2, True))
+
+
+def gur_model(model_dir: str):
+    """The tiny BERT as a GUR model in float64, dropout off (ranks cannot share one dropout stream)."""
+    import transformers
+
+    from robustir.models.gur import GURModel
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return GURModel.from_pretrained(model_dir, **GUR_OPTIONS).double().eval()
+
+
+def gur_global_batch(model_dir: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """a-rows and b-rows of WORLD * GUR_PAIRS_PER_RANK span-masked pairs (the same on every process)."""
+    from transformers import AutoTokenizer
+
+    from robustir.data.masking import SpanMasker
+    from robustir.models.gur import GURCollator
+
+    words = "cat dog river model retrieval dense passage query vector spring flood garden mouse".split()
+    g = torch.Generator().manual_seed(3)
+    pairs = [tuple(" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),), generator=g))
+                   for n in torch.randint(3, 9, (2,), generator=g))
+             for _ in range(WORLD * GUR_PAIRS_PER_RANK)]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    batch = GURCollator(tokenizer, max_length=16, masker=SpanMasker(mask_ratio=0.3), seed=0)(pairs)
+    return {k: v[0::2] for k, v in batch.items()}, {k: v[1::2] for k, v in batch.items()}
+
+
+def gur_shard(features: dict[str, Tensor], rank: int) -> dict[str, Tensor]:
+    rows = slice(rank * GUR_PAIRS_PER_RANK, (rank + 1) * GUR_PAIRS_PER_RANK)
+    return {k: v[rows] for k, v in features.items()}
+
+
+def _gur_worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        a_rows, b_rows = (gur_shard(f, rank) for f in gur_global_batch(model_dir))
+        results: dict[str, object] = {}
+        for label, chunk_size, use_ddp in GUR_MODES:
+            model = gur_model(model_dir)
+            engine = BatchEngine(model.contrastive_loss(), chunk_size=chunk_size, loss_weight=model.alpha)
+            if use_ddp:  # as accelerate prepares it in robustir.training.pretrain
+                out = engine.step(nn.parallel.DistributedDataParallel(model, find_unused_parameters=True),
+                                  a_rows, b_rows, 0)
+            else:
+                out = engine.step(model, a_rows, b_rows, 0)
+                for p in model.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                        p.grad /= WORLD
+            value = out.loss.detach().clone().double()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            results[label] = {"loss": value / WORLD, "mlm_loss": out.components["mlm_loss"],
+                              "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
+        torch.save(results, os.path.join(out_dir, f"gur-rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def gur_rank_results(tmp_path_factory, tiny_model_dir) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("dist-gur")
+    mp.spawn(_gur_worker, args=(str(tmp / "init"), str(tmp), tiny_model_dir), nprocs=WORLD, join=True)
+    return [torch.load(tmp / f"gur-rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def gur_reference(model_dir: str) -> tuple[Tensor, list[float], dict[str, Tensor]]:
+    """One process, by hand: the symmetric InfoNCE over the vectors of *all* pairs (gathered negatives), plus each
+    process's own MLM mean averaged over the processes (the aux loss stays local)."""
+    from robustir.losses import ContrastiveBatch
+
+    model = gur_model(model_dir)
+    a_rows, b_rows = gur_global_batch(model_dir)
+    vectors_a, vectors_b, mlm_means = [], [], []
+    for rank in range(WORLD):
+        va, total_a, count_a = model.encode_with_mlm(**gur_shard(a_rows, rank))
+        vb, total_b, count_b = model.encode_with_mlm(**gur_shard(b_rows, rank))
+        vectors_a.append(va)
+        vectors_b.append(vb)
+        mlm_means.append((total_a + total_b) / (count_a + count_b))
+    contrastive = model.contrastive_loss()(ContrastiveBatch.from_groups(torch.cat(vectors_a), torch.cat(vectors_b)))
+    loss = model.alpha * contrastive.loss + model.mlm_weight * torch.stack(mlm_means).mean()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().double(), [float(m.detach()) for m in mlm_means], grads
+
+
+@pytest.mark.parametrize("mode", [m[0] for m in GUR_MODES])
+def test_gur_two_processes_gather_negatives(gur_rank_results: list[dict], tiny_model_dir: str, mode: str) -> None:
+    """GUR's contrastive term sees the pairs of both processes; its MLM aux loss is each process's own mean."""
+    ref_loss, ref_mlm, ref_grads = gur_reference(tiny_model_dir)
+    assert ref_mlm[0] != pytest.approx(ref_mlm[1])  # per-process MLM means differ: the test tells local from global
+    for rank, result in enumerate(gur_rank_results):
+        got = result[mode]
+        assert torch.allclose(got["loss"], ref_loss, atol=1e-5), (got["loss"], ref_loss)
+        assert got["mlm_loss"] == pytest.approx(ref_mlm[rank], rel=1e-6)
+        assert got["grads"].keys() == ref_grads.keys()
+        for name, grad in ref_grads.items():
+            # + 1e-12: attention key biases get an exactly-zero gradient in theory (float noise ~1e-21 here)
+            scale = float(grad.abs().max())
+            assert torch.allclose(got["grads"][name], grad, atol=1e-5 * scale + 1e-12, rtol=0), name
+
+
+def test_gur_local_negatives_would_differ(tiny_model_dir: str) -> None:
+    """Guard: without the gather (each process's pairs only) the contrastive loss is clearly different."""
+    from robustir.losses import ContrastiveBatch
+
+    model = gur_model(tiny_model_dir)
+    a_rows, b_rows = gur_global_batch(tiny_model_dir)
+    with torch.no_grad():
+        va, vb = model.encode_with_mlm(**a_rows)[0], model.encode_with_mlm(**b_rows)[0]
+        loss = model.contrastive_loss()
+        global_loss = float(loss(ContrastiveBatch.from_groups(va, vb)).loss)
+        n = GUR_PAIRS_PER_RANK
+        local = sum(float(loss(ContrastiveBatch.from_groups(va[r * n:(r + 1) * n], vb[r * n:(r + 1) * n])).loss)
+                    for r in range(WORLD)) / WORLD
+    assert abs(global_loss - local) > 1e-3

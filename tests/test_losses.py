@@ -120,6 +120,43 @@ def test_symmetric_needs_in_batch_negatives():
         InfoNCELoss(symmetric=True, in_batch_negatives=False)
 
 
+def test_dot_similarity_scores_raw_inner_products():
+    out = InfoNCELoss(temperature=0.1, similarity="dot")(fixed_batch())
+
+    def dot(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b))
+
+    rows = [logsumexp([dot(Q[i], PASSAGES[j]) / 0.1 for j in ALL]) - dot(Q[i], P[i]) / 0.1 for i in range(3)]
+    assert out.loss.item() == pytest.approx(sum(rows) / 3, rel=1e-5)
+    assert out.components["pos_sim"] == pytest.approx(sum(dot(Q[i], P[i]) for i in range(3)) / 3, rel=1e-5)
+    assert InfoNCELoss(similarity="dot").config()["similarity"] == "dot"
+    with pytest.raises(ConfigError, match="similarity"):
+        InfoNCELoss(similarity="l2")
+
+
+def gur_symmetric_info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float, similarity: str) -> torch.Tensor:
+    """GUR's former in-model contrastive loss (robustir.models.gur.symmetric_info_nce before it moved into
+    losses/; the authors' ``compute_clip_loss``), kept here as the reference."""
+    if similarity == "cosine":
+        a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
+    logits = (a @ b.T).float() / temperature
+    target = torch.arange(len(a))
+    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot"])
+def test_symmetric_infonce_equals_gurs_symmetric_info_nce(similarity):
+    """GUR's contrastive term is InfoNCELoss(symmetric=True) on a_k (queries) vs b_k (positives), no hard
+    negatives: the mean of the a->b and b->a cross-entropies, with cosine or dot similarity."""
+    torch.manual_seed(3)
+    a, b = torch.randn(6, 8), torch.randn(6, 8)
+    b[4] = b[1]  # an in-batch duplicate stays a negative, as in GUR (no duplicate mask without passage ids)
+    out = InfoNCELoss(temperature=0.1, symmetric=True, similarity=similarity)(ContrastiveBatch.from_groups(a, b))
+    expected = gur_symmetric_info_nce(a, b, temperature=0.1, similarity=similarity)
+    torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=1e-6)
+    assert out.components["nce"] == pytest.approx(float(expected), rel=1e-6)
+
+
 # --- PEG: a batch whose cosines are set directly (every query is e1, no in-batch negatives) ---------------
 
 BETA = 0.1

@@ -119,6 +119,39 @@ def test_resume_equals_uninterrupted(tiny_model_dir, tmp_path, mode):
         assert model.projection is not None and model.projection_dim == 16
 
 
+@pytest.fixture(scope="module")
+def no_dropout_model_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """The tiny BERT with dropout off (chunked and plain forwards would draw different dropout masks)."""
+    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM
+
+    model_dir = tmp_path_factory.mktemp("tiny-bert-no-dropout")
+    config = AutoConfig.from_pretrained(tiny_model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertForMaskedLM.from_pretrained(tiny_model_dir, config=config).save_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(model_dir)
+    return str(model_dir)
+
+
+def test_gur_steps_go_through_the_batch_engine_with_grad_cache(no_dropout_model_dir, tiny_model_dir, tmp_path):
+    """GUR pre-training with chunk_size (GradCache) logs the same first-step losses and gradient norm as without."""
+    from robustir.errors import ConfigError
+
+    model_dir = no_dropout_model_dir
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    logs = {}
+    for name, chunk_size in (("plain", None), ("cached", 3)):  # 4 pairs per step: chunks of 3 + 1 sentences
+        pretrain(small_config(str(model_dir), "gur", data, tmp_path / name, max_steps=1, chunk_size=chunk_size,
+                              projection=True, projection_dim=16, alpha=0.7, mlm_weight=1.3))
+        logs[name] = read_log(tmp_path / name)[0]
+    plain, cached = logs["plain"], logs["cached"]
+    assert {"loss", "mlm_loss", "cl_loss", "cl_accuracy", "cl_loss_q2p", "cl_loss_p2q"} <= set(plain)
+    assert plain.keys() == cached.keys()
+    for key in ("loss", "mlm_loss", "cl_loss", "grad_norm"):
+        assert cached[key] == pytest.approx(plain[key], rel=1e-4), key
+    assert plain["loss"] == pytest.approx(0.7 * plain["cl_loss"] + 1.3 * plain["mlm_loss"], rel=1e-5)
+    with pytest.raises(ConfigError, match="gur only"):
+        small_config(tiny_model_dir, "retromae", data, tmp_path / "x", chunk_size=2).validate()
+
+
 def test_cli_flags_overrides_and_errors(tiny_model_dir, tmp_path, capsys):
     from robustir.cli.main import build_parser, main
     from robustir.cli.pretrain import build_config
@@ -189,27 +222,50 @@ def test_text_readers_stream_every_format(tmp_path):
         list(read_texts(pairs))
 
 
-def test_two_processes_with_torchrun(tiny_model_dir, tmp_path):
-    """DDP on CPU (gloo): both ranks stream their own share, the main rank logs and saves."""
+def torchrun_pretrain(args: list[str]):
+    """``torchrun --nproc_per_node 2 -m robustir.cli.main pretrain ARGS`` on CPU (gloo, 127.0.0.1)."""
     import os
     import socket
     import subprocess
     import sys
 
-    data = write_texts(tmp_path / "texts.jsonl", 12)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), "-m", "robustir.cli.main", "pretrain", "--mode", "retromae",
-               "--model", tiny_model_dir, "--data", str(data), "--output", str(out), "--epochs", "1",
-               "--batch-size", "2", "max_length=32", "report=false"]
+               "--master_port", str(port), "-m", "robustir.cli.main", "pretrain", *args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_two_processes_with_torchrun(tiny_model_dir, tmp_path):
+    """DDP on CPU (gloo): both ranks stream their own share, the main rank logs and saves."""
+    data = write_texts(tmp_path / "texts.jsonl", 12)
+    out = tmp_path / "ddp"
+    done = torchrun_pretrain(["--mode", "retromae", "--model", tiny_model_dir, "--data", str(data), "--output",
+                              str(out), "--epochs", "1", "--batch-size", "2", "max_length=32", "report=false"])
     log = read_log(out)
     assert [r["step"] for r in log] == [1, 2, 3]  # 12 texts / (2 processes x 2) per step
     assert log[-1]["epoch"] == pytest.approx(1.0)
     assert (out / "model" / "model.safetensors").exists() and (out / "decoder_head" / "config.json").exists()
+    assert done.stdout.count("pre-trained encoder saved") == 1
+
+
+def test_gur_two_processes_with_torchrun_and_grad_cache(no_dropout_model_dir, tmp_path):
+    """GUR under torchrun: the batch engine gathers both ranks' sentence vectors (DDP, GradCache chunks of one)."""
+    data = write_pairs(tmp_path / "pairs.jsonl", 12)
+    out = tmp_path / "ddp-gur"
+    done = torchrun_pretrain(["--mode", "gur", "--model", no_dropout_model_dir, "--data", str(data), "--output",
+                              str(out), "--epochs", "1", "--batch-size", "2", "chunk_size=1", "max_length=32",
+                              "report=false"])
+    log = read_log(out)
+    assert [r["step"] for r in log] == [1, 2, 3]  # 12 pairs / (2 processes x 2) per step
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["cl_loss"]) and np.isfinite(r["mlm_loss"]) for r in log)
+    # the random tiny BERT's sentence vectors ([CLS], no dropout) are all but identical at step 1, so InfoNCE is
+    # log(candidates):
+    # log 4 = both ranks' pairs (gathered); each rank alone would give log 2
+    assert log[0]["cl_loss"] == pytest.approx(np.log(4), rel=0.02)
+    assert (out / "model" / "model.safetensors").exists() and (out / "projection_head" / "config.json").exists()
     assert done.stdout.count("pre-trained encoder saved") == 1

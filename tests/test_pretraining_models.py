@@ -14,8 +14,9 @@ from robustir.data.masking import (
     whole_word_mask,
     word_groups,
 )
-from robustir.models.gur import GURCollator, GURModel, symmetric_info_nce
+from robustir.models.gur import GURCollator, GURModel
 from robustir.errors import ConfigError
+from robustir.losses import ContrastiveBatch
 from robustir.models.retromae import RetroMAECollator, RetroMAEModel
 
 SENTENCES = [
@@ -355,7 +356,8 @@ def test_gur_collator_layout_and_labels(tokenizer):
     assert not selected[special].any()
 
 
-def test_symmetric_info_nce_hand_computed():
+def test_gur_contrastive_loss_hand_computed(tiny_model_dir):
+    """GUR's contrastive term (GURModel.contrastive_loss: symmetric InfoNCELoss) on a_k vs b_k."""
     import math
 
     def symmetric_ce(logits: list[list[float]]) -> float:  # (CE over rows + CE over columns) / 2
@@ -364,16 +366,22 @@ def test_symmetric_info_nce_hand_computed():
         cols = sum(math.log(sum(math.exp(logits[k][j]) for k in range(n))) - logits[j][j] for j in range(n)) / n
         return (rows + cols) / 2
 
+    def contrastive(similarity: str):
+        loss = quiet_load(GURModel, tiny_model_dir, similarity=similarity).contrastive_loss()
+        assert loss.config() == {"name": "infonce", "temperature": 0.1, "in_batch_negatives": True,
+                                 "symmetric": True, "similarity": similarity}
+        return loss(ContrastiveBatch.from_groups(a, b))
+
     a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     b = torch.tensor([[1.0, 0.0], [2.0, 1.0]])
     # dot / 0.1: a @ b.T = [[1, 2], [0, 1]]
-    loss, accuracy = symmetric_info_nce(a, b, temperature=0.1, similarity="dot")
-    assert float(loss) == pytest.approx(symmetric_ce([[10.0, 20.0], [0.0, 10.0]]), rel=1e-6)
-    assert float(accuracy) == 0.5  # a->b: row 0 wrong, row 1 right; b->a: column 0 right, column 1 wrong
+    out = contrastive("dot")
+    assert float(out.loss) == pytest.approx(symmetric_ce([[10.0, 20.0], [0.0, 10.0]]), rel=1e-6)
+    assert out.components["accuracy"] == 0.5  # a->b: row 0 wrong (20 > 10), row 1 right
     # cosine / 0.1: |b_2| = sqrt(5)
     r5 = math.sqrt(5.0)
-    loss, _ = symmetric_info_nce(a, b, temperature=0.1)
-    assert float(loss) == pytest.approx(symmetric_ce([[10.0, 20.0 / r5], [0.0, 10.0 / r5]]), rel=1e-6)
+    out = contrastive("cosine")
+    assert float(out.loss) == pytest.approx(symmetric_ce([[10.0, 20.0 / r5], [0.0, 10.0 / r5]]), rel=1e-6)
 
 
 @pytest.mark.parametrize("options", [{}, {"pooling": "mean", "projection": True, "similarity": "dot"}])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from robustir.errors import ConfigError
-from robustir.losses.base import ContrastiveBatch, ContrastiveLoss, LossOutput
+from robustir.losses.base import AuxLoss, ContrastiveBatch, ContrastiveLoss, LossOutput
 from robustir.losses.ccr import CCRLoss, sieve_keep_mask
 from robustir.losses.infonce import InfoNCELoss
 from robustir.losses.peg import PEGLoss
@@ -26,5 +26,5 @@ def get_loss(name: str, **kwargs) -> ContrastiveLoss:
     return cls(**kwargs)
 
 
-__all__ = ["CCRLoss", "ContrastiveBatch", "ContrastiveLoss", "InfoNCELoss", "LOSSES", "LossOutput", "PEGLoss",
-           "get_loss", "sieve_keep_mask"]
+__all__ = ["AuxLoss", "CCRLoss", "ContrastiveBatch", "ContrastiveLoss", "InfoNCELoss", "LOSSES", "LossOutput",
+           "PEGLoss", "get_loss", "sieve_keep_mask"]

@@ -77,6 +77,25 @@ class LossOutput:
     components: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class AuxLoss:
+    """An auxiliary loss the model computes in the same forward as the embeddings (e.g. GUR's MLM loss).
+
+    A model callable given to :meth:`robustir.training.batch_engine.BatchEngine.step` may return
+    ``(embeddings, AuxLoss(...))`` (or ``(embeddings, [AuxLoss, ...])``) instead of the embeddings alone.
+    ``total`` is a **sum** over this forward's units (e.g. the cross-entropies of its masked tokens), with a
+    graph; ``count`` the number of units (no gradient). The engine divides the totals of every forward of the
+    step (queries and passages, every chunk) by their summed count, so a chunked (GradCache) step and a plain
+    one give the same loss and gradients, and adds ``weight * total / count`` to the contrastive loss; the
+    unweighted mean is logged as ``components[name]``.
+    """
+
+    total: Tensor
+    count: Tensor | int | float
+    name: str = "aux"
+    weight: float = 1.0
+
+
 class ContrastiveLoss(nn.Module):
     """Base class: subclasses implement :meth:`forward` on a :class:`ContrastiveBatch`."""
 
@@ -100,9 +119,21 @@ def cosine_scores(batch: ContrastiveBatch) -> Tensor:
     Computed in float32: with temperatures as small as 0.01 the logits reach 100, where bf16/fp16
     rounding would swamp the differences between candidates.
     """
-    queries = F.normalize(batch.queries.float(), dim=-1)
-    passages = F.normalize(batch.passages.float(), dim=-1)
-    return queries @ passages.T
+    return pairwise_scores(batch.queries, batch.passages, "cosine")
+
+
+#: similarity functions a loss may score with (``similarity=`` option)
+SIMILARITIES = ("cosine", "dot")
+
+
+def pairwise_scores(rows: Tensor, columns: Tensor, similarity: str = "cosine") -> Tensor:
+    """``(n, m)`` similarity of every row with every column in float32: cosine or the raw dot product."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    rows, columns = rows.float(), columns.float()
+    if similarity == "cosine":
+        rows, columns = F.normalize(rows, dim=-1), F.normalize(columns, dim=-1)
+    return rows @ columns.T
 
 
 def negative_mask(batch: ContrastiveBatch, in_batch_negatives: bool = True) -> Tensor:

@@ -6,7 +6,9 @@ The authors train a T5 encoder-decoder; here the recipe is adapted to an encoder
 * every sentence of a mined pair (a, b) is span-masked (:class:`~robustir.data.masking.SpanMasker`) and
   the masked tokens are predicted by the MLM head (the T5 span-infilling objective's BERT analogue);
 * the *same* forward over the masked sentences gives sentence vectors (the authors also pool the
-  corrupted input, §3.4), and a symmetric InfoNCE over the pairs pulls a_k towards b_k;
+  corrupted input, §3.4), and a symmetric InfoNCE over the pairs pulls a_k towards b_k: the contrastive
+  term is :class:`robustir.losses.infonce.InfoNCELoss` (``symmetric=True``, this model's ``similarity`` and
+  ``temperature``; :meth:`GURModel.contrastive_loss`), a pure function of the vectors like every loss;
 * loss = mlm_weight * MLM + alpha * CL, alpha = 1 (paper and code).
 
 Paper vs code (§3.5), and what the defaults pick: pooling "cls" (paper; code uses the last EOS, which a
@@ -14,8 +16,14 @@ BERT input does not have); similarity "cosine" (paper; ``similarity="dot"`` repr
 product); temperature 0.1 (both); mask ratio 15 % (paper; ``SpanMasker(mask_ratio_range=(0.10, 0.29))``
 reproduces the code).
 
-Pipeline: ``GURCollator(pairs) -> batch``; ``GURModel(**batch) -> {"loss", ...}``. Batch rows are
-interleaved ``[a1, b1, a2, b2, ...]`` (as the authors' data loader does), so rows 2k and 2k+1 are a pair.
+Pipeline: ``GURCollator(pairs) -> batch``, rows interleaved ``[a1, b1, a2, b2, ...]`` (as the authors'
+data loader does), so rows 2k and 2k+1 are a pair. Pre-training (:mod:`robustir.training.pretrain`) hands
+the a-rows as queries and the b-rows as passages to :meth:`robustir.training.batch_engine.BatchEngine.step`
+(no hard negatives) with the model in its engine form ``GURModel(features) -> (vectors, AuxLoss)``: the MLM
+loss is an auxiliary loss (sum of the masked tokens' cross-entropies and their count), the contrastive loss
+is the engine's, so GUR gets GradCache (``chunk_size``) and, under ``torchrun``, the vectors of every
+process as in-batch negatives. ``GURModel(**batch) -> {"loss", ...}`` computes the same objective on one
+process's interleaved batch in one call (tests, quick experiments).
 """
 
 from __future__ import annotations
@@ -27,11 +35,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from robustir.data.masking import SpanMasker, maskable_positions, replace_masked_tokens
 from robustir.errors import ConfigError
+from robustir.losses.base import SIMILARITIES, AuxLoss, ContrastiveBatch
+from robustir.losses.infonce import InfoNCELoss
 from robustir.models.mlm_encoder import (
     MaskedLMPretrainModel,
     load_masked_lm,
@@ -40,10 +49,11 @@ from robustir.models.mlm_encoder import (
     pool,
 )
 
-__all__ = ["GURCollator", "GURModel", "ProjectionHead", "symmetric_info_nce"]
+__all__ = ["GURCollator", "GURModel", "ProjectionHead"]
 
 PROJECTION_HEAD_FORMAT = "robustir.gur.projection_head"
-SIMILARITIES = ("cosine", "dot")
+#: name of the MLM loss among the batch engine's components (and in the pre-training log)
+MLM_LOSS_NAME = "mlm_loss"
 _WEIGHTS_NAME = "model.safetensors"
 _CONFIG_NAME = "config.json"
 
@@ -137,29 +147,12 @@ class ProjectionHead(nn.Module):
         return self.net(x)
 
 
-def symmetric_info_nce(
-    a: Tensor, b: Tensor, *, temperature: float = 0.1, similarity: str = "cosine"
-) -> tuple[Tensor, Tensor]:
-    """GUR's contrastive loss (paper eq. 2; code ``compute_clip_loss``; docs/methods.md#gur-joint-pre-training).
-
-    ``logits = sim(a, b) / temperature`` over the (B, B) in-batch matrix, positives on the diagonal;
-    loss = (CE(logits, arange) + CE(logits.T, arange)) / 2. Returns ``(loss, accuracy)``, accuracy being
-    the fraction of both directions whose top-scoring column is the true partner.
-    """
-    if similarity not in SIMILARITIES:
-        raise ConfigError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-    if similarity == "cosine":
-        a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
-    logits = (a @ b.T).float() / temperature
-    target = torch.arange(len(a), device=a.device)
-    loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-    with torch.no_grad():
-        accuracy = ((logits.argmax(1) == target).float().mean() + (logits.argmax(0) == target).float().mean()) / 2
-    return loss, accuracy
-
-
 class GURModel(MaskedLMPretrainModel):
-    """BERT masked LM trained with span-MLM + in-pair contrastive loss; ``forward(**collator_batch)``.
+    """BERT masked LM trained with span-MLM + in-pair contrastive loss.
+
+    Two call forms: ``model(features)`` (a feature dict of any rows, e.g. a batch engine chunk) returns
+    ``(vectors, AuxLoss)`` for :class:`~robustir.training.batch_engine.BatchEngine`;
+    ``model(**collator_batch)`` (interleaved pairs) returns ``{"loss", "mlm_loss", "cl_loss", "cl_accuracy"}``.
 
     Args:
         encoder: a BERT-family ``AutoModelForMaskedLM``.
@@ -247,28 +240,62 @@ class GURModel(MaskedLMPretrainModel):
         vectors = pool(hidden, attention_mask, self.pooling)
         return self.projection(vectors) if self.projection is not None else vectors
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        labels: Tensor,
-        token_type_ids: Tensor | None = None,
-    ) -> dict[str, Tensor]:
-        if input_ids.shape[0] % 2:
-            raise ValueError("GUR batches hold pairs as interleaved rows [a1, b1, a2, b2, ...]; got an odd row count")
+    def encode_with_mlm(
+        self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, int]:
+        """One encoder forward over span-masked sentences: ``(vectors, mlm_total, mlm_count)``.
+
+        ``mlm_total`` is the **sum** of the cross-entropies at the masked positions (``labels != -100``) and
+        ``mlm_count`` their number, so that the MLM loss of several forwards (chunks, a- and b-rows) is
+        ``sum(totals) / sum(counts)``, the mean over every masked token of the batch.
+        """
         out = self.encoder.base_model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         hidden = out.last_hidden_state
-        mlm_loss = masked_lm_loss(self.head, hidden, labels)
-        vectors = self._vectors(hidden, attention_mask)
-        cl_loss, cl_accuracy = symmetric_info_nce(
-            vectors[0::2], vectors[1::2], temperature=self.temperature, similarity=self.similarity
-        )
-        loss = self.mlm_weight * mlm_loss + self.alpha * cl_loss
+        mlm_total = masked_lm_loss(self.head, hidden, labels, reduction="sum")
+        return self._vectors(hidden, attention_mask), mlm_total, int((labels != -100).sum())
+
+    def contrastive_loss(self) -> InfoNCELoss:
+        """GUR's contrastive term as a loss of :mod:`robustir.losses`: symmetric InfoNCE, a_k vs b_k."""
+        return InfoNCELoss(self.temperature, symmetric=True, similarity=self.similarity)
+
+    def forward(
+        self,
+        features: Mapping[str, Tensor] | None = None,
+        *,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> tuple[Tensor, AuxLoss] | dict[str, Tensor]:
+        """``model(features)``: the batch engine's model form; ``model(**collator_batch)``: the whole loss.
+
+        * ``features`` (``input_ids``, ``attention_mask``, ``labels``, optional ``token_type_ids``; any rows):
+          ``(vectors, AuxLoss(mlm_total, mlm_count, name="mlm_loss", weight=mlm_weight))``. The engine adds
+          ``alpha`` (its ``loss_weight``) times :meth:`contrastive_loss` of the vectors.
+        * keyword tensors of one interleaved pair batch ``[a1, b1, a2, b2, ...]``:
+          ``{"loss": mlm_weight * MLM + alpha * CL, "mlm_loss", "cl_loss", "cl_accuracy"}`` (``cl_accuracy``:
+          the fraction of a-rows whose partner scores highest, ties counted as correct), the same objective
+          as a single-process plain engine step on that batch.
+        """
+        if features is not None:
+            if not isinstance(features, Mapping):
+                raise TypeError("GURModel(features) takes a feature dict; pass the collator's batch as "
+                                "GURModel(**batch)")
+            vectors, mlm_total, mlm_count = self.encode_with_mlm(**features)
+            return vectors, AuxLoss(mlm_total, mlm_count, name=MLM_LOSS_NAME, weight=self.mlm_weight)
+        if input_ids is None or attention_mask is None or labels is None:
+            raise TypeError("GURModel(**batch) needs input_ids, attention_mask and labels")
+        if input_ids.shape[0] % 2:
+            raise ValueError("GUR batches hold pairs as interleaved rows [a1, b1, a2, b2, ...]; got an odd row count")
+        vectors, mlm_total, mlm_count = self.encode_with_mlm(input_ids, attention_mask, labels, token_type_ids)
+        mlm_loss = mlm_total / max(mlm_count, 1)
+        cl = self.contrastive_loss()(ContrastiveBatch.from_groups(vectors[0::2], vectors[1::2]))
+        loss = self.mlm_weight * mlm_loss + self.alpha * cl.loss
         return {
             "loss": loss,
             "mlm_loss": mlm_loss.detach(),
-            "cl_loss": cl_loss.detach(),
-            "cl_accuracy": cl_accuracy,
+            "cl_loss": cl.loss.detach(),
+            "cl_accuracy": torch.tensor(cl.components["accuracy"]),
         }
 
     def save_pretrained(

@@ -72,17 +72,21 @@ def mlm_head(model: nn.Module) -> nn.Module:
     )
 
 
-def masked_lm_loss(head: nn.Module, hidden: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy of ``head(hidden)`` at positions with ``labels != -100``.
+def masked_lm_loss(head: nn.Module, hidden: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of ``head(hidden)`` at positions with ``labels != -100``: their mean, or with
+    ``reduction="sum"`` their sum (GUR hands the sum and the count to the batch engine, which divides once
+    per step so that chunked and plain steps agree).
 
     With no labelled position the loss is an exact 0 that still belongs to the graph, so a batch of very
     short texts cannot produce NaN.
     """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     selected = labels != -100
     if not bool(selected.any()):
         return hidden.sum() * 0.0
     logits = head(hidden[selected])
-    return F.cross_entropy(logits.float(), labels[selected])
+    return F.cross_entropy(logits.float(), labels[selected], reduction=reduction)
 
 
 class MaskedLMPretrainModel(nn.Module):

@@ -28,31 +28,49 @@ With ``step(..., backward=False)`` the returned loss carries a graph in both mod
 its backward runs step 3 from inside autograd, so the caller may scale it first
 (``scaler.scale(loss).backward()``, ``(loss / accumulation_steps).backward()``).
 
+Auxiliary losses (the same forward also yields a non-contrastive loss, e.g. GUR's masked-LM loss; a
+RetroMAE-style objective could use it too): the model callable may return ``(embeddings, AuxLoss)``
+(:class:`robustir.losses.base.AuxLoss`; or a sequence of them) with ``total`` the **sum** over the
+forward's units (masked tokens) and ``count`` their number. The step's aux loss is
+``sum(totals) / sum(counts)`` over every query and passage forward, and the returned loss is
+``loss_weight * contrastive + sum(aux.weight * aux mean)``. Plain mode adds it directly. Cached mode
+records every chunk's total and count in step 1 (so the step's count is known before the replay),
+makes the step's aux means leaves next to the embeddings in step 2, and in step 3 adds
+``total_chunk * d(loss)/d(mean) / count_step`` to each chunk's surrogate: parameter gradients equal
+the plain step's, whatever the chunk boundaries (tests/test_batch_engine.py).
+
 Multi-process scaling: each process computes the loss of its *local* rows (mean over its ``b``
 rows) against the *gathered* columns. :func:`robustir.training.distributed.gather_with_grad` sums
 over processes the gradient that every process's loss sends into the gathered tensors, and
 DistributedDataParallel *averages* parameter gradients over processes; together the parameters
 receive the gradient of the mean of the per-process losses, which is the global-batch mean loss
 because every process has the same ``b``. Without DDP, average the parameter gradients over
-processes yourself (``all_reduce(SUM) / world_size``) to obtain the same gradient.
+processes yourself (``all_reduce(SUM) / world_size``) to obtain the same gradient. Aux losses are
+**not** gathered: each process adds the mean over its own units (its own count), so after DDP's
+averaging the parameters receive the gradient of the mean over processes of the per-process aux means,
+which equals the global mean over all units only when every process has the same count.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable, Mapping
+from functools import reduce
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from robustir.losses.base import ContrastiveBatch, ContrastiveLoss, LossOutput
+from robustir.losses.base import AuxLoss, ContrastiveBatch, ContrastiveLoss, LossOutput
 from robustir.training import distributed
 
 Features = Mapping[str, Any]
 ContextFactory = Callable[[], AbstractContextManager]
+#: what the model callable returns: embeddings, or embeddings and the auxiliary loss(es) of the same forward
+ModelOutput = Tensor | tuple[Tensor, AuxLoss | Sequence[AuxLoss]]
+Model = Callable[[Features], ModelOutput]
 
-__all__ = ["RandContext", "BatchEngine"]
+__all__ = ["AuxLoss", "RandContext", "BatchEngine"]
 
 
 class RandContext:
@@ -109,6 +127,40 @@ def _loss_precision(reps: Tensor) -> Tensor:
     return reps.float() if reps.dtype in (torch.float16, torch.bfloat16) else reps
 
 
+def _model_output(output: Any) -> tuple[Tensor, list[AuxLoss]]:
+    """Split what the model callable returned into the embeddings and its (possibly empty) aux losses."""
+    if isinstance(output, Tensor):
+        return output, []
+    if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[0], Tensor):
+        aux = [output[1]] if isinstance(output[1], AuxLoss) else list(output[1])
+        if all(isinstance(a, AuxLoss) for a in aux):
+            return output[0], aux
+    raise TypeError("the model callable must return (rows, d) embeddings or (embeddings, AuxLoss) / "
+                    f"(embeddings, [AuxLoss, ...]), got {type(output).__name__}")
+
+
+def _sum_aux(forwards: Sequence[Sequence[AuxLoss]]) -> dict[str, AuxLoss]:
+    """Sum the totals and counts of the aux losses of several forwards, by name (first-seen order)."""
+    summed: dict[str, AuxLoss] = {}
+    for aux_losses in forwards:
+        for aux in aux_losses:
+            seen = summed.get(aux.name)
+            count = float(aux.count)
+            if seen is None:
+                summed[aux.name] = AuxLoss(aux.total, count, aux.name, aux.weight)
+            elif seen.weight != aux.weight:
+                raise ValueError(f"aux loss {aux.name!r} has weight {seen.weight} in one forward and {aux.weight} "
+                                 "in another")
+            else:
+                summed[aux.name] = AuxLoss(seen.total + aux.total, float(seen.count) + count, aux.name, aux.weight)
+    return summed
+
+
+def _aux_mean(aux: AuxLoss) -> Tensor:
+    # a step without any unit (e.g. no masked token) has total 0: the mean is that 0, still in the graph
+    return _loss_precision(aux.total) / max(float(aux.count), 1.0)
+
+
 def _no_autocast(device_type: str) -> AbstractContextManager:
     """Disable an autocast the caller may have wrapped around ``step`` (the loss runs in fp32)."""
     available = getattr(torch.amp, "is_autocast_available", None)
@@ -122,22 +174,24 @@ class _ReplayOnBackward(torch.autograd.Function):
 
     Lets ``step(..., backward=False)`` return a loss that the caller back-propagates itself (for
     example ``scaler.scale(loss).backward()`` or ``(loss / accumulation_steps).backward()``): the
-    replay receives the gradient already multiplied by whatever the caller scaled the loss with.
+    replay receives the gradient already multiplied by whatever the caller scaled the loss with, for
+    the embeddings and for the step's aux-loss means alike.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, replay: Callable[[Tensor | None, Tensor | None], None], queries: Tensor, passages: Tensor
-    ) -> tuple[Tensor, Tensor]:
+        ctx, replay: Callable[[Tensor | None, Tensor | None, Tensor | None], None], queries: Tensor,
+        passages: Tensor, aux_means: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         ctx.replay = replay
-        return queries.clone(), passages.clone()
+        return queries.clone(), passages.clone(), aux_means.clone()
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx, grad_queries: Tensor | None, grad_passages: Tensor | None
-    ) -> tuple[None, None, None]:
-        ctx.replay(grad_queries, grad_passages)
-        return None, None, None
+        ctx, grad_queries: Tensor | None, grad_passages: Tensor | None, grad_aux: Tensor | None
+    ) -> tuple[None, None, None, None]:
+        ctx.replay(grad_queries, grad_passages, grad_aux)
+        return None, None, None, None
 
 
 class BatchEngine:
@@ -155,6 +209,8 @@ class BatchEngine:
             no-grad pass and the replay must match), e.g.
             ``lambda: torch.autocast("cuda", dtype=torch.bfloat16)``. The loss itself always runs
             outside autocast on float32 (or float64) embeddings.
+        loss_weight: multiplies the contrastive loss before the model's aux losses (each with its own
+            :attr:`AuxLoss.weight`) are added, e.g. GUR's ``alpha``.
     """
 
     def __init__(
@@ -164,6 +220,7 @@ class BatchEngine:
         gather_across_processes: bool = True,
         mask_duplicate_positives: bool = True,
         autocast: ContextFactory | None = None,
+        loss_weight: float = 1.0,
     ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
@@ -172,6 +229,7 @@ class BatchEngine:
         self.gather_across_processes = gather_across_processes
         self.mask_duplicate_positives = mask_duplicate_positives
         self.autocast = autocast
+        self.loss_weight = float(loss_weight)
 
     # ------------------------------------------------------------------ batch layout
 
@@ -264,15 +322,26 @@ class BatchEngine:
     def _autocast(self) -> AbstractContextManager:
         return self.autocast() if self.autocast is not None else nullcontext()
 
-    def _encode(self, model: Callable[[Features], Tensor], features: Features) -> Tensor:
+    def _encode(self, model: Model, features: Features) -> tuple[Tensor, list[AuxLoss]]:
         with self._autocast():
-            return model(features)
+            return _model_output(model(features))
 
     def _loss(self, queries: Tensor, passages: Tensor, k: int, passage_ids: Tensor | None,
               positive_ids: Tensor | None = None) -> LossOutput:
         queries, passages = _loss_precision(queries), _loss_precision(passages)
         with _no_autocast(queries.device.type):
             return self.loss(self.build_batch(queries, passages, k, passage_ids, positive_ids))
+
+    def _with_aux(self, out: LossOutput, aux: Mapping[str, AuxLoss], means: Sequence[Tensor]) -> LossOutput:
+        """``loss_weight * contrastive + sum(weight * aux mean)``; the aux means join the components."""
+        loss = out.loss if self.loss_weight == 1.0 else self.loss_weight * out.loss
+        components = dict(out.components)
+        for (name, a), mean in zip(aux.items(), means):
+            if name in components:
+                raise ValueError(f"aux loss name {name!r} collides with a component of the {type(self.loss).__name__}")
+            loss = loss + a.weight * mean
+            components[name] = float(mean.detach())
+        return LossOutput(loss, components)
 
     def _is_plain(self, num_query_rows: int, num_passage_rows: int) -> bool:
         return self.chunk_size is None or self.chunk_size >= max(num_query_rows, num_passage_rows)
@@ -281,7 +350,7 @@ class BatchEngine:
 
     def step(
         self,
-        model: Callable[[Features], Tensor],
+        model: Model,
         query_features: Features,
         passage_features: Features,
         num_hard_negatives: int,
@@ -294,7 +363,11 @@ class BatchEngine:
 
         Args:
             model: callable mapping a feature dict to ``(rows, d)`` embeddings (e.g. an ``nn.Module``,
-                possibly wrapped in DistributedDataParallel).
+                possibly wrapped in DistributedDataParallel), or to ``(embeddings, aux)`` where ``aux`` is
+                an :class:`AuxLoss` (or a sequence of them) computed by the same forward, e.g. an MLM loss
+                as a sum over the chunk's masked tokens and their count. The returned loss is then
+                ``loss_weight * contrastive + sum(aux.weight * sum(totals) / sum(counts))`` over every
+                query and passage forward of the step, and equal in plain and cached mode.
             query_features: tokenised queries, ``b`` rows per tensor.
             passage_features: tokenised passages, ``b * (1 + num_hard_negatives)`` rows, grouped per query.
             num_hard_negatives: ``k``, hard negatives per query.
@@ -310,7 +383,8 @@ class BatchEngine:
                 ``model.no_sync`` when ``model`` is DistributedDataParallel.
 
         Returns:
-            The loss and its logged components.
+            The loss and its logged components (the contrastive loss's, plus the unweighted mean of
+            every aux loss under its name).
         """
         num_queries = _num_rows(query_features, "query_features")
         num_passages = _num_rows(passage_features, "passage_features")
@@ -323,8 +397,11 @@ class BatchEngine:
             no_sync = model.no_sync
 
         if self._is_plain(num_queries, num_passages):
-            out = self._loss(self._encode(model, query_features), self._encode(model, passage_features),
-                             num_hard_negatives, passage_ids, positive_ids)
+            queries, query_aux = self._encode(model, query_features)
+            passages, passage_aux = self._encode(model, passage_features)
+            aux = _sum_aux([query_aux, passage_aux])
+            out = self._loss(queries, passages, num_hard_negatives, passage_ids, positive_ids)
+            out = self._with_aux(out, aux, [_aux_mean(a) for a in aux.values()])
             if backward:
                 out.loss.backward()
                 return LossOutput(out.loss.detach(), out.components)
@@ -334,7 +411,7 @@ class BatchEngine:
 
     def _cached_step(
         self,
-        model: Callable[[Features], Tensor],
+        model: Model,
         query_features: Features,
         passage_features: Features,
         k: int,
@@ -350,21 +427,36 @@ class BatchEngine:
         # Step 1: graph-free forward; the RNG snapshot must be taken right before each chunk.
         states: list[RandContext] = []
         reps: list[Tensor] = []
+        chunk_aux: list[list[AuxLoss]] = []
         with torch.no_grad():
             for chunk in query_chunks + passage_chunks:
                 states.append(RandContext(*_feature_tensors(chunk)))
-                reps.append(self._encode(model, chunk))
+                chunk_reps, aux_losses = self._encode(model, chunk)
+                reps.append(chunk_reps)
+                chunk_aux.append(aux_losses)
         num_query_chunks = len(query_chunks)
         query_reps = torch.cat(reps[:num_query_chunks]).detach().requires_grad_()
         passage_reps = torch.cat(reps[num_query_chunks:]).detach().requires_grad_()
         del reps
+        # Aux losses: every chunk's total and count are known now, so the step's mean of each is a leaf
+        # too; its gradient (weight x whatever the caller scales the loss with) / the step's count is the
+        # factor of each chunk's total in the replay's surrogate.
+        aux = _sum_aux(chunk_aux)
+        aux_counts = [max(float(a.count), 1.0) for a in aux.values()]
+        means = [_aux_mean(a) for a in aux.values()]
+        dtype = reduce(torch.promote_types, (m.dtype for m in means), torch.float32)
+        aux_means = torch.stack([m.to(dtype) for m in means]) if means else query_reps.new_zeros(0, dtype=dtype)
+        aux_means = aux_means.detach().requires_grad_()
+        del chunk_aux, means
 
-        def replay(grad_queries: Tensor | None, grad_passages: Tensor | None) -> None:
+        def replay(grad_queries: Tensor | None, grad_passages: Tensor | None, grad_aux: Tensor | None) -> None:
             # Step 3: re-run each chunk with a graph under its RNG snapshot, back-propagate the surrogate.
             grads = []
             for full_rows, grad in ((query_reps, grad_queries), (passage_reps, grad_passages)):
                 grad = torch.zeros_like(full_rows) if grad is None else grad
                 grads.extend(grad.split(self.chunk_size))
+            aux_factor = {} if grad_aux is None else {
+                name: grad_aux[i].detach() / count for i, (name, count) in enumerate(zip(aux, aux_counts))}
             chunks = query_chunks + passage_chunks
             for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads)):
                 # Under DDP only the last backward all-reduces the accumulated gradients.
@@ -372,16 +464,23 @@ class BatchEngine:
                 with sync:
                     # enable_grad: in deferred mode this runs inside autograd's backward (grad off).
                     with state, torch.enable_grad():
-                        chunk_reps = self._encode(model, chunk)
+                        chunk_reps, aux_losses = self._encode(model, chunk)
                         surrogate = torch.dot(chunk_reps.flatten().to(grad.dtype), grad.flatten())
+                        for a in aux_losses:
+                            if a.name not in aux:
+                                raise RuntimeError(f"aux loss {a.name!r} appeared in the replay of chunk {i} only")
+                            if a.name in aux_factor:
+                                surrogate = surrogate + _loss_precision(a.total) * aux_factor[a.name]
                         surrogate.backward()
 
         if backward:
             # Step 2 at the top level, then the replay (GradCache order; DDP-friendly).
-            out = self._loss(query_reps, passage_reps, k, passage_ids, positive_ids)
+            out = self._with_aux(self._loss(query_reps, passage_reps, k, passage_ids, positive_ids), aux,
+                                 list(aux_means.unbind()))
             out.loss.backward()
-            replay(query_reps.grad, passage_reps.grad)
+            replay(query_reps.grad, passage_reps.grad, aux_means.grad)
             return LossOutput(out.loss.detach(), out.components)
         # Deferred: the caller's backward reaches _ReplayOnBackward, which runs step 3 (scaled).
-        queries, passages = _ReplayOnBackward.apply(replay, query_reps, passage_reps)
-        return self._loss(queries, passages, k, passage_ids, positive_ids)
+        queries, passages, means_out = _ReplayOnBackward.apply(replay, query_reps, passage_reps, aux_means)
+        return self._with_aux(self._loss(queries, passages, k, passage_ids, positive_ids), aux,
+                              list(means_out.unbind()))

@@ -8,6 +8,16 @@ What differs is the data: a pre-training corpus may be far larger than memory, s
 by skipping the examples already consumed) and masks are drawn per step from a generator seeded by
 ``(seed, step, rank)``, so an interrupted run resumed from a checkpoint gives the same weights.
 
+GUR steps run through the one batch engine (:class:`~robustir.training.batch_engine.BatchEngine`), as fine-tuning
+does: the a-sentences of the step's pairs are the queries, their b-sentences the passages (no hard negatives); the
+engine's loss is GUR's symmetric InfoNCE (:meth:`~robustir.models.gur.GURModel.contrastive_loss`, weighted by
+``alpha``) and the MLM loss comes back from the same forwards as the model's auxiliary loss (weighted by
+``mlm_weight``). So under ``torchrun`` the sentence vectors of every process are in-batch negatives for every other
+(the MLM loss stays each process's own mean), and ``chunk_size`` turns on GradCache (same loss and gradients). The
+log's GUR keys: ``loss``, ``mlm_loss``, ``cl_loss``, ``cl_accuracy`` (a-sentences whose partner scores highest) and
+the other contrastive components with a ``cl_`` prefix. RetroMAE steps call the model directly (no contrastive
+term, no chunking).
+
 Data (``data``):
 
 * ``mode="retromae"``: raw text - a JSONL file with ``"text"`` (and optional ``"title"``, joined in front as
@@ -50,6 +60,7 @@ from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
 from ..io import read_jsonl, write_json
 from ..resources import default_model_path
+from .batch_engine import BatchEngine
 from .checkpoints import resume_latest, save_checkpoint
 from .optim import adamw_with_linear_schedule
 
@@ -92,6 +103,9 @@ class PretrainConfig:
     temperature: float = 0.1
     alpha: float = 1.0  # weight of the contrastive loss
     mlm_weight: float = 1.0
+    # GradCache in the batch engine: None = one forward of all a-sentences and one of all b-sentences; same loss
+    # and gradients either way, chunks need less activation memory for large batches
+    chunk_size: int | None = None  # gur: GradCache, sentences per forward chunk (None = off)
     # optimisation
     batch_size: int = 32  # texts (retromae) or pairs (gur) per process per step
     epochs: float = 1.0
@@ -130,6 +144,11 @@ class PretrainConfig:
             raise ConfigError(f"mask_ratio_range must be [low, high], got {self.mask_ratio_range}")
         if self.logging_steps < 1:
             raise ConfigError("logging_steps must be >= 1")
+        if self.chunk_size is not None:
+            if self.mode != "gur":
+                raise ConfigError("chunk_size (GradCache) applies to mode gur only: RetroMAE has no contrastive term")
+            if self.chunk_size < 1:
+                raise ConfigError(f"chunk_size must be >= 1 or null, got {self.chunk_size}")
 
 
 @dataclass
@@ -377,6 +396,11 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     accelerator.wait_for_everyone()
 
     unwrapped = accelerator.unwrap_model(prepared)
+    engine = None
+    if config.mode == "gur":
+        # GUR's contrastive term is the batch engine's loss (global in-batch negatives under torchrun, GradCache
+        # with chunk_size); the MLM loss comes back from the same forwards as the model's AuxLoss.
+        engine = BatchEngine(unwrapped.contrastive_loss(), chunk_size=config.chunk_size, loss_weight=unwrapped.alpha)
     stream = examples.stream(skip=start_step * config.batch_size)
     prepared.train()
     bar = tqdm(total=total_steps, initial=start_step, desc=f"pretrain ({config.mode})", disable=not is_main,
@@ -388,9 +412,13 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
             tick = time.perf_counter()
             collator.reseed(_step_seed(config.seed, step, rank))
             batch = collator([next(stream) for _ in range(config.batch_size)])
+            # on the model's device before the engine sees them (its RNG snapshots follow the inputs' devices)
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            outputs = prepared(**batch)
-            accelerator.backward(outputs["loss"])
+            if engine is not None:
+                outputs = _gur_step(engine, prepared, batch)
+            else:
+                outputs = prepared(**batch)
+                accelerator.backward(outputs["loss"])
             grad_norm = None
             if config.max_grad_norm:
                 grad_norm = float(accelerator.clip_grad_norm_(prepared.parameters(), config.max_grad_norm))
@@ -399,7 +427,7 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
             optimizer.zero_grad(set_to_none=True)
             done = step + 1
             if done % config.logging_steps == 0 or done == total_steps:
-                values = {k: float(v.detach()) for k, v in outputs.items()}
+                values = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in outputs.items()}
                 if world > 1:  # per-process means: average them
                     stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
                                                  reduction="mean")
@@ -435,6 +463,22 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     accelerator.end_training()
     return PretrainResult(out / "model", out / _head_name(config.mode), total_steps,
                           time.perf_counter() - started, last)
+
+
+def _gur_step(engine: BatchEngine, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """One GUR step through the batch engine (forward and backward): a-sentences as queries, their partners as
+    passages, no hard negatives. Returns the log values: ``loss``, ``mlm_loss`` and the contrastive components
+    prefixed ``cl_`` (``cl_loss``, ``cl_accuracy``, ``cl_loss_q2p``, ...)."""
+    from ..models.gur import MLM_LOSS_NAME
+
+    a_rows = {k: v[0::2].contiguous() for k, v in batch.items()}  # the collator interleaves [a1, b1, a2, ...]
+    b_rows = {k: v[1::2].contiguous() for k, v in batch.items()}
+    out = engine.step(model, a_rows, b_rows, num_hard_negatives=0)
+    rename = {"nce": "cl_loss", "nce_q2p": "cl_loss_q2p", "nce_p2q": "cl_loss_p2q", "accuracy": "cl_accuracy"}
+    values: dict[str, Any] = {"loss": out.loss}
+    for key, value in out.components.items():
+        values[key if key == MLM_LOSS_NAME else rename.get(key, f"cl_{key}")] = value
+    return values
 
 
 def _head_name(mode: str) -> str:
