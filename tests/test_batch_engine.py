@@ -490,3 +490,13 @@ def test_gur_step_cached_equals_plain_with_dropout(tiny_model_dir: str) -> None:
     assert_same_grads(grads(reference_model), grads(cached_model), atol=1e-7, rtol=1e-5)
     again = gur_step(copy.deepcopy(reference_model), a_rows, b_rows, None, seed=12)
     assert float(again.loss) != pytest.approx(float(reference.loss), rel=1e-6)  # dropout really is on
+
+
+def test_rng_snapshot_covers_the_models_devices_too():
+    # CPU features with a GPU model: the snapshot must include the model's device (one anchor per device)
+    from robustir.training.batch_engine import _device_anchors
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    anchors = _device_anchors(model)
+    assert len(anchors) == 1 and anchors[0].device == torch.device("cpu")
+    assert _device_anchors(lambda features: features) == []

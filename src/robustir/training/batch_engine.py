@@ -122,6 +122,16 @@ def _feature_tensors(features: Features) -> list[Tensor]:
     return [v for v in features.values() if isinstance(v, Tensor)]
 
 
+def _device_anchors(model: Any) -> list[Tensor]:
+    """One parameter per device the model's parameters live on (none for a plain callable)."""
+    if not isinstance(model, nn.Module):
+        return []
+    anchors: dict[torch.device, Tensor] = {}
+    for parameter in model.parameters():
+        anchors.setdefault(parameter.device, parameter)
+    return list(anchors.values())
+
+
 def _loss_precision(reps: Tensor) -> Tensor:
     # Similarities divided by tau = 0.01 need more than bf16/fp16's 8-11 mantissa bits.
     return reps.float() if reps.dtype in (torch.float16, torch.bfloat16) else reps
@@ -424,13 +434,16 @@ class BatchEngine:
         query_chunks = _split_features(query_features, self.chunk_size)
         passage_chunks = _split_features(passage_features, self.chunk_size)
 
+        # The RNG snapshot covers the devices of the inputs *and* of the model: features still on the CPU while
+        # the model (which moves them) sits on a GPU would otherwise replay GPU dropout with other masks.
+        anchors = _device_anchors(model)
         # Step 1: graph-free forward; the RNG snapshot must be taken right before each chunk.
         states: list[RandContext] = []
         reps: list[Tensor] = []
         chunk_aux: list[list[AuxLoss]] = []
         with torch.no_grad():
             for chunk in query_chunks + passage_chunks:
-                states.append(RandContext(*_feature_tensors(chunk)))
+                states.append(RandContext(*_feature_tensors(chunk), *anchors))
                 chunk_reps, aux_losses = self._encode(model, chunk)
                 reps.append(chunk_reps)
                 chunk_aux.append(aux_losses)
