@@ -426,8 +426,8 @@ def gur_inputs(tiny_model_dir: str) -> tuple[dict[str, Tensor], dict[str, Tensor
     """An interleaved GUR collator batch and its a-rows (queries) and b-rows (passages), as pre-training splits it."""
     from transformers import AutoTokenizer
 
-    from robustir.data.masking import SpanMasker
-    from robustir.models.gur import GURCollator
+    from robustir.pretraining.masking import SpanMasker
+    from robustir.pretraining.gur import GURCollator
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = GURCollator(tokenizer, max_length=24, masker=SpanMasker(mask_ratio=0.3), seed=0)(GUR_PAIRS)
@@ -437,7 +437,7 @@ def gur_inputs(tiny_model_dir: str) -> tuple[dict[str, Tensor], dict[str, Tensor
 def gur_model(tiny_model_dir: str, **options):
     import transformers
 
-    from robustir.models.gur import GURModel
+    from robustir.pretraining.gur import GURModel
 
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
@@ -449,7 +449,7 @@ def gur_model(tiny_model_dir: str, **options):
 
 
 def gur_step(model, a_rows, b_rows, chunk_size: int | None, seed: int = 11):
-    """A GUR pre-training step as robustir.training.pretrain runs it: a-rows are the queries, b-rows the passages."""
+    """A GUR pre-training step as robustir.pretraining.pretrain runs it: a-rows are the queries, b-rows the passages."""
     gur = model.model if isinstance(model, ChunkedForward) else model
     engine = BatchEngine(gur.contrastive_loss(), chunk_size=chunk_size, loss_weight=gur.alpha)
     torch.manual_seed(seed)

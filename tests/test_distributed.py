@@ -184,7 +184,7 @@ def gur_model(model_dir: str):
     """The tiny BERT as a GUR model in float64, dropout off (ranks cannot share one dropout stream)."""
     import transformers
 
-    from robustir.models.gur import GURModel
+    from robustir.pretraining.gur import GURModel
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -195,8 +195,8 @@ def gur_global_batch(model_dir: str) -> tuple[dict[str, Tensor], dict[str, Tenso
     """a-rows and b-rows of WORLD * GUR_PAIRS_PER_RANK span-masked pairs (the same on every process)."""
     from transformers import AutoTokenizer
 
-    from robustir.data.masking import SpanMasker
-    from robustir.models.gur import GURCollator
+    from robustir.pretraining.masking import SpanMasker
+    from robustir.pretraining.gur import GURCollator
 
     words = "cat dog river model retrieval dense passage query vector spring flood garden mouse".split()
     g = torch.Generator().manual_seed(3)
@@ -222,7 +222,7 @@ def _gur_worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None
         for label, chunk_size, use_ddp in GUR_MODES:
             model = gur_model(model_dir)
             engine = BatchEngine(model.contrastive_loss(), chunk_size=chunk_size, loss_weight=model.alpha)
-            if use_ddp:  # as accelerate prepares it in robustir.training.pretrain
+            if use_ddp:  # as accelerate prepares it in robustir.pretraining.pretrain
                 out = engine.step(nn.parallel.DistributedDataParallel(model, find_unused_parameters=True),
                                   a_rows, b_rows, 0)
             else:

@@ -243,7 +243,7 @@ def test_every_reader_of_the_training_format_refuses_the_same_record(tmp_path):
     from robustir.llm import LLMClient, LLMConfig
     from robustir.filtering.llm_judge import judge_negatives
     from robustir.negatives.mining import load_jsonl_for_mining
-    from robustir.training.pretrain import read_pairs
+    from robustir.pretraining.pretrain import read_pairs
 
     source = tmp_path / "bad.jsonl"
     source.write_text('{"query": "a", "pos": ["x"], "neg": ["y"]}\n{"query": "b", "pos": "text", "neg": ["z"]}\n')

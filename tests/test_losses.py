@@ -135,7 +135,7 @@ def test_dot_similarity_scores_raw_inner_products():
 
 
 def gur_symmetric_info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float, similarity: str) -> torch.Tensor:
-    """GUR's former in-model contrastive loss (robustir.models.gur.symmetric_info_nce before it moved into
+    """GUR's former in-model contrastive loss (robustir.pretraining.gur.symmetric_info_nce before it moved into
     losses/; the authors' ``compute_clip_loss``), kept here as the reference."""
     if similarity == "cosine":
         a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)

@@ -84,7 +84,7 @@ def test_pipeline_end_to_end_then_cached(tiny_model_dir, tmp_path, capsys):
 
 def test_example_config_is_valid_and_uses_bundled_data():
     from robustir.resources import dataset_path
-    from robustir.training.pretrain import resolve_data_path
+    from robustir.pretraining.pretrain import resolve_data_path
 
     config = load_pipeline_config(REPO / "configs" / "pipeline-example.yaml")
     assert resolve_data_path(config.corpus) == dataset_path("scifact")
@@ -93,7 +93,7 @@ def test_example_config_is_valid_and_uses_bundled_data():
     assert config.eval.data == "bundled:scifact" and config.eval.split == "test"
     for name in ("pretrain-retromae.yaml", "pretrain-gur.yaml"):
         from robustir.config import load_config
-        from robustir.training.pretrain import PretrainConfig
+        from robustir.pretraining.pretrain import PretrainConfig
 
         assert load_config(PretrainConfig, REPO / "configs" / name).mode in ("retromae", "gur")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from robustir.errors import DataError
-from robustir.training.pretrain import PretrainConfig, StreamingExamples, pretrain, read_pairs, read_texts
+from robustir.pretraining.pretrain import PretrainConfig, StreamingExamples, pretrain, read_pairs, read_texts
 
 WORDS = ("the cat dog river model retrieval dense passage query vector spring flood garden mouse kitchen "
          "photosynthesis chloroplast vaccine trial solar panel").split()
@@ -61,7 +61,7 @@ def test_retromae_outputs_load_and_heads_continue(tiny_model_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from robustir.models.encoder import Encoder
-    from robustir.models.retromae import RetroMAEModel
+    from robustir.pretraining.retromae import RetroMAEModel
 
     data = write_texts(tmp_path / "texts.jsonl")
     out = tmp_path / "retromae"
@@ -112,7 +112,7 @@ def test_resume_equals_uninterrupted(tiny_model_dir, tmp_path, mode):
         assert {"mlm_loss", "cl_loss", "cl_accuracy"} <= set(log_full[0])
         from sentence_transformers import SentenceTransformer
 
-        from robustir.models.gur import GURModel
+        from robustir.pretraining.gur import GURModel
 
         assert SentenceTransformer(str(full.model_path), device="cpu").encode(["x"]).shape == (1, 32)
         model = GURModel.from_pretrained(full.model_path, full.heads_path)

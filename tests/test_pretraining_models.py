@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from robustir.data.masking import (
+from robustir.pretraining.masking import (
     SpanMasker,
     maskable_positions,
     replace_masked_tokens,
@@ -14,10 +14,10 @@ from robustir.data.masking import (
     whole_word_mask,
     word_groups,
 )
-from robustir.models.gur import GURCollator, GURModel
+from robustir.pretraining.gur import GURCollator, GURModel
 from robustir.errors import ConfigError
 from robustir.losses import ContrastiveBatch
-from robustir.models.retromae import RetroMAECollator, RetroMAEModel
+from robustir.pretraining.retromae import RetroMAECollator, RetroMAEModel
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the riverbank.",

@@ -28,8 +28,8 @@ _EXPORTS = {
     "train": "robustir.training.trainer",
     "MiningConfig": "robustir.negatives.mining",
     "mine_beir": "robustir.negatives.mining",
-    "PretrainConfig": "robustir.training.pretrain",
-    "pretrain": "robustir.training.pretrain",
+    "PretrainConfig": "robustir.pretraining.pretrain",
+    "pretrain": "robustir.pretraining.pretrain",
 }
 
 __all__ = ["__version__", *_EXPORTS]

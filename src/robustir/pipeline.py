@@ -53,7 +53,7 @@ from .queries.pairs import PairMiningConfig
 from .filtering.sieve import SieveConfig
 from .filtering.teacher import TeacherFilterConfig
 from .training.arguments import TrainConfig
-from .training.pretrain import PretrainConfig, resolve_data_path
+from .pretraining.pretrain import PretrainConfig, resolve_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ def _sample_records(source: Path, target: Path, limit: int | None, seed: int) ->
 
 
 def _pretrain_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
-    from .training.pretrain import pretrain
+    from .pretraining.pretrain import pretrain
 
     settings = _pretrain_settings(config, corpus, queries, folder)
     result = pretrain(settings)

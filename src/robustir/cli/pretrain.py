@@ -14,7 +14,7 @@ import argparse
 import os
 
 from ..config import load_config
-from ..training.pretrain import PretrainConfig
+from ..pretraining.pretrain import PretrainConfig
 from .common import add_config_flags, flags_from_args
 
 # PretrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
@@ -39,7 +39,7 @@ def build_config(args: argparse.Namespace) -> PretrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.pretrain import pretrain
+    from ..pretraining.pretrain import pretrain
 
     config = build_config(args)
     result = pretrain(config)

@@ -116,7 +116,7 @@ class MaskedLMPretrainModel(nn.Module):
         lengths and prompts; without it: this model's pooling, no normalisation, and ``max_seq_length`` (default:
         the tokenizer's limit capped by the position embeddings) for both lengths.
         """
-        from .encoder import Encoder, EncoderConfig
+        from ..models.encoder import Encoder, EncoderConfig
 
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if tokenizer is None:

@@ -10,7 +10,7 @@ by skipping the examples already consumed) and masks are drawn per step from a g
 
 GUR steps run through the one batch engine (:class:`~robustir.training.batch_engine.BatchEngine`), as fine-tuning
 does: the a-sentences of the step's pairs are the queries, their b-sentences the passages (no hard negatives); the
-engine's loss is GUR's symmetric InfoNCE (:meth:`~robustir.models.gur.GURModel.contrastive_loss`, weighted by
+engine's loss is GUR's symmetric InfoNCE (:meth:`~robustir.pretraining.gur.GURModel.contrastive_loss`, weighted by
 ``alpha``) and the MLM loss comes back from the same forwards as the model's auxiliary loss (weighted by
 ``mlm_weight``). So under ``torchrun`` the sentence vectors of every process are in-batch negatives for every other
 (the MLM loss stays each process's own mean), and ``chunk_size`` turns on GradCache (same loss and gradients). The
@@ -60,9 +60,9 @@ from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
 from ..io import read_jsonl, write_json
 from ..resources import default_model_path
-from .batch_engine import BatchEngine
-from .checkpoints import resume_latest, save_checkpoint
-from .optim import adamw_with_linear_schedule
+from ..training.batch_engine import BatchEngine
+from ..training.checkpoints import resume_latest, save_checkpoint
+from ..training.optim import adamw_with_linear_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -301,12 +301,12 @@ def _heads_folder(path: str, mode: str) -> Path:
 def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
     heads = _heads_folder(config.heads, config.mode) if config.heads else None
     if config.mode == "retromae":
-        from ..models.retromae import RetroMAEModel
+        from .retromae import RetroMAEModel
 
         model = RetroMAEModel.from_pretrained(model_path, heads, encoder_loss_weight=config.encoder_loss_weight,
                                               decoder_loss_weight=config.decoder_loss_weight, pooling=config.pooling)
     else:
-        from ..models.gur import GURModel
+        from .gur import GURModel
 
         model = GURModel.from_pretrained(
             model_path, heads, pooling=config.pooling, projection=config.projection,
@@ -319,13 +319,13 @@ def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
 
 def build_collator(config: PretrainConfig, tokenizer: Any) -> Any:
     if config.mode == "retromae":
-        from ..models.retromae import RetroMAECollator
+        from .retromae import RetroMAECollator
 
         return RetroMAECollator(tokenizer, max_length=config.resolved_max_length(),
                                 encoder_mlm_probability=config.encoder_mask_ratio,
                                 decoder_mlm_probability=config.decoder_mask_ratio, seed=config.seed)
-    from ..data.masking import SpanMasker
-    from ..models.gur import GURCollator
+    from .masking import SpanMasker
+    from .gur import GURCollator
 
     masker = SpanMasker(mask_ratio=config.mask_ratio,
                         mask_ratio_range=tuple(config.mask_ratio_range) if config.mask_ratio_range else None)
@@ -469,7 +469,7 @@ def _gur_step(engine: BatchEngine, model: torch.nn.Module, batch: dict[str, torc
     """One GUR step through the batch engine (forward and backward): a-sentences as queries, their partners as
     passages, no hard negatives. Returns the log values: ``loss``, ``mlm_loss`` and the contrastive components
     prefixed ``cl_`` (``cl_loss``, ``cl_accuracy``, ``cl_loss_q2p``, ...)."""
-    from ..models.gur import MLM_LOSS_NAME
+    from .gur import MLM_LOSS_NAME
 
     a_rows = {k: v[0::2].contiguous() for k, v in batch.items()}  # the collator interleaves [a1, b1, a2, ...]
     b_rows = {k: v[1::2].contiguous() for k, v in batch.items()}

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from robustir.data.masking import (
+from robustir.pretraining.masking import (
     maskable_positions,
     replace_masked_tokens,
     sample_whole_word_mask,
@@ -39,7 +39,7 @@ from robustir.data.masking import (
     word_groups,
 )
 from robustir.errors import ConfigError
-from robustir.models.mlm_encoder import (
+from robustir.pretraining.mlm_encoder import (
     MaskedLMPretrainModel,
     load_masked_lm,
     load_tokenizer,

@@ -3,7 +3,7 @@
 Xue et al., "Generate to Understand for Representation" (shared/papers/gur-generate-to-understand.txt).
 The authors train a T5 encoder-decoder; here the recipe is adapted to an encoder-only BERT masked LM:
 
-* every sentence of a mined pair (a, b) is span-masked (:class:`~robustir.data.masking.SpanMasker`) and
+* every sentence of a mined pair (a, b) is span-masked (:class:`~robustir.pretraining.masking.SpanMasker`) and
   the masked tokens are predicted by the MLM head (the T5 span-infilling objective's BERT analogue);
 * the *same* forward over the masked sentences gives sentence vectors (the authors also pool the
   corrupted input, §3.4), and a symmetric InfoNCE over the pairs pulls a_k towards b_k: the contrastive
@@ -17,7 +17,7 @@ product); temperature 0.1 (both); mask ratio 15 % (paper; ``SpanMasker(mask_rati
 reproduces the code).
 
 Pipeline: ``GURCollator(pairs) -> batch``, rows interleaved ``[a1, b1, a2, b2, ...]`` (as the authors'
-data loader does), so rows 2k and 2k+1 are a pair. Pre-training (:mod:`robustir.training.pretrain`) hands
+data loader does), so rows 2k and 2k+1 are a pair. Pre-training (:mod:`robustir.pretraining.pretrain`) hands
 the a-rows as queries and the b-rows as passages to :meth:`robustir.training.batch_engine.BatchEngine.step`
 (no hard negatives) with the model in its engine form ``GURModel(features) -> (vectors, AuxLoss)``: the MLM
 loss is an auxiliary loss (sum of the masked tokens' cross-entropies and their count), the contrastive loss
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from robustir.data.masking import SpanMasker, maskable_positions, replace_masked_tokens
+from robustir.pretraining.masking import SpanMasker, maskable_positions, replace_masked_tokens
 from robustir.errors import ConfigError
 from robustir.losses.base import SIMILARITIES, AuxLoss, ContrastiveBatch
 from robustir.losses.infonce import InfoNCELoss
-from robustir.models.mlm_encoder import (
+from robustir.pretraining.mlm_encoder import (
     MaskedLMPretrainModel,
     load_masked_lm,
     load_tokenizer,
