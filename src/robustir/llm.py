@@ -36,6 +36,7 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -763,3 +764,55 @@ def load_template(path: str | Path, required: tuple[str, ...]) -> str:
         raise ConfigError(f"prompt template {path}: missing placeholder(s) "
                           f"{', '.join('{' + m + '}' for m in missing)}; the passage would never reach the LLM")
     return text
+
+
+# ------------------------------------------------------------------------------------------- LLM stages
+
+@dataclass
+class LLMStageConfig:
+    """What every LLM stage takes (query generation, the judge): files, prompts and their language, sharding,
+    the endpoint. The stages' configs extend it (:class:`robustir.queries.generate.GenerateConfig`,
+    :class:`robustir.filtering.llm_judge.JudgeConfig`)."""
+
+    input: str = ""
+    """Input JSONL (passages for generation, training records for the judge)."""
+    output: str = ""
+    """JSONL to write (training records)."""
+    prompt_template: str | None = None
+    """Template file used for every item (its placeholders: see the stage); default: built-in English/Chinese."""
+    prompt_template_zh: str | None = None
+    """Template file for Chinese items when the language is chosen automatically."""
+    language: Literal["auto", "en", "zh"] = "auto"
+    """Prompt language; ``auto`` chooses per item by its share of CJK letters."""
+    cjk_threshold: float = 0.3
+    """``auto``: items whose letters are at least this share CJK get the Chinese prompt."""
+    max_passage_chars: int = 4000
+    """Passage text is cut to this many characters inside the prompt (the records keep the full text)."""
+    shard: str | None = None
+    """``I/N``: process shard I of N of the items (the output gets a ``.shard-I-of-N`` suffix)."""
+    overwrite: bool = False
+    """Start afresh instead of resuming."""
+    progress: bool = True
+    """Show a progress bar."""
+    preflight: bool = True
+    """Check the endpoint (its model list) before starting, for a fast clear error when it is unreachable."""
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """The endpoint; the reply cache defaults to ``OUT.llm-cache.sqlite`` (``llm.cache_path=none`` disables it)."""
+
+    def templates(self, required: tuple[str, ...]) -> tuple[str | None, str | None]:
+        """The prompt templates given as files, loaded and checked for the ``required`` placeholders."""
+        return (load_template(self.prompt_template, required) if self.prompt_template else None,
+                load_template(self.prompt_template_zh, required) if self.prompt_template_zh else None)
+
+
+@contextmanager
+def stage_backend(config: LLMStageConfig, output: str | Path) -> Iterator[LLMBackend]:
+    """The stage's backend, with its reply cache next to ``output`` and, for an HTTP endpoint with
+    ``preflight``, the endpoint and model checked before the first request; closed on exit."""
+    from .outputs import StageOutput
+
+    backend = build_backend(config.llm, cache_path=StageOutput(output).llm_cache)
+    with backend:
+        if config.preflight and isinstance(backend, LLMClient):
+            backend.preflight()
+        yield backend

@@ -123,6 +123,16 @@ class StageOutput:
         for path in (self.path, self.partial, self.done, self.report, self.failed):
             path.unlink(missing_ok=True)
 
+    def nothing_to_do(self, overwrite: bool, stage: str) -> bool:
+        """The CLI's start rule: with ``overwrite`` clear and run; else True (and say so) when already complete."""
+        if overwrite:
+            self.clear()
+            return False
+        if self.complete():
+            print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
+            return True
+        return False
+
     def reopen(self) -> None:
         """Continue a finished output (a generation run with failures to retry): move it back to ``.partial``."""
         if self.path.exists() and not self.partial.exists():

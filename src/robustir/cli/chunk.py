@@ -38,10 +38,7 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard)
     output = target.path
-    if args.overwrite:
-        target.clear()
-    elif target.complete():
-        print(f"robustir chunk: {output} is complete; nothing to do (--overwrite to redo)")
+    if target.nothing_to_do(args.overwrite, "chunk"):
         return 0
     started = time.perf_counter()
     stats = chunk_corpus(args.input, output, fmt=args.format, text_unit=args.text_unit, tokenizer=config.tokenizer,

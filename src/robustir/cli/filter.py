@@ -79,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.input).resolve() == Path(output).resolve():
         raise ConfigError(f"--output {output} is the input file; filters never overwrite their input")
     report_path = target.report
-    if target.complete() and not args.overwrite:
-        print(f"robustir filter: {output} is complete; nothing to do (--overwrite to redo)")
+    if target.nothing_to_do(bool(args.overwrite), "filter"):
         return 0
     config = build_config(args)
     if args.method == "llm":

@@ -64,11 +64,8 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard, reports=True)
     output, report_path = target.path, target.report
-    if target.complete() and not args.overwrite:
-        print(f"robustir mine: {output} is complete; nothing to do (--overwrite to redo)")
+    if target.nothing_to_do(args.overwrite, "mine"):
         return 0
-    if args.overwrite:
-        target.clear()
     encoder = None
     if config.method == "dense":
         from ..models.encoder import Encoder

@@ -42,10 +42,7 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard)
     output = target.path
-    if args.overwrite:
-        target.clear()
-    elif target.complete():
-        print(f"robustir pairs: {output} is complete; nothing to do (--overwrite to redo)")
+    if target.nothing_to_do(args.overwrite, "pairs"):
         return 0
     started = time.perf_counter()
     stats = mine_pairs(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,

@@ -23,7 +23,7 @@ import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator
 
 from tqdm.auto import tqdm
 
@@ -32,7 +32,7 @@ from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
 from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
-from ..llm import LLMBackend, LLMConfig, render_template, strip_reasoning
+from ..llm import LLMBackend, LLMConfig, LLMStageConfig, render_template, stage_backend, strip_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -107,24 +107,15 @@ def parse_yes_no(reply: str | None) -> bool | None:
 
 
 @dataclass
-class JudgeConfig:
-    """Arguments of the LLM judge (used by ``robustir filter``): file, flags or ``key=value`` overrides."""
+class JudgeConfig(LLMStageConfig):
+    """Arguments of the LLM judge (``robustir filter --method llm``, the runner's ``filter.llm``): the common
+    LLM-stage options (input training JSONL; templates with ``{query}``, ``{passage}``, optional
+    ``{positive}``) plus these."""
 
-    input: str = ""
-    output: str = ""
-    prompt_template: str | None = None
-    """Template file (``{query}``, ``{passage}``; optional ``{positive}``) used for every record."""
-    prompt_template_zh: str | None = None
-    language: Literal["auto", "en", "zh"] = "auto"
-    cjk_threshold: float = 0.3
-    max_passage_chars: int = 4000
     keep_removed: bool = True
-    shard: str | None = None
-    overwrite: bool = False
-    progress: bool = True
-    preflight: bool = True
-    """Check the endpoint (its model list) before starting, for a fast clear error when it is unreachable."""
+    """Keep what was removed in the record's ``removed`` list (with the reason)."""
     llm: LLMConfig = field(default_factory=lambda: LLMConfig(temperature=0.0, max_tokens=16))
+    """The endpoint; a yes/no judge by default (temperature 0, 16 tokens)."""
 
 
 @dataclass
@@ -268,8 +259,6 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
     built with its reply cache and, for an HTTP endpoint with ``preflight``, checked before the first request.
     ``robustir filter --method llm`` and ``robustir run`` both call this.
     """
-    from ..llm import LLMClient, build_backend, load_template
-
     source = input_path if input_path is not None else config.input
     target = output_path if output_path is not None else config.output
     if not source or not target:
@@ -278,13 +267,8 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
         raise ConfigError("llm judge: llm.model is empty; give the model name the server serves (and llm.base_url)")
     stage = StageOutput(target, config.shard, reports=True)
     shard, output = stage.shard, stage.path
-    template = load_template(config.prompt_template, ("query", "passage")) if config.prompt_template else None
-    template_zh = (load_template(config.prompt_template_zh, ("query", "passage"))
-                   if config.prompt_template_zh else None)
-    backend = build_backend(config.llm, cache_path=stage.llm_cache)
-    with backend:
-        if config.preflight and isinstance(backend, LLMClient):
-            backend.preflight()
+    template, template_zh = config.templates(("query", "passage"))
+    with stage_backend(config, output) as backend:
         return judge_negatives(source, output, backend, template=template, template_zh=template_zh,
                                language=config.language, cjk_threshold=config.cjk_threshold,
                                max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator
 
 from tqdm.auto import tqdm
 
@@ -33,7 +33,7 @@ from ..data.cjk import cjk_share
 from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
 from ..outputs import StageOutput
-from ..llm import LLMBackend, LLMConfig, load_template, render_template, strip_reasoning
+from ..llm import LLMBackend, LLMStageConfig, render_template, stage_backend, strip_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -147,38 +147,17 @@ def _clean(item: str) -> str:
 
 
 @dataclass
-class GenerateConfig:
-    """Arguments of ``robustir generate`` (YAML/JSON file, flags, ``key=value`` overrides)."""
+class GenerateConfig(LLMStageConfig):
+    """Arguments of ``robustir generate`` (YAML/JSON file, flags, ``key=value`` overrides): the common LLM-stage
+    options (input passages JSONL with ``_id``, ``title``, ``text``; templates with ``{title}``, ``{text}``,
+    ``{n}``) plus these."""
 
-    input: str = ""
-    """Passages JSONL with ``_id``, ``title``, ``text`` (a BEIR corpus.jsonl or ``robustir chunk`` output)."""
-    output: str = ""
-    """Training JSONL to write (query/pos/neg, one line per query)."""
     num_queries: int = 3
     """Questions asked for per passage."""
-    prompt_template: str | None = None
-    """Template file for every passage (``{title}``, ``{text}``, ``{n}``); default: built-in English/Chinese."""
-    prompt_template_zh: str | None = None
-    """Template file for Chinese passages when the language is chosen automatically."""
-    language: Literal["auto", "en", "zh"] = "auto"
-    """Prompt language; ``auto`` chooses per passage by its share of CJK letters."""
-    cjk_threshold: float = 0.3
-    """``auto``: passages whose letters are at least this share CJK get the Chinese prompt."""
-    max_passage_chars: int = 4000
-    """Passage text is cut to this many characters inside the prompt (``pos`` keeps the full text)."""
     max_query_chars: int = 300
-    shard: str | None = None
-    """``I/N``: process shard I of N of the passages (the output gets a ``.shard-I-of-N`` suffix)."""
+    """Longer questions in a reply are dropped."""
     beir_dir: str | None = None
     """Also write a BEIR view of the generated queries: ``queries.jsonl`` and ``qrels/train.tsv``."""
-    overwrite: bool = False
-    """Start afresh instead of resuming."""
-    progress: bool = True
-    """Show a progress bar."""
-    preflight: bool = True
-    """Check the endpoint (GET /models) before starting, for a fast clear error when it is unreachable."""
-    llm: LLMConfig = field(default_factory=LLMConfig)
-    """The reply cache defaults to ``OUT.llm-cache.sqlite`` (``llm.cache_path=none`` disables it)."""
 
 
 @dataclass
@@ -368,20 +347,14 @@ def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
     and, for an HTTP endpoint with ``preflight``, checked before the first passage. The CLI (``robustir
     generate``) and the runner (``robustir run``) both call this, so they cannot drift apart.
     """
-    from ..llm import LLMClient, build_backend
-
     source = input_path if input_path is not None else config.input
     target = output_path if output_path is not None else config.output
     if not source or not target:
         raise ConfigError("generate: give the input passages and the output file (input: / output:)")
     stage = StageOutput(target, config.shard, reports=True)
     shard, output = stage.shard, stage.path
-    template = load_template(config.prompt_template, ("text",)) if config.prompt_template else None
-    template_zh = load_template(config.prompt_template_zh, ("text",)) if config.prompt_template_zh else None
-    backend = build_backend(config.llm, cache_path=stage.llm_cache)
-    with backend:
-        if config.preflight and isinstance(backend, LLMClient):
-            backend.preflight()
+    template, template_zh = config.templates(("text",))
+    with stage_backend(config, output) as backend:
         return generate_queries(
             source, output, backend, num_queries=config.num_queries, template=template, template_zh=template_zh,
             language=config.language, cjk_threshold=config.cjk_threshold, max_passage_chars=config.max_passage_chars,
