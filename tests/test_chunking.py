@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from robustir.data.chunking import WordCounter, chunk_corpus, chunk_document, make_counter
+from robustir.data.chunking import ChunkConfig, WordCounter, chunk_corpus, chunk_document, make_counter
 from robustir.data.documents import DocumentOutput, read_documents
 from robustir.data.cjk import cjk_share, is_cjk
 from robustir.data.sentences import split_sentences
@@ -159,7 +159,7 @@ def test_resume_after_crash_is_identical(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.jsonl"
     _write_corpus(corpus)
     clean = tmp_path / "clean.jsonl"
-    chunk_corpus(corpus, clean, max_tokens=12)
+    chunk_corpus(corpus, clean, ChunkConfig(max_tokens=12))
 
     out = tmp_path / "out.jsonl"
     crashing = 0
@@ -173,14 +173,14 @@ def test_resume_after_crash_is_identical(tmp_path: Path) -> None:
             yield doc
 
     with pytest.raises(KeyboardInterrupt):
-        chunk_corpus(corpus, out, max_tokens=12, progress=crash_after_five)
+        chunk_corpus(corpus, out, ChunkConfig(max_tokens=12), progress=crash_after_five)
     partial = out.with_name(out.name + ".partial")
     assert partial.exists() and not out.exists()
     # Simulate a crash mid-document: a record of an unfinished document and a torn line.
     with open(partial, "a", encoding="utf-8") as handle:
         handle.write(json.dumps({"_id": "doc7#0", "doc_id": "doc7", "title": "", "text": "x",
                                  "start": 0, "end": 1}) + "\n{\"_id\": \"do")
-    stats = chunk_corpus(corpus, out, max_tokens=12)
+    stats = chunk_corpus(corpus, out, ChunkConfig(max_tokens=12))
     assert stats.skipped_done == 5
     assert out.read_bytes() == clean.read_bytes()
     assert not partial.exists() and not out.with_name(out.name + ".done").exists()

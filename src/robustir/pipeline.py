@@ -222,9 +222,7 @@ def _chunk_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
 
     assert config.chunk is not None
     target = folder / "passages.jsonl"
-    stats = chunk_corpus(corpus["corpus"], target, fmt="jsonl", tokenizer=config.chunk.tokenizer,
-                         max_tokens=config.chunk.max_tokens, overlap_sentences=config.chunk.overlap,
-                         min_tokens=config.chunk.min_tokens)
+    stats = chunk_corpus(corpus["corpus"], target, config.chunk, fmt="jsonl")
     logger.info("chunk: %d documents -> %d passages", stats.documents, stats.passages)
     return {"corpus": str(target), "documents": stats.documents, "passages": stats.passages}
 

@@ -41,9 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if target.nothing_to_do(args.overwrite, "chunk"):
         return 0
     started = time.perf_counter()
-    stats = chunk_corpus(args.input, output, fmt=args.format, text_unit=args.text_unit, tokenizer=config.tokenizer,
-                         max_tokens=config.max_tokens, overlap_sentences=config.overlap, min_tokens=config.min_tokens,
-                         shard=shard,
+    stats = chunk_corpus(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,
                          progress=lambda docs: tqdm(docs, desc="chunk", unit="doc", file=sys.stderr,
                                                     disable=None))
     elapsed = time.perf_counter() - started

@@ -31,7 +31,7 @@ __all__ = ["ChunkConfig", "Passage", "TokenCounter", "WordCounter", "HFTokenCoun
 @dataclass
 class ChunkConfig:
     """How documents become passages: the flags of ``robustir chunk`` and the ``chunk:`` section of ``robustir run``
-    (:func:`chunk_corpus` takes these as keywords)."""
+    (:func:`chunk_corpus` takes it)."""
 
     max_tokens: int = 256
     """Passage length in words / CJK characters (or tokens of ``tokenizer``)."""
@@ -239,16 +239,18 @@ class ChunkStats:
     passages: int = 0
 
 
-def chunk_corpus(input_path: str | Path, output_path: str | Path, *, fmt: str = "auto", text_unit: str = "block",
-                 tokenizer: Any = None, max_tokens: int = 256, overlap_sentences: int = 1, min_tokens: int = 32,
-                 shard: Shard | None = None, progress: Callable[[Iterable[Document]], Iterable[Document]] | None = None,
-                 ) -> ChunkStats:
-    """Chunk every document of ``input_path`` (streamed) into ``output_path`` (BEIR corpus JSONL).
+def chunk_corpus(input_path: str | Path, output_path: str | Path, config: ChunkConfig | None = None, *,
+                 fmt: str = "auto", text_unit: str = "block", shard: Shard | None = None,
+                 progress: Callable[[Iterable[Document]], Iterable[Document]] | None = None) -> ChunkStats:
+    """The chunking stage: every document of ``input_path`` (streamed) into ``output_path`` (BEIR corpus JSONL),
+    split as ``config`` says.
 
     Resumable: documents already finished by an interrupted run (see :class:`DocumentOutput`) are skipped, so
     a re-run produces the same file as an uninterrupted run. ``shard`` processes every n-th document only.
     """
-    counter = make_counter(tokenizer)
+    config = config or ChunkConfig()
+    max_tokens, overlap_sentences, min_tokens = config.max_tokens, config.overlap, config.min_tokens
+    counter = make_counter(config.tokenizer)
     stats = ChunkStats()
     docs: Iterable[Document] = read_documents(input_path, fmt, text_unit=text_unit,  # type: ignore[arg-type]
                                               shard=shard)
