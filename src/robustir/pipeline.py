@@ -133,7 +133,8 @@ class PipelineResult:
 
 def load_pipeline_config(path: str | Path | None, overrides: list[str] | None = None) -> PipelineConfig:
     config = load_config(PipelineConfig, path, overrides)
-    for where, section in (("queries.generate", config.queries.generate), ("filter.llm", config.filter and config.filter.llm)):
+    runner_owned = (("queries.generate", config.queries.generate), ("filter.llm", config.filter and config.filter.llm))
+    for where, section in runner_owned:
         if section and (section.input or section.output):
             raise ConfigError(f"{where}.input / {where}.output are set by the runner (they are the stage's files "
                               "under work_dir); remove them")
