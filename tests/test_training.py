@@ -184,3 +184,130 @@ def test_epoch_unit_pairs_visits_every_positive_once_per_epoch():
     assert all(set(g.positives) == set(examples[int(g.query[1:])].pos) for g in pairs.batch(0, 0))
     with pytest.raises(ValueError, match="epoch_unit"):
         GroupSampler(examples, 1, 5, 1, seed=1, epoch_unit="rows")
+
+
+# ---------------------------------------------------------------------------- the shared training loop
+
+def test_loop_fields_are_declared_once():
+    """TrainConfig and PretrainConfig take the loop's fields from LoopConfig; they redeclare one only to change
+    its default (pre-training's lr and output)."""
+    from dataclasses import MISSING, fields
+
+    from robustir.pretraining.pretrain import PretrainConfig
+    from robustir.training.loop import LoopConfig
+
+    loop_fields = {f.name: f for f in fields(LoopConfig)}
+    assert {"batch_size", "epochs", "max_steps", "lr", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
+            "bf16", "gradient_checkpointing", "output", "save_steps", "save_total_limit", "logging_steps", "resume",
+            "report"} <= set(loop_fields)
+    assert set(loop_fields) <= {f.name for f in fields(TrainConfig)} & {f.name for f in fields(PretrainConfig)}
+    redeclared = {}
+    for cls in (TrainConfig, PretrainConfig):
+        assert issubclass(cls, LoopConfig)
+        own = set(cls.__dict__.get("__annotations__", {})) & set(loop_fields)
+        by_name = {f.name: f for f in fields(cls)}
+        for name in own:  # a redeclaration must change the default
+            assert by_name[name].default is not MISSING and by_name[name].default != loop_fields[name].default, \
+                f"{cls.__name__}.{name} repeats LoopConfig's default"
+        redeclared[cls.__name__] = own
+    assert redeclared == {"TrainConfig": set(), "PretrainConfig": {"lr", "output"}}
+    # the defaults stay what each stage had
+    assert (TrainConfig().lr, TrainConfig().output, TrainConfig().save_steps) == (2e-5, "runs/train", None)
+    assert (PretrainConfig().lr, PretrainConfig().output, PretrainConfig().save_steps) == (1e-4, "runs/pretrain", None)
+
+
+def _linear_loop(output: Path, **overrides):
+    from robustir.training.loop import LoopConfig, TrainingLoop
+
+    values = dict(output=str(output), batch_size=4, max_steps=5, lr=0.05, warmup_ratio=0.2, logging_steps=2,
+                  save_total_limit=2, max_grad_norm=0.5, seed=1)
+    values.update(overrides)
+    loop = TrainingLoop(LoopConfig(**values), config_file="loop_config.json")
+    torch.manual_seed(0)
+    start = loop.prepare(torch.nn.Linear(3, 1), loop.config.max_steps)
+    return loop, start
+
+
+def _linear_step(loop):
+    def step(index: int) -> dict:
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(index))
+        noise = torch.rand(4)  # the global RNG: restored from the checkpoint on resume
+        loss = ((loop.model(x).squeeze(-1) - x.sum(-1) - noise) ** 2).mean()
+        loop.accelerator.backward(loss)
+        return {"loss": loss, "constant": 2}
+    return step
+
+
+def test_training_loop_logs_checkpoints_and_resumes(tmp_path):
+    from robustir.training.checkpoints import list_checkpoints
+
+    full, start = _linear_loop(tmp_path / "full")
+    assert start == 0 and (tmp_path / "full" / "loop_config.json").exists()
+    seen = []
+    result = full.run(_linear_step(full), save_steps=2, desc="test", epoch=lambda done: done / 5,
+                      after_step=seen.append)
+    full.finish()
+    assert (result.steps, result.interrupted, seen) == (5, False, [1, 2, 3, 4, 5])
+    log = [json.loads(x) for x in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 4, 5]  # every logging_steps and the last step
+    assert list(log[0]) == ["step", "epoch", "lr", "grad_norm", "examples_per_s", "loss", "constant"]
+    assert log[0]["epoch"] == pytest.approx(0.4) and log[0]["constant"] == 2.0 and log[0]["grad_norm"] > 0
+    assert result.last == {"loss": log[-1]["loss"], "constant": 2.0}
+    assert log[-1]["lr"] == pytest.approx(0.0)  # linear decay to 0 at the last step
+    # checkpoints at 2, 4 and the end; save_total_limit keeps the last two
+    assert [s for s, _ in list_checkpoints(tmp_path / "full" / "checkpoints")] == [4, 5]
+    state = json.loads((tmp_path / "full" / "checkpoints" / "step-5" / "trainer_state.json").read_text())
+    assert state == {"step": 5, "examples_per_process": 20, "total_steps": 5}
+    final = {k: v.clone() for k, v in full.unwrapped.state_dict().items()}
+
+    first, _ = _linear_loop(tmp_path / "resumed")
+    stopped = first.run(_linear_step(first), save_steps=2, desc="test", stop_after=3)
+    assert (stopped.steps, stopped.interrupted) == (3, True)
+    assert [s for s, _ in list_checkpoints(tmp_path / "resumed" / "checkpoints")] == [2, 3]
+    second, start = _linear_loop(tmp_path / "resumed")
+    assert start == 3
+    resumed = second.run(_linear_step(second), save_steps=2, desc="test", throughput_key="pairs_per_s")
+    second.finish()
+    assert (resumed.steps, resumed.interrupted) == (5, False)
+    for key, value in second.unwrapped.state_dict().items():
+        assert torch.equal(value, final[key]), key
+    log_resumed = [json.loads(x) for x in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log_resumed] == [2, 4, 5] and "epoch" not in log_resumed[0]
+    assert "pairs_per_s" in log_resumed[-1]
+    for x, y in zip(log, log_resumed):
+        assert (x["loss"], x["lr"], x["grad_norm"]) == (y["loss"], y["lr"], y["grad_norm"])
+
+
+def _loop_worker(rank: int, port: int, output: str) -> None:
+    import os
+
+    from robustir.training.loop import LoopConfig, TrainingLoop
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    torch.set_num_threads(1)
+    loop = TrainingLoop(LoopConfig(output=output, batch_size=3, max_steps=2, lr=0.01), config_file="c.json")
+    loop.prepare(torch.nn.Linear(2, 1), 2)
+
+    def step(index: int) -> dict:
+        loop.accelerator.backward(loop.model(torch.ones(1, 2)).sum())
+        return {"loss": torch.tensor(float(rank)), "other": 10.0 * rank + index}
+
+    loop.run(step, save_steps=2, desc="test")
+    loop.finish()
+
+
+def test_training_loop_averages_logged_values_over_processes(tmp_path):
+    """Two CPU processes (gloo): each logs its own values, the log holds their mean; the main process writes."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_loop_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True)
+    log = [json.loads(x) for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"], r["other"]) for r in log] == [(1, 0.5, 5.0), (2, 0.5, 6.0)]
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert state == {"step": 2, "examples_per_process": 6, "total_steps": 2}

@@ -1,9 +1,11 @@
 """Retrieval-oriented pre-training (RetroMAE or GUR) on streamed raw text, one process or many (``torchrun``).
 
-The loop mirrors the fine-tuning trainer (:mod:`robustir.training.trainer`): :mod:`accelerate` for device
-placement, DDP (``find_unused_parameters``) and bf16 autocast; AdamW with linear warm-up and decay; gradient
-clipping; atomic ``checkpoints/step-N`` (:mod:`robustir.training.checkpoints`) and resume from the latest one.
-What differs is the data: a pre-training corpus may be far larger than memory, so it is **streamed**
+The loop is fine-tuning's (:class:`~robustir.training.loop.TrainingLoop`, shared with
+:mod:`robustir.training.trainer`): :mod:`accelerate` for device placement, DDP (``find_unused_parameters``) and
+bf16 autocast; AdamW with linear warm-up and decay; gradient clipping; atomic ``checkpoints/step-N``
+(:mod:`robustir.training.checkpoints`) and resume from the latest one; the log. This module holds what is
+pre-training's own: the config, the data, the model and collator, one step's forward and backward, the saved
+encoder and head. A pre-training corpus may be far larger than memory, so it is **streamed**
 (:class:`StreamingExamples`: round-robin sharding per process, a seeded shuffle buffer, endless epochs, resume
 by skipping the examples already consumed) and masks are drawn per step from a generator seeded by
 ``(seed, step, rank)``, so an interrupted run resumed from a checkpoint gives the same weights.
@@ -32,7 +34,8 @@ Output folder::
     decoder_head/            RetroMAE's enhanced decoder (continue with ``heads=output``)
     projection_head/         GUR's projection head config (+ weights when ``projection``)
     checkpoints/step-N/      accelerate state (model incl. head, optimizer, scheduler, RNG) + trainer_state.json
-    train_log.jsonl          one line per logged step: every loss component, lr, grad norm, examples/s
+    train_log.jsonl          one line per logged step: step, epoch (unless max_steps), lr, grad_norm, examples_per_s,
+                             every loss component
     pretrain_config.json     the configuration
     pretrain_report.png      loss components and learning rate over the steps
 """
@@ -45,7 +48,6 @@ import math
 import os
 import random
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,7 +55,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..config import to_dict
 from ..data.training_data import check_record
@@ -61,8 +62,7 @@ from ..errors import ConfigError, DataError
 from ..io import read_jsonl, write_json
 from ..resources import default_model_path
 from ..training.batch_engine import BatchEngine
-from ..training.checkpoints import resume_latest, save_checkpoint
-from ..training.optim import adamw_with_linear_schedule
+from ..training.loop import LoopConfig, TrainingLoop
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,12 @@ DEFAULT_MAX_LENGTH = {"retromae": 512, "gur": 128}  # RetroMAE recipe 512; GUR t
 
 
 @dataclass
-class PretrainConfig:
-    """Everything ``robustir pretrain`` accepts (YAML/JSON config + flags + ``key=value`` overrides)."""
+class PretrainConfig(LoopConfig):
+    """Everything ``robustir pretrain`` accepts (YAML/JSON config + flags + ``key=value`` overrides): the fields
+    below and the training loop's (:class:`~robustir.training.loop.LoopConfig`: ``batch_size``, ``epochs``,
+    ``max_steps``, ``lr``, ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``bf16``,
+    ``gradient_checkpointing``, ``output``, ``save_steps``, ``save_total_limit``, ``logging_steps``, ``resume``,
+    ``report``)."""
 
     mode: Literal["retromae", "gur"] = "retromae"
     # model
@@ -106,24 +110,10 @@ class PretrainConfig:
     # GradCache in the batch engine: None = one forward of all a-sentences and one of all b-sentences; same loss
     # and gradients either way, chunks need less activation memory for large batches
     chunk_size: int | None = None  # gur: GradCache, sentences per forward chunk (None = off)
-    # optimisation
-    batch_size: int = 32  # texts (retromae) or pairs (gur) per process per step
-    epochs: float = 1.0
-    max_steps: int | None = None  # overrides epochs (and saves the counting pass over the data)
-    lr: float = DEFAULT_LR
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 1.0
-    seed: int = 42
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    # output, checkpoints, logging
-    output: str = "runs/pretrain"
-    save_steps: int | None = None  # None = at the end only (and on stop_after)
-    save_total_limit: int = 2
-    logging_steps: int = 1
-    resume: bool = True
-    report: bool = True
+    # the training loop's fields (batch_size: texts for retromae, pairs for gur; save_steps None = at the end
+    # only): LoopConfig; redeclared here where pre-training's default differs
+    lr: float = DEFAULT_LR  # peak learning rate; 1e-4 = the RetroMAE and GUR code's
+    output: str = "runs/pretrain"  # run folder: model/, the head folder, checkpoints, train_log.jsonl, report
 
     def resolved_max_length(self) -> int:
         return int(self.max_length or DEFAULT_MAX_LENGTH[self.mode])
@@ -136,14 +126,9 @@ class PretrainConfig:
                               "a pairs JSONL from `robustir pairs` for gur")
         if self.batch_size < 1 or (self.mode == "gur" and self.batch_size < 2):
             raise ConfigError("batch_size must be >= 1 (>= 2 for gur: the contrastive loss needs in-batch negatives)")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.max_steps is None and self.epochs <= 0:
-            raise ConfigError(f"epochs must be > 0, got {self.epochs}")
+        super().validate()  # max_steps, epochs, logging_steps
         if self.mask_ratio_range is not None and len(self.mask_ratio_range) != 2:
             raise ConfigError(f"mask_ratio_range must be [low, high], got {self.mask_ratio_range}")
-        if self.logging_steps < 1:
-            raise ConfigError("logging_steps must be >= 1")
         if self.chunk_size is not None:
             if self.mode != "gur":
                 raise ConfigError("chunk_size (GradCache) applies to mode gur only: RetroMAE has no contrastive term")
@@ -337,27 +322,19 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
 
 
-# ---------------------------------------------------------------------------- the loop
+# ---------------------------------------------------------------------------- the stage
 
 def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainResult:
     """Pre-train ``config.model`` with RetroMAE or GUR on ``config.data``; resumes from the latest checkpoint.
 
-    ``stop_after``: leave after this many optimizer steps (with a checkpoint), as if the job had been
-    interrupted; a later call resumes and ends with the same weights as an uninterrupted run.
+    The pre-training part (streamed data, model, collator, one step, outputs) on top of the shared
+    :class:`~robustir.training.loop.TrainingLoop`. ``stop_after``: leave after this many optimizer steps (with a
+    checkpoint), as if the job had been interrupted; a later call resumes and ends with the same weights as an
+    uninterrupted run.
     """
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
-
-    config.validate()
-    accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
-                              cpu=not torch.cuda.is_available(),
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    is_main = accelerator.is_main_process
+    loop = TrainingLoop(config, config_file="pretrain_config.json")  # validates the config
+    accelerator, out = loop.accelerator, loop.out
     rank, world = accelerator.process_index, accelerator.num_processes
-    out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
-    set_seed(config.seed)
-    started = time.perf_counter()
 
     examples = StreamingExamples(_reader(config), rank=rank, world_size=world, seed=config.seed,
                                  buffer_size=config.shuffle_buffer)
@@ -371,7 +348,6 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
             logger.warning("only %d examples for a global batch of %d: examples repeat within a step",
                            num_examples, global_batch)
         total_steps = max(1, math.ceil(config.epochs * num_examples / global_batch))
-    save_steps = config.save_steps or total_steps
 
     model_path = config.model or default_model_path()
     model = build_model(config, model_path)
@@ -380,89 +356,38 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     if config.gradient_checkpointing:
         model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    # named_parameters lists tied embedding / MLM-decoder weights once
-    optimizer, scheduler = adamw_with_linear_schedule(model, config.lr, config.weight_decay,
-                                                      config.warmup_ratio, total_steps)
-    prepared, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)  # stepped by hand, once per optimizer step
-
-    checkpoint_root = out / "checkpoints"
-    start_step = 0
-    if config.resume:
-        start_step = resume_latest(accelerator, checkpoint_root, out / "train_log.jsonl", total_steps)
-    if start_step == 0 and is_main:
-        write_json(out / "pretrain_config.json", to_dict(config))
-        (out / "train_log.jsonl").unlink(missing_ok=True)
-    accelerator.wait_for_everyone()
-
-    unwrapped = accelerator.unwrap_model(prepared)
+    start_step = loop.prepare(model, total_steps)
+    prepared, unwrapped = loop.model, loop.unwrapped
     engine = None
     if config.mode == "gur":
         # GUR's contrastive term is the batch engine's loss (global in-batch negatives under torchrun, GradCache
         # with chunk_size); the MLM loss comes back from the same forwards as the model's AuxLoss.
         engine = BatchEngine(unwrapped.contrastive_loss(), chunk_size=config.chunk_size, loss_weight=unwrapped.alpha)
     stream = examples.stream(skip=start_step * config.batch_size)
-    prepared.train()
-    bar = tqdm(total=total_steps, initial=start_step, desc=f"pretrain ({config.mode})", disable=not is_main,
-               unit="step", dynamic_ncols=True)
-    log_handle = open(out / "train_log.jsonl", "a", encoding="utf-8") if is_main else None
-    last: dict[str, float] = {}
-    try:
-        for step in range(start_step, total_steps):
-            tick = time.perf_counter()
-            collator.reseed(_step_seed(config.seed, step, rank))
-            batch = collator([next(stream) for _ in range(config.batch_size)])
-            # on the model's device before the engine sees them (its RNG snapshots follow the inputs' devices)
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            if engine is not None:
-                outputs = _gur_step(engine, prepared, batch)
-            else:
-                outputs = prepared(**batch)
-                accelerator.backward(outputs["loss"])
-            grad_norm = None
-            if config.max_grad_norm:
-                grad_norm = float(accelerator.clip_grad_norm_(prepared.parameters(), config.max_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            if done % config.logging_steps == 0 or done == total_steps:
-                values = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in outputs.items()}
-                if world > 1:  # per-process means: average them
-                    stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
-                                                 reduction="mean")
-                    values = dict(zip(values, stacked.tolist()))
-                last = values
-                record = {"step": done, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                          "examples_per_s": global_batch / (time.perf_counter() - tick), **values}
-                if num_examples:
-                    record["epoch"] = done * global_batch / num_examples
-                if is_main:
-                    log_handle.write(json.dumps(record) + "\n")
-                    log_handle.flush()
-                    bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
-            interrupted = stop_after is not None and done >= stop_after and done < total_steps
-            if done % save_steps == 0 or done == total_steps or interrupted:
-                save_checkpoint(accelerator, checkpoint_root, done, config.save_total_limit,
-                                state={"examples_per_process": done * config.batch_size, "total_steps": total_steps})
-            bar.update(1)
-            if interrupted:
-                accelerator.end_training()
-                return PretrainResult(out / "model", out / _head_name(config.mode), done,
-                                      time.perf_counter() - started, last)
-    finally:
-        bar.close()
-        if log_handle:
-            log_handle.close()
 
-    if is_main:
+    def step(index: int) -> dict[str, Any]:
+        collator.reseed(_step_seed(config.seed, index, rank))
+        batch = collator([next(stream) for _ in range(config.batch_size)])
+        # on the model's device before the engine sees them (its RNG snapshots follow the inputs' devices)
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        if engine is not None:
+            return _gur_step(engine, prepared, batch)
+        outputs = prepared(**batch)
+        accelerator.backward(outputs["loss"])
+        return outputs
+
+    run = loop.run(step, save_steps=config.save_steps or total_steps, desc=f"pretrain ({config.mode})",
+                   throughput_key="examples_per_s", stop_after=stop_after,
+                   epoch=(lambda done: done * global_batch / num_examples) if num_examples else None)
+    if run.interrupted:
+        return PretrainResult(out / "model", out / _head_name(config.mode), run.steps, loop.seconds, run.last)
+
+    if loop.is_main:
         save_outputs(unwrapped, config, model_path, out, total_steps)
         if config.report:
             write_pretrain_report(out)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return PretrainResult(out / "model", out / _head_name(config.mode), total_steps,
-                          time.perf_counter() - started, last)
+    loop.finish()
+    return PretrainResult(out / "model", out / _head_name(config.mode), total_steps, loop.seconds, run.last)
 
 
 def _gur_step(engine: BatchEngine, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Fine-tuning: the batch engine (in-batch + hard negatives, GradCache, cross-process gather) and the trainer."""
+"""Fine-tuning: the batch engine (in-batch + hard negatives, GradCache, cross-process gather), the trainer and the
+training loop it shares with pre-training (:mod:`robustir.training.loop`)."""
 
 from .arguments import TrainConfig
 from .batch_engine import BatchEngine

@@ -5,9 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..errors import ConfigError
+from .loop import LoopConfig
+
 
 @dataclass
-class TrainConfig:
+class TrainConfig(LoopConfig):
+    """The fine-tuning stage's fields; the training loop's (``batch_size``, ``epochs``, ``max_steps``, ``lr``,
+    ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``bf16``, ``gradient_checkpointing``,
+    ``output``, ``save_steps``, ``save_total_limit``, ``logging_steps``, ``resume``, ``report``) come from
+    :class:`~robustir.training.loop.LoopConfig`, with its defaults."""
+
     # model
     model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
     pooling: Literal["cls", "mean"] | None = None  # None = read from the model folder
@@ -26,28 +34,12 @@ class TrainConfig:
     # loss
     loss: Literal["infonce", "peg", "ccr"] = "infonce"  # contrastive loss; its options go in loss_options
     loss_options: dict = field(default_factory=dict)  # e.g. {temperature: 0.02, beta: 0.2}
-    # optimisation
-    batch_size: int = 32  # queries per process per step
+    # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
     chunk_size: int | None = None  # GradCache: rows per forward chunk (None = no caching)
-    epochs: float = 1.0
     epoch_unit: Literal["pairs", "queries"] = "pairs"
     # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
     # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
-    max_steps: int | None = None  # total optimizer steps; overrides epochs
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 1.0
-    seed: int = 42
-    bf16: bool = False  # bf16 autocast for training
-    gradient_checkpointing: bool = False
-    # output, checkpoints, logging
-    output: str = "runs/train"  # run folder: model/, checkpoints, train_log.jsonl, report
-    save_steps: int | None = None  # None = at the end of every epoch
-    save_total_limit: int = 2
-    logging_steps: int = 1
-    resume: bool = True
-    report: bool = True
+    # report
     probe_size: int = 256  # examples used for the similarity-distribution figure
     # evaluation
     eval_data: str | None = None  # BEIR folder evaluated after training (eval_split)
@@ -56,3 +48,10 @@ class TrainConfig:
     eval_base: bool = False  # evaluate the starting model too, for the comparison table
     eval_batch_size: int = 64
     eval_bf16: bool = True
+
+    def validate(self) -> None:
+        if self.batch_size < 1 or self.num_negatives < 0:
+            raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
+        if self.epoch_unit not in ("pairs", "queries"):
+            raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {self.epoch_unit!r}")
+        super().validate()

@@ -1,4 +1,4 @@
-"""Checkpoint folders shared by the fine-tuning and pre-training loops.
+"""Checkpoint folders of the training loop (:mod:`robustir.training.loop`, fine-tuning and pre-training).
 
 Layout: ``<root>/step-N/`` holds the :mod:`accelerate` state (model, optimizer, registered objects such as the
 scheduler, RNG states) plus ``trainer_state.json``; a folder without that file is not a checkpoint (a crash

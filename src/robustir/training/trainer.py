@@ -1,14 +1,20 @@
 """Contrastive fine-tuning: data → batch engine → AdamW, on one process or many (``torchrun``).
 
-Built on :mod:`accelerate` (device placement, DDP, bf16 autocast, checkpoint state incl. RNG). The
-loop itself is short because the :class:`~robustir.training.batch_engine.BatchEngine` does the
-interesting part: global in-batch negatives, GradCache and one loss call per optimizer step.
+This module is the stage-specific part: training examples (with mined hard negatives when the data has none),
+the encoder, the loss, the group sampler, the similarity probe, evaluation and the saved model with its card.
+The loop itself -- :mod:`accelerate` set-up, AdamW and schedule, checkpoints and resume, logging -- is the one
+:class:`~robustir.training.loop.TrainingLoop` that pre-training uses too; a fine-tuning step is one call of the
+:class:`~robustir.training.batch_engine.BatchEngine`, which does the interesting part: global in-batch
+negatives, GradCache and one loss call per optimizer step. ``eval_steps`` evaluates through the loop's
+``after_step`` hook.
 
 Output folder::
 
     model/                 final sentence-transformers model (+ model card README.md)
     checkpoints/step-N/    accelerate state (model, optimizer, scheduler, loss state such as PEG's t, RNG)
-    train_log.jsonl        one line per logged step: loss components, lr, pairs/s
+                           + trainer_state.json
+    train_log.jsonl        one line per logged step: step, epoch, lr, grad_norm, pairs_per_s, loss components
+                           (and eval_* lines with eval_steps)
     similarities.json      cosine similarities of a fixed probe set at start and end
     report.png/.html       loss curves, PEG/CCR statistics, similarity distributions
     eval_metrics.json      metrics on eval_data (base model too with eval_base)
@@ -20,13 +26,10 @@ import json
 import logging
 import math
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-from tqdm.auto import tqdm
 
 from ..config import to_dict
 from ..data.training_data import TrainingExample, examples_from_beir, load_training_data
@@ -37,10 +40,8 @@ from ..models.encoder import Encoder
 from ..resources import default_model_path
 from .arguments import TrainConfig
 from .batch_engine import BatchEngine
-from .optim import adamw_with_linear_schedule
-from .checkpoints import resume_latest
-from .checkpoints import save_checkpoint as _save_checkpoint
 from .data import GroupSampler, collate
+from .loop import TrainingLoop
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def similarity_probe(encoder: Encoder, examples: list[TrainingExample], size: in
             "in_batch_negative": off_diagonal[: 20 * len(sample)].tolist()}
 
 
-# ---------------------------------------------------------------------------- checkpoints
+# ---------------------------------------------------------------------------- model card
 
 def _model_card(config: TrainConfig, encoder: Encoder, loss_config: dict, steps: int, examples: int,
                 metrics: dict, base_metrics: dict) -> str:
@@ -167,29 +168,17 @@ Full configuration: see `training_config.json`.
 """
 
 
-# ---------------------------------------------------------------------------- the loop
+# ---------------------------------------------------------------------------- the stage
 
 def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     """Fine-tune ``config.model`` on ``config.train_data``; resumes from the latest checkpoint in ``output``.
 
-    ``stop_after``: leave after this many optimizer steps (with a checkpoint), as if the job had been
-    interrupted; a later call resumes. Used by tests and by time-boxed jobs.
+    The stage-specific part (data, model, loss, probe, evaluation, what to save) on top of the shared
+    :class:`~robustir.training.loop.TrainingLoop`. ``stop_after``: leave after this many optimizer steps (with a
+    checkpoint), as if the job had been interrupted; a later call resumes. Used by tests and by time-boxed jobs.
     """
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
-
-    if config.batch_size < 1 or config.num_negatives < 0:
-        raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
-    if config.epoch_unit not in ("pairs", "queries"):
-        raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {config.epoch_unit!r}")
-    accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
-                              cpu=not torch.cuda.is_available(),
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    is_main = accelerator.is_main_process
-    out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
-    set_seed(config.seed)
-    started = time.perf_counter()
+    loop = TrainingLoop(config, config_file="training_config.json")
+    accelerator, is_main, out = loop.accelerator, loop.is_main, loop.out
 
     encoder = Encoder.from_pretrained(config.model or default_model_path(), pooling=config.pooling,
                                       query_max_length=config.query_max_length,
@@ -203,7 +192,6 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     sampler = GroupSampler(examples, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
                            epoch_unit=config.epoch_unit)
     total_steps = config.max_steps or max(1, math.ceil(config.epochs * sampler.steps_per_epoch))
-    save_steps = config.save_steps or sampler.steps_per_epoch
 
     eval_dataset = None
     base_metrics: dict[str, float] = {}
@@ -212,23 +200,12 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
 
         eval_dataset = load_beir(config.eval_data, config.eval_split)
 
-    optimizer, scheduler = adamw_with_linear_schedule(encoder, config.lr, config.weight_decay,
-                                                      config.warmup_ratio, total_steps)
-    model, optimizer = accelerator.prepare(encoder, optimizer)
     loss.to(accelerator.device)
-    # the scheduler is stepped by hand once per optimizer step (accelerate would step it per process)
-    accelerator.register_for_checkpointing(scheduler, loss)
+    start_step = loop.prepare(encoder, total_steps, checkpointed=(loss,))  # the loss's state (PEG's t) too
+    model = loop.model
     engine = BatchEngine(loss, chunk_size=config.chunk_size)
 
-    checkpoint_root = out / "checkpoints"
-    start_step = 0
-    if config.resume:
-        start_step = resume_latest(accelerator, checkpoint_root, out / "train_log.jsonl", total_steps)
-    if start_step == 0 and is_main:
-        write_json(out / "training_config.json", to_dict(config))
-        (out / "train_log.jsonl").unlink(missing_ok=True)
-
-    unwrapped: Encoder = accelerator.unwrap_model(model)
+    unwrapped: Encoder = loop.unwrapped
     if start_step == 0 and is_main:
         if config.report:
             write_json(out / "similarities.json", {"start": similarity_probe(
@@ -239,63 +216,34 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     if (out / "base_metrics.json").exists():
         base_metrics = json.loads((out / "base_metrics.json").read_text())
 
-    model.train()
+    def step(index: int) -> dict:
+        groups = sampler.batch(index, accelerator.process_index)
+        q, p, ids, positive_ids = collate(groups, unwrapped, config.query_max_length,
+                                          config.train_passage_max_length or config.passage_max_length)
+        # on the model's device before the engine sees them: GradCache's RNG snapshot (RandContext) records
+        # the generator of the devices its input tensors live on, so CPU inputs would replay GPU dropout
+        # with other masks
+        q = {k: v.to(accelerator.device) for k, v in q.items()}
+        p = {k: v.to(accelerator.device) for k, v in p.items()}
+        output = engine.step(model, q, p, config.num_negatives, passage_ids=ids, positive_ids=positive_ids)
+        return {"loss": output.loss, **output.components}
+
+    def evaluate_now(done: int) -> None:
+        if not (config.eval_steps and done % config.eval_steps == 0 and done < total_steps):
+            return
+        if is_main:
+            metrics = _evaluate(unwrapped, eval_dataset, config)
+            loop.log({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}})
+            logger.info("step %d: eval ndcg@10 %.4f", done, metrics["ndcg@10"])
+            model.train()
+        accelerator.wait_for_everyone()
+
     loss.train()
-    bar = tqdm(total=total_steps, initial=start_step, desc=f"train ({config.loss})", disable=not is_main,
-               unit="step", dynamic_ncols=True)
-    log_handle = open(out / "train_log.jsonl", "a", encoding="utf-8") if is_main else None
-    pairs_per_step = config.batch_size * accelerator.num_processes
-    try:
-        for step in range(start_step, total_steps):
-            tick = time.perf_counter()
-            groups = sampler.batch(step, accelerator.process_index)
-            q, p, ids, positive_ids = collate(groups, unwrapped, config.query_max_length,
-                                              config.train_passage_max_length or config.passage_max_length)
-            # on the model's device before the engine sees them: GradCache's RNG snapshot (RandContext) records
-            # the generator of the devices its input tensors live on, so CPU inputs would replay GPU dropout
-            # with other masks
-            q = {k: v.to(accelerator.device) for k, v in q.items()}
-            p = {k: v.to(accelerator.device) for k, v in p.items()}
-            output = engine.step(model, q, p, config.num_negatives, passage_ids=ids, positive_ids=positive_ids)
-            grad_norm = None
-            if config.max_grad_norm:
-                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            if done % config.logging_steps == 0 or done == total_steps:
-                values = {"loss": float(output.loss), **{k: float(v) for k, v in output.components.items()}}
-                if accelerator.num_processes > 1:  # components are per-process means: average them
-                    stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
-                                                 reduction="mean")
-                    values = dict(zip(values, stacked.tolist()))
-                record = {"step": done, "epoch": step / sampler.steps_per_epoch, "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": grad_norm, "pairs_per_s": pairs_per_step / (time.perf_counter() - tick),
-                          **values}
-                if is_main:
-                    log_handle.write(json.dumps(record) + "\n")
-                    log_handle.flush()
-                    bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
-            if eval_dataset is not None and config.eval_steps and done % config.eval_steps == 0 and done < total_steps:
-                if is_main:
-                    metrics = _evaluate(unwrapped, eval_dataset, config)
-                    log_handle.write(json.dumps({"step": done, **{f"eval_{k}": v for k, v in metrics.items()}}) + "\n")
-                    log_handle.flush()
-                    logger.info("step %d: eval ndcg@10 %.4f", done, metrics["ndcg@10"])
-                    model.train()
-                accelerator.wait_for_everyone()
-            interrupted = stop_after is not None and done >= stop_after and done < total_steps
-            if done % save_steps == 0 or done == total_steps or interrupted:
-                _save_checkpoint(accelerator, checkpoint_root, done, config.save_total_limit)
-            bar.update(1)
-            if interrupted:
-                accelerator.end_training()
-                return TrainResult(out / "model", done, time.perf_counter() - started, {}, base_metrics)
-    finally:
-        bar.close()
-        if log_handle:
-            log_handle.close()
+    run = loop.run(step, save_steps=config.save_steps or sampler.steps_per_epoch, desc=f"train ({config.loss})",
+                   throughput_key="pairs_per_s", epoch=lambda done: (done - 1) / sampler.steps_per_epoch,
+                   stop_after=stop_after, after_step=evaluate_now if eval_dataset is not None else None)
+    if run.interrupted:
+        return TrainResult(out / "model", run.steps, loop.seconds, {}, base_metrics)
 
     metrics: dict[str, float] = {}
     model_path = out / "model"
@@ -313,9 +261,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
             from .report import write_training_report
 
             write_training_report(out)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return TrainResult(model_path, total_steps, time.perf_counter() - started, metrics, base_metrics)
+    loop.finish()
+    return TrainResult(model_path, total_steps, loop.seconds, metrics, base_metrics)
 
 
 def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float]:

@@ -1,0 +1,253 @@
+"""The one training loop under fine-tuning (:func:`robustir.training.trainer.train`) and pre-training
+(:func:`robustir.pretraining.pretrain.pretrain`).
+
+A stage builds its data, model and loss; :class:`TrainingLoop` does everything else:
+
+* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, bf16 autocast, CPU when no
+  GPU), ``set_seed``;
+* :meth:`TrainingLoop.prepare`: AdamW and the linear schedule
+  (:func:`~robustir.training.optim.adamw_with_linear_schedule`), ``accelerator.prepare``, the checkpointed
+  objects (the scheduler, stepped by hand once per optimizer step, and whatever state the stage adds, e.g.
+  PEG's ``t``), resume from the latest ``checkpoints/step-N``
+  (:func:`~robustir.training.checkpoints.resume_latest`, which also drops log lines past that step), and, on a
+  fresh start, the run's configuration file and an empty ``train_log.jsonl``;
+* :meth:`TrainingLoop.run`: the step loop. The stage's ``step_fn(step)`` does one step's forward and backward and
+  returns its log values; the loop clips the gradients (``max_grad_norm``), steps the optimizer and the schedule,
+  logs every ``logging_steps`` steps (and at the last one) a ``train_log.jsonl`` line (``step``, ``epoch``, ``lr``,
+  ``grad_norm``, the throughput, then the step's values averaged over the processes), and checkpoints every
+  ``save_steps`` steps, at the end and on ``stop_after`` (leave as if interrupted; the next run resumes and ends
+  with the same weights). Checkpoints record ``examples_per_process`` and ``total_steps`` next to the step.
+
+The fields the loop reads are :class:`LoopConfig`, the base of :class:`~robustir.training.arguments.TrainConfig`
+and :class:`~robustir.pretraining.pretrain.PretrainConfig`, so each is declared (and documented) once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import to_dict
+from ..errors import ConfigError
+from ..io import write_json
+from .checkpoints import resume_latest, save_checkpoint
+from .optim import adamw_with_linear_schedule
+
+__all__ = ["LoopConfig", "LoopResult", "TrainingLoop"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopConfig:
+    """What the training loop reads, shared by fine-tuning and pre-training. The defaults are fine-tuning's;
+    :class:`~robustir.pretraining.pretrain.PretrainConfig` redeclares ``lr`` and ``output`` with its own."""
+
+    # optimisation
+    batch_size: int = 32  # examples per process per step: queries (train), texts (retromae) or pairs (gur)
+    epochs: float = 1.0  # passes over the training data (max_steps overrides)
+    max_steps: int | None = None  # total optimizer steps; overrides epochs (pre-training: skips counting the data)
+    lr: float = 2e-5  # peak learning rate (linear warm-up, then linear decay to 0)
+    warmup_ratio: float = 0.1  # share of the steps that warm the learning rate up
+    weight_decay: float = 0.01  # AdamW weight decay (none on biases and normalisation weights)
+    max_grad_norm: float | None = 1.0  # clip the gradient norm to this (None = no clipping)
+    seed: int = 42
+    bf16: bool = False  # bf16 autocast for training
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
+    # output, checkpoints, logging
+    output: str = "runs/train"  # run folder: model/, checkpoints, train_log.jsonl, report
+    save_steps: int | None = None  # checkpoint every N steps; None = every epoch (train), at the end only (pretrain)
+    save_total_limit: int = 2  # checkpoints kept (older ones are deleted; <= 0 keeps all)
+    logging_steps: int = 1  # write a train_log.jsonl line every N steps (and at the last step)
+    resume: bool = True  # continue from the latest checkpoint in the output folder
+    report: bool = True  # write the report (figures) at the end
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.max_steps is None and self.epochs <= 0:
+            raise ConfigError(f"epochs must be > 0, got {self.epochs}")
+        if self.logging_steps < 1:
+            raise ConfigError("logging_steps must be >= 1")
+
+
+@dataclass
+class LoopResult:
+    steps: int  # optimizer steps done (all of them, resumed ones included)
+    interrupted: bool  # left early on stop_after (a checkpoint holds the state; the stage saves no outputs)
+    last: dict[str, float] = field(default_factory=dict)  # the last logged values (averaged over processes)
+
+
+class TrainingLoop:
+    """Set-up, optimiser, checkpoints, resume, logging and the step loop of one run (see the module docstring).
+
+    ``config_file``: name of the configuration written to the output folder when a run starts afresh.
+    """
+
+    def __init__(self, config: LoopConfig, *, config_file: str) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs, set_seed
+
+        config.validate()
+        self.config = config
+        self.config_file = config_file
+        self.accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
+                                       cpu=not torch.cuda.is_available(),
+                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+        self.out = Path(config.output)
+        self.out.mkdir(parents=True, exist_ok=True)
+        set_seed(config.seed)
+        self.started = time.perf_counter()
+        self.checkpoint_root = self.out / "checkpoints"
+        self.log_path = self.out / "train_log.jsonl"
+        self.model: torch.nn.Module | None = None
+        self.optimizer = None
+        self.scheduler = None
+        self.total_steps = 0
+        self.start_step = 0
+        self._log_handle = None
+
+    # ------------------------------------------------------------------------ conveniences
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def seconds(self) -> float:
+        """Seconds since the loop was set up."""
+        return time.perf_counter() - self.started
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        """The prepared model without its DDP wrapper (for encoding, evaluation and saving)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    # ------------------------------------------------------------------------ set-up and resume
+
+    def prepare(self, model: torch.nn.Module, total_steps: int, checkpointed: tuple[Any, ...] = ()) -> int:
+        """Build AdamW and the schedule for ``total_steps``, prepare ``model`` (then :attr:`model`; the bare one is
+        :attr:`unwrapped`), register the scheduler and ``checkpointed`` (objects with ``state_dict``, e.g. a
+        loss with state) for checkpoints, and resume from the latest checkpoint when ``config.resume``.
+
+        Returns the step to start from (0 = a fresh run: the configuration is written, the log emptied).
+        """
+        config, accelerator = self.config, self.accelerator
+        # named_parameters lists tied weights (embeddings / MLM decoder) once
+        optimizer, scheduler = adamw_with_linear_schedule(model, config.lr, config.weight_decay,
+                                                          config.warmup_ratio, total_steps)
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.scheduler = scheduler
+        self.total_steps = total_steps
+        # the scheduler is stepped by hand once per optimizer step (accelerate would step it per process)
+        accelerator.register_for_checkpointing(scheduler, *checkpointed)
+        start_step = 0
+        if config.resume:
+            start_step = resume_latest(accelerator, self.checkpoint_root, self.log_path, total_steps)
+        if start_step == 0 and self.is_main:
+            write_json(self.out / self.config_file, to_dict(config))
+            self.log_path.unlink(missing_ok=True)
+        accelerator.wait_for_everyone()
+        self.start_step = start_step
+        return start_step
+
+    # ------------------------------------------------------------------------ the loop
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        """Append one line to ``train_log.jsonl`` (main process only; others ignore the call)."""
+        if not self.is_main:
+            return
+        if self._log_handle is not None:
+            self._log_handle.write(json.dumps(record) + "\n")
+            self._log_handle.flush()
+        else:
+            with open(self.log_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def run(self, step_fn: Callable[[int], Mapping[str, Any]], *, save_steps: int, desc: str,
+            throughput_key: str = "examples_per_s", epoch: Callable[[int], float | None] | None = None,
+            stop_after: int | None = None, after_step: Callable[[int], None] | None = None) -> LoopResult:
+        """Run the steps from :attr:`start_step` to :attr:`total_steps`.
+
+        ``step_fn(step)`` (0-based) does one step's forward and backward on this process and returns its log
+        values (floats or scalar tensors; read only on logging steps). Logged as ``throughput_key``: examples per
+        second over all processes (``batch_size`` x processes per step). ``epoch(done)``: the ``epoch`` field of
+        the log line after ``done`` steps (None or absent: no field). ``after_step(done)``: called on every
+        process after each step's log line and before its checkpoint (e.g. a periodic evaluation, which may
+        :meth:`log`). ``stop_after``: leave after that many steps, with a checkpoint, as if interrupted.
+        """
+        from tqdm.auto import tqdm
+
+        if self.model is None:
+            raise RuntimeError("TrainingLoop.run before prepare")
+        config, accelerator = self.config, self.accelerator
+        model, optimizer, scheduler, total_steps = self.model, self.optimizer, self.scheduler, self.total_steps
+        world = accelerator.num_processes
+        examples_per_step = config.batch_size * world
+        model.train()
+        bar = tqdm(total=total_steps, initial=self.start_step, desc=desc, disable=not self.is_main, unit="step",
+                   dynamic_ncols=True)
+        self._log_handle = open(self.log_path, "a", encoding="utf-8") if self.is_main else None
+        last: dict[str, float] = {}
+        try:
+            for step in range(self.start_step, total_steps):
+                tick = time.perf_counter()
+                outputs = step_fn(step)
+                grad_norm = None
+                if config.max_grad_norm:
+                    grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                done = step + 1
+                if done % config.logging_steps == 0 or done == total_steps:
+                    values = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in outputs.items()}
+                    if world > 1:  # per-process means: average them
+                        stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
+                                                     reduction="mean")
+                        values = dict(zip(values, stacked.tolist()))
+                    last = values
+                    record: dict[str, Any] = {"step": done}
+                    epoch_value = epoch(done) if epoch is not None else None
+                    if epoch_value is not None:
+                        record["epoch"] = epoch_value
+                    record.update({"lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                                   throughput_key: examples_per_step / (time.perf_counter() - tick), **values})
+                    self.log(record)
+                    if self.is_main and "loss" in values:
+                        bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
+                if after_step is not None:
+                    after_step(done)
+                interrupted = stop_after is not None and done >= stop_after and done < total_steps
+                if done % save_steps == 0 or done == total_steps or interrupted:
+                    save_checkpoint(accelerator, self.checkpoint_root, done, config.save_total_limit,
+                                    state={"examples_per_process": done * config.batch_size,
+                                           "total_steps": total_steps})
+                bar.update(1)
+                if interrupted:
+                    accelerator.end_training()
+                    return LoopResult(done, True, last)
+        finally:
+            bar.close()
+            if self._log_handle is not None:
+                self._log_handle.close()
+                self._log_handle = None
+        return LoopResult(total_steps, False, last)
+
+    def finish(self) -> None:
+        """After the stage saved its outputs (on the main process): wait for every process, end the run."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
