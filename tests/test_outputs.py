@@ -39,3 +39,19 @@ def test_reopen_moves_a_finished_output_back_to_partial(tmp_path):
     out.path.write_text('{"a": 1}\n')
     out.reopen()
     assert not out.path.exists() and out.partial.read_text() == '{"a": 1}\n'
+
+
+def test_every_stage_report_has_a_one_line_summary():
+    from robustir.data.chunking import ChunkStats
+    from robustir.filtering.llm_judge import JudgeReport
+    from robustir.filtering.teacher import FilterReport
+    from robustir.negatives.mining import MiningReport
+    from robustir.queries.generate import GenerateReport
+    from robustir.queries.pairs import PairStats
+
+    reports = [ChunkStats(documents=2, passages=5), PairStats(pairs=3), MiningReport(queries=4),
+               FilterReport("teacher", "in.jsonl", "out.jsonl"), GenerateReport("out.jsonl"), JudgeReport("out.jsonl")]
+    for report in reports:
+        line = report.summary()
+        assert isinstance(line, str) and line and "\n" not in line, type(report).__name__
+    assert "5 passages" in reports[0].summary() and "4 queries" in reports[2].summary()

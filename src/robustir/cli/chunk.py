@@ -45,6 +45,5 @@ def run(args: argparse.Namespace) -> int:
                          progress=lambda docs: tqdm(docs, desc="chunk", unit="doc", file=sys.stderr,
                                                     disable=None))
     elapsed = time.perf_counter() - started
-    print(f"robustir chunk: {stats.documents} documents -> {stats.passages} passages "
-          f"({stats.empty_documents} empty, {stats.skipped_done} already done) in {elapsed:.1f}s; wrote {output}")
+    print(f"robustir chunk: {stats.summary()} in {elapsed:.1f}s; wrote {output}")
     return 0

@@ -48,9 +48,6 @@ def run(args: argparse.Namespace) -> int:
     stats = mine_pairs(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,
                        progress=lambda docs: tqdm(docs, desc="pairs", unit="doc", file=sys.stderr, disable=None))
     elapsed = max(time.perf_counter() - started, 1e-9)
-    print(f"robustir pairs: {stats.documents} documents ({stats.skipped_done} already done, "
-          f"{stats.documents_without_pairs} without pairs), {stats.comparisons} candidate comparisons "
-          f"({stats.lcs_runs} by automaton), "
-          f"{stats.pairs} new pairs (+{stats.resumed_pairs} from an earlier run) in {elapsed:.1f}s = "
-          f"{stats.pairs / elapsed:.0f} pairs/s, {stats.documents / elapsed:.0f} documents/s; wrote {output}")
+    print(f"robustir pairs: {stats.summary()} in {elapsed:.1f}s = {stats.pairs / elapsed:.0f} pairs/s, "
+          f"{stats.documents / elapsed:.0f} documents/s; wrote {output}")
     return 0

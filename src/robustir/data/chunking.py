@@ -238,6 +238,11 @@ class ChunkStats:
     empty_documents: int = 0
     passages: int = 0
 
+    def summary(self) -> str:
+        """One line, like every stage's report."""
+        return (f"{self.documents} documents -> {self.passages} passages ({self.empty_documents} empty, "
+                f"{self.skipped_done} already done)")
+
 
 def chunk_corpus(input_path: str | Path, output_path: str | Path, config: ChunkConfig | None = None, *,
                  fmt: str = "auto", text_unit: str = "block", shard: Shard | None = None,

@@ -86,7 +86,8 @@ class MiningReport:
     positive_scores: list[float] = field(default_factory=list)
     negative_scores: list[float] = field(default_factory=list)
 
-    def summary(self) -> dict:
+    def as_dict(self) -> dict:
+        """The report as written to ``OUT.report.json``."""
         def stats(values: list[float]) -> dict:
             if not values:
                 return {}
@@ -99,8 +100,14 @@ class MiningReport:
                 "excluded_by_score_limits": self.excluded_by_score,
                 "positive_scores": stats(self.positive_scores), "negative_scores": stats(self.negative_scores)}
 
+    def summary(self) -> str:
+        """One line, like every stage's report."""
+        return (f"{self.queries} queries, {self.negatives} negatives ({self.unfilled} queries unfilled, {self.empty} "
+                f"with none), {self.excluded_positive} positives/duplicates and {self.excluded_by_score} by score "
+                "limits excluded")
+
     def format(self) -> str:
-        s = self.summary()
+        s = self.as_dict()
         lines = [f"queries {s['queries']}, negatives {s['negatives']}, unfilled {s['unfilled_queries']} "
                  f"(none at all: {s['queries_without_negatives']})",
                  f"excluded: positives/duplicates {s['excluded_positive_or_duplicate']}, "
@@ -247,7 +254,7 @@ def mine_negatives(queries: list[MiningQuery], doc_ids: list[str], doc_texts: li
     finally:
         writer.close()
         bar.close()
-    StageOutput(output).write_report({"config": _plain(config), **report.summary()})
+    StageOutput(output).write_report({"config": _plain(config), **report.as_dict()})
     return report
 
 

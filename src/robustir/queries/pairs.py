@@ -378,6 +378,12 @@ class PairStats:
     candidates: int = 0
     resumed_pairs: int = 0
 
+    def summary(self) -> str:
+        """One line, like every stage's report."""
+        return (f"{self.documents} documents ({self.skipped_done} already done, {self.documents_without_pairs} "
+                f"without pairs), {self.comparisons} candidate comparisons ({self.lcs_runs} by automaton), "
+                f"{self.pairs} new pairs (+{self.resumed_pairs} from an earlier run)")
+
 
 def mine_pairs(input_path: str | Path, output_path: str | Path, config: PairMiningConfig | None = None, *,
                fmt: str = "auto", text_unit: str = "block", shard: Shard | None = None,
