@@ -1,7 +1,7 @@
 """``robustir noise-bench``: the planted-noise benchmark (see docs/robustness.md).
 
     robustir noise-bench --preset cpu                                   # 1 kind x 2 rates x 4 methods, < 1 h on 2 cores
-    robustir noise-bench --kinds chunk-fn fp-random --rates 0 0.2 0.4 --methods infonce peg recipe st --seeds 1 2 3
+    robustir noise-bench --kinds chunk-fn fp-random --rates 0 0.2 0.4 --methods infonce peg teacher-peg st --seeds 1 2 3
     robustir noise-bench --config bench.yaml budget.epochs=2 llm.base_url=http://localhost:8000/v1 llm.model=Qwen2.5-7B-Instruct
 
 Every finished run is a line of ``<output>/results.jsonl`` and is never redone; re-run the same command to

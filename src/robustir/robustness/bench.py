@@ -13,7 +13,7 @@ Methods (``METHODS``):
                                   positives that more than half of the pool outscores), then InfoNCE
 ``llm``                           the PEG LLM judge over the negatives (needs ``llm.base_url``/``llm.model``),
                                   then InfoNCE
-``recipe``                        the recommended robust recipe: teacher filter on the negatives, then PEG
+``teacher-peg``                   the teacher filter on the negatives only (false negatives), then PEG
 ``st``                            sentence-transformers MNRL through its own trainer (the anchor)
 
 Output folder::
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["NoiseBenchConfig", "run_noise_bench", "METHODS", "BENCH_PRESETS", "filter_scores", "write_table",
            "plot_results"]
 
-METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "recipe", "st")
+METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "st")
 
 #: the noise benchmark's budgets: ``cpu`` is one epoch (29 steps on SciFact, ~5 min a run on 2 cores) so the
 #: default 1-kind x 2-rate x 4-method grid fits in an hour; ``gpu`` is the side-by-side's GPU budget.
@@ -60,9 +60,9 @@ BENCH_PRESETS: dict[str, Budget] = {"cpu": replace(PRESETS["cpu"], epochs=1.0), 
 
 #: the grid each preset runs when the config leaves it empty
 DEFAULT_GRID = {
-    "cpu": {"kinds": ["fp-random"], "rates": [0.0, 0.4], "methods": ["infonce", "peg", "recipe", "st"], "seeds": [1]},
+    "cpu": {"kinds": ["fp-random"], "rates": [0.0, 0.4], "methods": ["infonce", "peg", "teacher-peg", "st"], "seeds": [1]},
     "gpu": {"kinds": ["chunk-fn", "label-fn", "fp-random", "fp-hard"], "rates": [0.0, 0.2, 0.4],
-            "methods": ["infonce", "peg", "ccr", "sieve", "teacher", "recipe", "st"], "seeds": [1, 2, 3]},
+            "methods": ["infonce", "peg", "ccr", "sieve", "teacher", "teacher-peg", "st"], "seeds": [1, 2, 3]},
 }
 
 
@@ -94,8 +94,8 @@ class NoiseBenchConfig:
     teacher: dict = field(default_factory=lambda: {"relative_margin": 0.05, "suspect_positive_share": 0.5})
     """TeacherFilterConfig options of the ``teacher`` method (its only defence against false positives is
     dropping positives that more than half of their pool outscores)."""
-    recipe: dict = field(default_factory=lambda: {"relative_margin": 0.05})
-    """TeacherFilterConfig options of the ``recipe`` method's filter: false negatives only -- PEG's w_q
+    teacher_peg: dict = field(default_factory=lambda: {"relative_margin": 0.05})
+    """TeacherFilterConfig options of the ``teacher-peg`` method's filter: false negatives only -- PEG's w_q
     handles false positives without discarding hard true pairs (docs/robustness.md)."""
     sieve: dict = field(default_factory=dict)
     """SieveConfig options of the ``sieve`` method (default: keep half the pool)."""
@@ -141,8 +141,8 @@ class NoiseBenchConfig:
         """The options that change what ``method`` trains on (its filter's settings); {} for plain losses."""
         if method == "teacher":
             return dict(self.teacher)
-        if method == "recipe":
-            return dict(self.recipe)
+        if method == "teacher-peg":
+            return dict(self.teacher_peg)
         if method == "sieve":
             return dict(self.sieve)
         if method == "llm":
@@ -155,9 +155,9 @@ class NoiseBenchConfig:
         Part of every result's key and of filtered files' and run folders' names: changing a filter's
         options reruns the methods that use it, and only those.
         """
-        if method not in ("teacher", "recipe", "sieve", "llm"):
+        if method not in ("teacher", "teacher-peg", "sieve", "llm"):
             return ""
-        name = {"recipe": "teacher"}.get(method, method)  # same filter + options = same filtered file
+        name = {"teacher-peg": "teacher"}.get(method, method)  # same filter + options = same filtered file
         return hashlib.sha1(json.dumps([name, self.method_options(method)], sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -278,7 +278,7 @@ class _Bench:
 
     def filtered(self, method: str, noisy: Path) -> tuple[Path, dict]:
         """Filtered copy of ``noisy`` for the filtering methods, with precision/recall on the plants."""
-        name = {"recipe": "teacher"}.get(method, method)
+        name = {"teacher-peg": "teacher"}.get(method, method)
         variant = self.config.variant(method)
         target = noisy.with_name(f"{name}-{variant}.jsonl")
         report = StageOutput(target).report
@@ -318,7 +318,7 @@ class _Bench:
         started = time.perf_counter()
         noisy = self.noisy(kind, rate, seed)
         source, filter_stats = noisy, {}
-        if method in ("sieve", "teacher", "llm", "recipe"):
+        if method in ("sieve", "teacher", "llm", "teacher-peg"):
             source, filter_stats = self.filtered(method, noisy)
         variant = self.config.variant(method)
         run_dir = self.out / "runs" / _condition(kind, rate, seed) / (f"{method}-{variant}" if variant else method)
@@ -330,7 +330,7 @@ class _Bench:
         if method == "st":
             outcome = train_sentence_transformers(rows_path, run_dir / "train", self.budget, seed, model=self.config.model)
         else:
-            loss = {"peg": "peg", "ccr": "ccr", "recipe": "peg"}.get(method, "infonce")
+            loss = {"peg": "peg", "ccr": "ccr", "teacher-peg": "peg"}.get(method, "infonce")
             outcome = train_robustir(rows_path, run_dir / "train", self.budget, seed, model=self.config.model, loss=loss)
         metrics = evaluate_model(outcome.model_path, self.data, self.config.eval_split, self.budget, self.cache)
         return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
