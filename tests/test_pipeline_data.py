@@ -178,3 +178,28 @@ def test_peg_recipe_end_to_end_against_a_fake_endpoint(tiny_model_dir, tmp_path,
     assert set(result.metrics) == {"base", "finetuned"} and 0 <= result.metrics["finetuned"]["ndcg@10"] <= 1
     saved = json.loads((work / "pipeline_config.json").read_text())
     assert saved["queries"]["generate"]["llm"]["api_key"] is None  # secrets never land on disk
+
+
+def test_failed_judgements_stop_the_runner_and_a_re_run_retries_them(tmp_path):
+    """Judgements that failed (an unparseable reply) keep the filter stage unfinished; the next run retries them."""
+    flaky = {"on": True}
+
+    def reply(messages):
+        prompt = last_user(messages)
+        if flaky["on"] and TOPICS[0] in prompt:
+            return "Maybe."  # neither yes nor no: a failed judgement, never a guess
+        return "No"
+
+    with FakeLLMServer(reply) as server:
+        sections = {"queries": {"source": "pairs"},
+                    "filter": {"method": "llm", "llm": {"progress": False,
+                                                        "max_failure_rate": 1.0,
+                                                        "llm": {"base_url": server.url, "model": "fake-model",
+                                                                "on_failure": "skip", "max_retries": 0}}}}
+        with pytest.raises(ConfigError, match="re-run to retry"):
+            run_pipeline(load(tmp_path, **sections), until="filter")
+        flaky["on"] = False
+        result = run_pipeline(load(tmp_path, **sections), until="filter")
+    assert result.stages["filter"] == "ran"
+    filtered = tmp_path / "work" / "filter" / "train.jsonl"
+    assert filtered.exists() and not (filtered.parent / "train.jsonl.failed.jsonl").exists()

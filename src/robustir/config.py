@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 
 from .errors import ConfigError
+from .validation import RangeError
 
 T = TypeVar("T")
 
@@ -26,7 +27,13 @@ def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} not found")
-    text = path.read_text(encoding="utf-8")
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; pass a YAML or JSON file")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is allowed
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                          "UTF-8") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
@@ -83,6 +90,8 @@ def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
         kwargs[key] = _coerce(hints_by_name[key], value, f"{where}.{key}")
     try:
         return cls(**kwargs)
+    except RangeError as exc:  # name the key by its path: train.lr, filter.teacher.relative_margin
+        raise exc.under(where.removeprefix("config").lstrip(".")) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

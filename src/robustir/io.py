@@ -25,6 +25,7 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode any other new file gets
         kwargs = {} if "b" in mode else {"encoding": encoding}
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
@@ -35,6 +36,12 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -61,7 +68,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     with open_binary(path) as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is allowed
             except UnicodeDecodeError as exc:
                 raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
                                 fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None

@@ -10,14 +10,16 @@ where ``messages`` is a chat conversation (``[{"role": "user", "content": "..."}
 Two backends implement it:
 
 * :class:`LLMClient` — the official ``openai`` client pointed at ``base_url``, so it works with vLLM, Ollama
-  (``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible. The transport and its
-  retries are the ``openai`` package's: timeouts, connection errors and HTTP 408/409/429/5xx are retried
-  ``llm.max_retries`` times with exponential backoff that honours ``Retry-After`` / ``retry-after-ms``
-  (up to 2 minutes; a longer requested wait is not retried). This module adds what a long data job needs on
-  top: a thread pool of ``llm.concurrency`` requests yielding replies in input order, a requests-per-minute
-  :class:`RateLimiter`, asking again when a ``200`` reply has no usable text (same retry budget), and
-  :class:`~robustir.errors.EndpointError` messages that say what to fix for mistakes no retry can fix
-  (wrong ``/v1`` base URL, unknown model, missing key).
+  (``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible. The transport is the
+  ``openai`` package's; the retries are this module's (the ``openai`` client is told not to retry): timeouts,
+  connection errors and HTTP 408/409/429/5xx are retried ``llm.max_retries`` times, waiting what the server
+  asks for in ``Retry-After`` / ``retry-after-ms`` or else an exponential backoff (0.5 s doubling, at most 8 s),
+  never longer than ``llm.max_retry_wait`` seconds; every wait of a second or more is logged at INFO (logger
+  ``robustir.llm``), with the server's request and the cap when it was cut. On top come what a long data job
+  needs: a thread pool of ``llm.concurrency`` requests yielding replies in input order, a requests-per-minute
+  :class:`RateLimiter` (retries wait for it too), asking again when a ``200`` reply has no usable text (same
+  retry budget), and :class:`~robustir.errors.EndpointError` messages that say what to fix for mistakes no retry
+  can fix (wrong ``/v1`` base URL, unknown model, missing key).
 * :class:`HFGenerator` — a local ``transformers`` causal LM (chat template when the tokenizer has one), batched.
 
 Both share :class:`LLMCache`, an sqlite3 (WAL) cache keyed by sha256 of (messages, model, sampling params),
@@ -26,27 +28,31 @@ written as soon as each reply arrives, so a re-run or a crash never pays for the
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
 import logging
 import math
 import os
+import random
 import re
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, Union
+from typing import Annotated, Any, Callable, Iterable, Iterator, Literal, Sequence, Union
 from urllib.parse import urlsplit
 
 import openai
 
 from .errors import ConfigError, EndpointError
+from .validation import (Checked, Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                         Range)
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +66,7 @@ _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 _NO_KEY = "EMPTY"
 
 @dataclass
-class LLMConfig:
+class LLMConfig(Checked):
     """How to reach and sample from the LLM. Every field can be set from YAML or as ``llm.<field>=value``."""
 
     backend: Literal["openai", "hf"] = "openai"
@@ -73,47 +79,38 @@ class LLMConfig:
     """The key itself (prefer ``api_key_env`` so keys stay out of config files)."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the API key."""
-    temperature: float = 0.7
-    top_p: float | None = None
-    max_tokens: int = 512
+    temperature: Annotated[float, Range(ge=0, le=2)] = 0.7
+    top_p: Annotated[float, Range(gt=0, le=1)] | None = None
+    max_tokens: NonNegativeInt = 512
     """Reply length limit (``max_tokens`` in the request); 0 sends none."""
-    seed: int | None = None
+    seed: NonNegativeInt | None = None
     extra_body: dict = field(default_factory=dict)
     """Merged into every request body, e.g. ``{"chat_template_kwargs": {"enable_thinking": false}}`` for vLLM."""
     extra_headers: dict = field(default_factory=dict)
     system_prompt: str | None = None
     """Prepended as a system message to every conversation that has none."""
-    timeout_s: float = 120.0
+    timeout_s: PositiveFloat = 120.0
     """Seconds to wait for one reply."""
-    max_retries: int = 5
+    max_retries: NonNegativeInt = 5
     """Retries per request after a timeout, connection error, HTTP 408/409/429/5xx or an unusable reply."""
-    concurrency: int = 8
+    max_retry_wait: PositiveFloat = 60.0
+    """Longest wait before one retry, in seconds: a longer ``Retry-After`` from the server is cut to this (and
+    the cut is logged)."""
+    concurrency: PositiveInt = 8
     """Requests in flight at once."""
-    requests_per_minute: float = 0.0
+    requests_per_minute: NonNegativeFloat = 0.0
     """Requests per minute at most; 0 = unlimited."""
     on_failure: Literal["raise", "skip"] = "raise"
     """After the retries: ``raise`` an EndpointError, or ``skip`` (the reply is ``None`` and the stage records it)."""
-    max_consecutive_failures: int = 20
+    max_consecutive_failures: NonNegativeInt = 20
     """Under ``skip``, this many failures in a row mean the endpoint is down: raise instead (0 = never)."""
     cache_path: str | None = None
     """sqlite file of finished replies (stages default to one next to their output); ``none`` disables caching."""
     # local Hugging Face backend only
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     device: str | None = None
     dtype: str = "auto"
     trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigError(f"llm.concurrency must be >= 1, got {self.concurrency}")
-        if self.max_retries < 0:
-            raise ConfigError(f"llm.max_retries must be >= 0, got {self.max_retries}")
-        if self.requests_per_minute < 0:
-            raise ConfigError(f"llm.requests_per_minute must be >= 0 (0 = unlimited), got {self.requests_per_minute}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"llm.timeout_s must be > 0, got {self.timeout_s}")
-        if self.batch_size < 1:
-            raise ConfigError(f"llm.batch_size must be >= 1, got {self.batch_size}")
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get(self.api_key_env) or None
@@ -294,8 +291,8 @@ class RateLimiter:
     """Spaces request starts at least ``60 / rpm`` seconds apart across all threads (0 = no limit).
 
     ``clock`` and ``sleep`` are injectable so tests run on a fake clock; :class:`LLMClient` passes its stop
-    event's ``wait`` as ``sleep``, so closing the client cuts a wait short. The limit applies to the requests
-    this module starts; the openai client's own retries of a request are not spaced by it.
+    event's ``wait`` as ``sleep``, so closing the client cuts a wait short. The limit applies to every request
+    this module sends, retries included.
     """
 
     def __init__(self, requests_per_minute: float, *, clock: Callable[[], float] = time.monotonic,
@@ -334,7 +331,11 @@ class LLMClient(LLMBackend):
     """Client for an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, Ollama, llama.cpp, OpenAI)."""
 
     def __init__(self, config: LLMConfig, *, cache: LLMCache | None = None,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None, sleep: Callable[[float], object] | None = None,
+                 jitter: Callable[[], float] = random.random) -> None:
+        """``limiter``, ``sleep`` (the wait before a retry; default: the stop event's ``wait``, so :meth:`close`
+        cuts it short) and ``jitter`` (a number in [0, 1) that shortens a backoff by up to 25 %) are injectable
+        so tests run on a fake clock."""
         if not config.model:
             raise ConfigError("llm.model is empty: give the model name the server serves (e.g. --model "
                               "Qwen/Qwen2.5-7B-Instruct for vLLM, --model qwen2.5:7b for Ollama)")
@@ -356,7 +357,7 @@ class LLMClient(LLMBackend):
         local = urlsplit(self.base_url).hostname in _LOOPBACK
         self._openai = openai.OpenAI(
             base_url=self.base_url, api_key=config.resolved_api_key() or _NO_KEY, timeout=config.timeout_s,
-            max_retries=config.max_retries,
+            max_retries=0,  # retries are ours (_complete_one): capped, logged, rate limited, testable
             default_headers={str(k): str(v) for k, v in config.extra_headers.items()},
             # A local server must not be sent through an HTTP(S)_PROXY from the environment; remote ones may need it.
             http_client=openai.DefaultHttpxClient(trust_env=False) if local else None)
@@ -366,6 +367,8 @@ class LLMClient(LLMBackend):
         self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="llm")
         self._stop = threading.Event()
         self._limiter = limiter or RateLimiter(config.requests_per_minute, sleep=self._stop.wait)
+        self._sleep = sleep or self._stop.wait
+        self._jitter = jitter
         self._failure_lock = threading.Lock()
         self._consecutive_failures = 0
         self._inflight: dict[str, Future] = {}  # cache key -> request on its way (duplicates share it)
@@ -422,8 +425,8 @@ class LLMClient(LLMBackend):
         return served
 
     def close(self) -> None:
-        # Wakes threads waiting on the rate limiter so they give up; requests under way (and the openai client's
-        # backoff before a retry of one) are waited for, so their replies still reach the cache.
+        # Wakes threads waiting on the rate limiter or before a retry so they give up; requests under way are
+        # waited for, so their replies still reach the cache.
         self._stop.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._openai.close()
@@ -454,40 +457,70 @@ class LLMClient(LLMBackend):
             self._inflight.pop(key, None)
 
     def _complete_one(self, messages: list[Message], key: str) -> Completion:
-        """One conversation: the openai client retries transport trouble; unusable replies are asked again here.
-
-        Both share one budget of ``max_retries + 1`` requests.
-        """
+        """One conversation, in at most ``max_retries + 1`` requests: transport trouble (timeouts, connection
+        errors, HTTP 408/409/429/5xx) is retried after :meth:`_wait_before_retry`; a ``200`` reply without usable
+        text is asked again at once. Both share the one budget."""
         budget = self.config.max_retries + 1
         attempts = 0
         while True:
             self._limiter.wait()
             if self._stop.is_set():
                 return Completion(None, error="cancelled: the LLM client was closed")
-            client = self._openai if not attempts else self._openai.with_options(max_retries=budget - attempts - 1)
+            attempts += 1
+            self.stats.add(requests=1, retries=int(attempts > 1))
             try:
-                raw = client.chat.completions.with_raw_response.create(model=self.model, messages=messages,
-                                                                      **self.params)
+                raw = self._openai.chat.completions.with_raw_response.create(model=self.model, messages=messages,
+                                                                            **self.params)
             except openai.APIError as exc:
-                attempts += _attempts_of(exc)
-                self.stats.add(requests=attempts, retries=attempts - 1)
+                if attempts < budget and _retryable(exc):
+                    self._wait_before_retry(exc, attempts)
+                    continue
                 return self._fail(*self._explain(exc, attempts))
-            attempts += 1 + int(getattr(raw, "retries_taken", 0))
             try:
                 completion = _reply_of(raw)
             except _UnusableReply as exc:
                 if attempts < budget:
                     logger.debug("unusable LLM reply (%s); asking again", exc)
                     continue
-                self.stats.add(requests=attempts, retries=attempts - 1)
                 return self._fail(self._gave_up(attempts, str(exc)))
-            self.stats.add(requests=attempts, retries=attempts - 1, completions=1,
-                           prompt_tokens=completion.prompt_tokens or 0,
+            self.stats.add(completions=1, prompt_tokens=completion.prompt_tokens or 0,
                            completion_tokens=completion.completion_tokens or 0)
             self._store(key, completion)
             with self._failure_lock:
                 self._consecutive_failures = 0
             return completion
+
+    def _wait_before_retry(self, exc: openai.APIError, attempts: int) -> float:
+        """Sleep before retry number ``attempts`` and return the seconds waited.
+
+        The wait is what the server asked for (``retry-after-ms`` / ``Retry-After``) or else an exponential
+        backoff (0.5 s doubling per retry, at most 8 s, minus up to 25 % jitter), and never more than
+        ``llm.max_retry_wait``. Waits of a second or more are logged at INFO, saying why and whether the server's
+        request was cut.
+        """
+        cap = self.config.max_retry_wait
+        response = getattr(exc, "response", None)
+        asked = _retry_after(response.headers) if response is not None else None
+        if asked:  # None or 0: no request from the server, back off instead
+            wait = min(asked, cap)
+            why = f"server said Retry-After {_seconds(asked)}"
+            if asked > cap:
+                why += f" (capped at max_wait: llm.max_retry_wait={_seconds(cap)})"
+            if asked > 2 * cap:
+                why += ("; the server asks for far longer than the cap, so this retry may be refused too: lower "
+                        "llm.requests_per_minute or llm.concurrency, raise llm.max_retry_wait, or run later")
+        else:
+            wait = min(0.5 * 2.0 ** (attempts - 1), 8.0, cap) * (1 - 0.25 * self._jitter())
+            why = f"{_failure_name(exc)} (backoff)"
+        message = "waiting %s s before retry %d/%d of %s: %s"
+        args = (_seconds(wait), attempts, self.config.max_retries, self.url, why)
+        if wait >= 1:
+            logger.info(message, *args)
+        else:
+            logger.debug(message, *args)
+        if wait > 0:
+            self._sleep(wait)
+        return wait
 
     def _explain(self, exc: openai.APIError, attempts: int) -> tuple[str, bool]:
         """``(message, fatal)`` for a request the openai client gave up on; fatal = every request would fail."""
@@ -580,12 +613,53 @@ def _reply_of(raw: Any) -> Completion:
                       completion_tokens=_as_int(getattr(usage, "completion_tokens", None)))
 
 
-def _attempts_of(exc: openai.APIError) -> int:
-    """Requests the openai client sent before raising ``exc`` (it numbers its retries in a request header)."""
+def _retryable(exc: openai.APIError) -> bool:
+    """Worth another request: a timeout, a connection error, or HTTP 408/409/429/5xx (unless the server sends
+    ``x-should-retry``, which is obeyed either way)."""
+    if isinstance(exc, openai.APIConnectionError):  # also APITimeoutError
+        return True
+    if not isinstance(exc, openai.APIStatusError):
+        return False
+    header = exc.response.headers.get("x-should-retry")
+    if header in ("true", "false"):
+        return header == "true"
+    return exc.status_code in _RETRIED_STATUS or exc.status_code >= 500
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds the server asks to wait: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date)."""
     try:
-        return 1 + int(exc.request.headers.get("x-stainless-retry-count", 0))
-    except (AttributeError, TypeError, ValueError):
-        return 1
+        value = float(headers.get("retry-after-ms"))
+        if math.isfinite(value) and value >= 0:
+            return value / 1000.0
+    except (TypeError, ValueError):
+        pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            value = email.utils.parsedate_to_datetime(raw).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return max(value, 0.0) if math.isfinite(value) else None
+
+
+def _failure_name(exc: openai.APIError) -> str:
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"connection error ({_cause(exc)})"
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}"
+    return type(exc).__name__
+
+
+def _seconds(value: float) -> str:
+    """``60`` -> "60", ``0.02`` -> "0.02", ``7.126`` -> "7.13"."""
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
 def _cause(exc: openai.APIError) -> str:
@@ -769,7 +843,7 @@ def load_template(path: str | Path, required: tuple[str, ...]) -> str:
 # ------------------------------------------------------------------------------------------- LLM stages
 
 @dataclass
-class LLMStageConfig:
+class LLMStageConfig(Checked):
     """What every LLM stage takes (query generation, the judge): files, prompts and their language, sharding,
     the endpoint. The stages' configs extend it (:class:`robustir.queries.generate.GenerateConfig`,
     :class:`robustir.filtering.llm_judge.JudgeConfig`)."""
@@ -784,9 +858,9 @@ class LLMStageConfig:
     """Template file for Chinese items when the language is chosen automatically."""
     language: Literal["auto", "en", "zh"] = "auto"
     """Prompt language; ``auto`` chooses per item by its share of CJK letters."""
-    cjk_threshold: float = 0.3
+    cjk_threshold: Fraction = 0.3
     """``auto``: items whose letters are at least this share CJK get the Chinese prompt."""
-    max_passage_chars: int = 4000
+    max_passage_chars: PositiveInt = 4000
     """Passage text is cut to this many characters inside the prompt (the records keep the full text)."""
     shard: str | None = None
     """``I/N``: process shard I of N of the items (the output gets a ``.shard-I-of-N`` suffix)."""
@@ -796,6 +870,10 @@ class LLMStageConfig:
     """Show a progress bar."""
     preflight: bool = True
     """Check the endpoint (its model list) before starting, for a fast clear error when it is unreachable."""
+    max_failure_rate: Fraction = 0.5
+    """The stage fails (and its output is not finished) when more than this share of its items failed: after the
+    run, or as soon as 20 items were tried in this run (``MIN_ITEMS_FOR_RATE``). Items finished by earlier runs count in
+    the share. 0 = any failure fails the stage; 1 = never."""
     llm: LLMConfig = field(default_factory=LLMConfig)
     """The endpoint; the reply cache defaults to ``OUT.llm-cache.sqlite`` (``llm.cache_path=none`` disables it)."""
 
@@ -816,3 +894,98 @@ def stage_backend(config: LLMStageConfig, output: str | Path) -> Iterator[LLMBac
         if config.preflight and isinstance(backend, LLMClient):
             backend.preflight()
         yield backend
+
+
+# ------------------------------------------------------------------------------------ failed items of a stage
+
+MIN_ITEMS_FOR_RATE = 20
+"""Items a run must have tried before ``max_failure_rate`` can stop it early (at the end it always applies)."""
+
+
+def check_failure_rate(rate: float) -> float:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"max_failure_rate must be a share between 0 and 1 (0.5 = half the items may fail), "
+                          f"got {rate!r}")
+    return float(rate)
+
+
+@dataclass
+class FailureTally:
+    """Tried and failed items of one LLM-stage run, and the ``max_failure_rate`` rule that stops it.
+
+    ``earlier`` counts items finished by earlier runs (resumed): they are part of the output, so they count in the
+    share. ``reasons`` counts failures by kind (for the report); ``errors`` by message (for the error text).
+    """
+
+    stage: str
+    unit: str
+    max_rate: float
+    endpoint: str = ""
+    earlier: int = 0
+    tried: int = 0
+    failed: int = 0
+    reasons: "Counter[str]" = field(default_factory=lambda: Counter())
+    errors: "Counter[str]" = field(default_factory=lambda: Counter())
+
+    def __post_init__(self) -> None:
+        self.max_rate = check_failure_rate(self.max_rate)
+
+    def success(self) -> None:
+        self.tried += 1
+
+    def failure(self, reason: str, error: str | None = None) -> None:
+        self.tried += 1
+        self.failed += 1
+        self.reasons[reason] += 1
+        self.errors[(error or reason).splitlines()[0] if (error or reason) else reason] += 1
+
+    @property
+    def rate(self) -> float:
+        total = self.tried + self.earlier
+        return self.failed / total if total else 0.0
+
+    def check(self, *, final: bool, failed_path: str | Path | None = None) -> None:
+        """Raise :class:`EndpointError` when the failed share is above ``max_rate`` (during the run only once
+        :data:`MIN_ITEMS_FOR_RATE` items were tried)."""
+        if not self.failed or (not final and self.tried < MIN_ITEMS_FOR_RATE) or self.rate <= self.max_rate:
+            return
+        total = self.tried + self.earlier
+        error, count = self.errors.most_common(1)[0]
+        when = "" if final else f", stopped after {self.tried} tried in this run"
+        where = f" (llm.base_url/llm.model: {self.endpoint})" if self.endpoint else ""
+        listed = f" and the failures listed in {failed_path}" if failed_path else ""
+        raise EndpointError(
+            f"{self.stage}: {self.failed} of {total} {self.unit} failed ({self.rate:.0%}, more than "
+            f"max_failure_rate={self.max_rate:g}{when}); commonest error ({count}x): {error}. The output is not "
+            f"finished; what did finish is kept for the next run.\n"
+            f"  Fix: check the endpoint and model{where}{listed}, then re-run (failed {self.unit} are retried); "
+            f"or raise max_failure_rate to accept more failures")
+
+    def summary(self) -> str:
+        """"3 failed (2 request failed, 1 unparseable reply)" style counts, or "" when none failed."""
+        return ", ".join(f"{n} {reason}" for reason, n in self.reasons.most_common())
+
+
+def endpoint_of(backend: Any) -> str:
+    """``base_url`` and model of a backend, for error messages."""
+    url = getattr(backend, "base_url", None)
+    model = getattr(backend, "model", "")
+    return f"{url} {model!r}" if url else repr(model)
+
+
+def write_failed_items(path: str | Path, items: Iterable[dict], what: str) -> str | None:
+    """Write the failed items of a stage to ``path`` (``OUT.failed.jsonl``) atomically, or remove it when there
+    are none (the earlier failures were retried successfully). ``what`` names them in the warning ("passage(s)
+    failed"). Returns the path when written."""
+    from .io import atomic_write
+
+    path = Path(path)
+    items = list(items)
+    if not items:
+        path.unlink(missing_ok=True)
+        return None
+    with atomic_write(path) as handle:
+        for item in items:
+            handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+    logger.warning("%d %s; listed in %s and retried on the next run", len(items), what, path)
+    return str(path)

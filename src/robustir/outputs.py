@@ -6,11 +6,13 @@ Every data stage (chunk, pairs, generate, mine, filter) writes one JSONL output 
 
 ==========================  =====================================================================================
 ``OUT.partial``             records written so far (:class:`~robustir.io.ResumableJsonlWriter`); renamed to
-                            ``OUT`` when the stage finishes, so ``OUT`` never holds a half-written file
+                            ``OUT`` when the stage finishes, so ``OUT`` never holds a half-written file. A re-run
+                            over a finished ``OUT`` (to retry failures) writes here too: ``OUT`` stays in place,
+                            unchanged, until the new file replaces it atomically
 ``OUT.done``                per-document progress of document stages (:class:`~robustir.data.documents.DocumentOutput`),
                             removed on finish
 ``OUT.report.json``         the stage's report, written after the rename (stages that report)
-``OUT.failed.jsonl``        items still to retry (query generation); a re-run retries them
+``OUT.failed.jsonl``        items still to retry (query generation, LLM judge); a re-run retries them
 ``OUT.llm-cache.sqlite``    the LLM reply cache of LLM stages (kept by ``clear``: those replies are paid for)
 ==========================  =====================================================================================
 
@@ -35,10 +37,38 @@ from pathlib import Path
 from .errors import ConfigError, DataError
 from .io import Shard, atomic_write, write_json
 
-__all__ = ["StageOutput", "MergeResult"]
+__all__ = ["StageOutput", "MergeResult", "refuse_overwriting_inputs"]
 
 PARTIAL, DONE, REPORT, FAILED, LLM_CACHE = ".partial", ".done", ".report.json", ".failed.jsonl", ".llm-cache.sqlite"
 _STATS = {"mean", "min", "max", "median", "p25", "p75"}  # per-shard statistics do not add up: kept per shard
+
+
+def refuse_overwriting_inputs(output: str | Path, *inputs: str | Path | None, stage: str = "this stage") -> None:
+    """Raise :class:`ConfigError` when writing ``output`` (or its ``.partial``) would replace or corrupt an input.
+
+    Paths are compared after resolving symlinks. An input folder is protected where its reader looks: a BEIR folder
+    (one with ``corpus.jsonl``) in ``corpus.jsonl(.gz)``, ``queries.jsonl`` and ``qrels/``; any other folder (read as
+    its ``*.jsonl`` / ``*.jsonl.gz`` files) at its top level.
+    """
+    out = Path(output).expanduser().resolve()
+    written = {out, out.with_name(out.name + PARTIAL)}
+    for item in inputs:
+        if item is None:
+            continue
+        source = Path(item).expanduser().resolve()
+        if source in written:
+            raise ConfigError(f"{stage}: the output {output} is the input {item}; stages never overwrite their "
+                              "input: write to a new file")
+        if not source.is_dir() or source not in out.parents:
+            continue
+        if (source / "corpus.jsonl").exists() or (source / "corpus.jsonl.gz").exists():
+            relative = out.relative_to(source)
+            read = (relative.parts[0] == "qrels" or str(relative) in ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl"))
+        else:
+            read = out.parent == source and (out.name.endswith(".jsonl") or out.name.endswith(".jsonl.gz"))
+        if read:
+            raise ConfigError(f"{stage}: the output {output} lies where the input folder {item} is read from; a "
+                              "re-run would read it as input. Write it outside that folder")
 
 
 @dataclass
@@ -134,9 +164,25 @@ class StageOutput:
         return False
 
     def reopen(self) -> None:
-        """Continue a finished output (a generation run with failures to retry): move it back to ``.partial``."""
+        """Continue a finished output (a generation run with failures to retry): move it back to ``.partial``.
+
+        The finished ``OUT`` is gone until the stage finishes again; the LLM stages use :meth:`continue_finished`,
+        which leaves it in place."""
         if self.path.exists() and not self.partial.exists():
             self.path.replace(self.partial)
+
+    def continue_finished(self) -> bool:
+        """Continue a finished output (a re-run that retries failures): copy it to ``.partial`` (atomically).
+
+        ``OUT`` itself is never removed or renamed: it stays as it is until the stage finishes and its new
+        ``.partial`` replaces it atomically, so a re-run that fails leaves the finished output in place. Returns
+        True when the copy was made (False: no finished output, or a ``.partial`` to resume exists already).
+        """
+        if not self.path.exists() or self.partial.exists():
+            return False
+        with atomic_write(self.partial, "wb", encoding=None) as handle, open(self.path, "rb") as source:
+            shutil.copyfileobj(source, handle)
+        return True
 
     def write_report(self, report: dict) -> Path:
         write_json(self.report, report)
@@ -168,6 +214,8 @@ class StageOutput:
         or incomplete shard, so nothing is merged from a partial set.
         """
         output = self.base
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise ConfigError(f"shards = {count!r} is out of range: it must be >= 1 (the N of --shard I/N)")
         if count is None:
             groups = self.shard_counts()
             if not groups:

@@ -54,6 +54,7 @@ from .filtering.sieve import SieveConfig
 from .filtering.teacher import TeacherFilterConfig
 from .training.arguments import TrainConfig
 from .pretraining.pretrain import PretrainConfig, resolve_data_path
+from .validation import Checked, NonNegativeInt, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ generation and mining (the same options as ``robustir chunk``)."""
 
 
 @dataclass
-class QueriesStage:
+class QueriesStage(Checked):
     """Where the (query, positive) training pairs come from."""
 
     source: Literal["pairs", "generate", "beir"] = "pairs"
@@ -77,12 +78,12 @@ class QueriesStage:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     """source generate: LLM-written queries (PEG); ``input``/``output`` are set by the runner."""
     split: str = "train"  # source beir: qrels split of the corpus folder
-    max_examples: int | None = None  # keep a seeded random sample of at most this many pairs
-    seed: int = 0
+    max_examples: PositiveInt | None = None  # keep a seeded random sample of at most this many pairs
+    seed: NonNegativeInt = 0
 
 
 @dataclass
-class FilterStage:
+class FilterStage(Checked):
     """False-negative removal after mining: the section of the chosen method is used."""
 
     method: Literal["teacher", "sieve", "llm"] = "teacher"
@@ -93,25 +94,25 @@ class FilterStage:
 
 
 @dataclass
-class EvalStage:
+class EvalStage(Checked):
     data: str | None = None  # BEIR folder (``bundled:scifact`` works); None = the corpus when it is a BEIR folder
     split: str = "test"
     base: bool = True  # evaluate the base model too
     pretrained: bool = True  # and the pre-trained-only model, when there is one
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     bf16: bool = False
-    query_max_length: int | None = None  # None = the model's own settings
-    passage_max_length: int | None = None
+    query_max_length: PositiveInt | None = None  # None = the model's own settings
+    passage_max_length: PositiveInt | None = None
 
 
 @dataclass
-class PipelineConfig:
+class PipelineConfig(Checked):
     work_dir: str = "runs/pipeline"
     model: str | None = None  # base model; None = the bundled all-MiniLM-L6-v2
     corpus: str = "bundled:scifact"  # raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text
     corpus_format: Literal["auto", "jsonl", "text", "beir"] = "auto"
     text_unit: Literal["block", "line"] = "line"  # plain text: one document per line or per blank-line block
-    max_documents: int | None = None  # only the first N documents (quick runs)
+    max_documents: PositiveInt | None = None  # only the first N documents (quick runs)
     chunk: ChunkStage | None = None  # None = the documents are the passages
     queries: QueriesStage = field(default_factory=QueriesStage)
     pretrain: PretrainConfig | None = None  # None = no pre-training; else mode retromae | gur (+ options)
@@ -351,6 +352,9 @@ def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
         from .filtering.llm_judge import run_judge
 
         report = run_judge(config.filter.llm, mined["train"], target)
+        if report.failed_records:  # not done: the next run retries them (as a re-run of the stage does)
+            raise ConfigError(f"LLM judge: {report.failed_records} record(s) with failed judgements (listed in "
+                              f"{report.failed_path}); re-run to retry them")
     return {"train": str(target), "report": report.summary()}
 
 

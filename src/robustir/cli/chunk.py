@@ -8,7 +8,7 @@ import time
 
 from ..config import load_config
 from ..data.chunking import ChunkConfig, chunk_corpus
-from ..outputs import StageOutput
+from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..io import Shard
 from .common import add_config_flags, flags_from_args
 
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard)
     output = target.path
+    refuse_overwriting_inputs(output, args.input, stage="chunk")
     if target.nothing_to_do(args.overwrite, "chunk"):
         return 0
     started = time.perf_counter()

@@ -11,6 +11,7 @@ import numpy as np
 from ..data.beir import load_corpus, load_queries
 from ..io import atomic_write
 from ..models.encoder import Encoder
+from ..outputs import refuse_overwriting_inputs
 from .common import add_encoder_args, encoder_options, model_or_default
 
 
@@ -18,10 +19,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_encoder_args(parser)
     parser.add_argument("--input", required=True, help="corpus.jsonl (passages) or queries.jsonl (with --queries)")
     parser.add_argument("--queries", action="store_true", help="encode as queries (query instruction, query length)")
-    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json")
+    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same)")
+
+
+def output_files(prefix: str | Path) -> tuple[Path, Path]:
+    """``PREFIX.npy`` and ``PREFIX.ids.json``: the suffixes are added, never substituted (``emb.corpus`` and
+    ``emb.queries`` are two outputs); a prefix given as ``X.npy`` means ``X``."""
+    name = str(prefix)
+    name = name[:-len(".npy")] if name.endswith(".npy") else name
+    return Path(name + ".npy"), Path(name + ".ids.json")
 
 
 def run(args: argparse.Namespace) -> int:
+    vectors, id_file = output_files(args.output)
+    refuse_overwriting_inputs(vectors, args.input, stage="encode")
+    refuse_overwriting_inputs(id_file, args.input, stage="encode")
     encoder = Encoder.from_pretrained(model_or_default(args.model), **encoder_options(args))
     if args.queries:
         queries, _ = load_queries(args.input)
@@ -30,10 +42,9 @@ def run(args: argparse.Namespace) -> int:
         corpus, _ = load_corpus(args.input)
         ids, texts, kind = corpus.ids, corpus.texts_for_encoding(), "passage"
     emb = encoder.encode(texts, kind, batch_size=args.batch_size, bf16=args.bf16, show_progress=True)
-    prefix = Path(args.output)
-    with atomic_write(prefix.with_suffix(".npy"), "wb") as handle:
+    with atomic_write(vectors, "wb") as handle:
         np.save(handle, emb)
-    with atomic_write(prefix.with_suffix(".ids.json")) as handle:
+    with atomic_write(id_file) as handle:
         json.dump(ids, handle)
-    print(f"encoded {len(ids)} {kind}s -> {prefix.with_suffix('.npy')} {emb.shape}")
+    print(f"encoded {len(ids)} {kind}s -> {vectors} {emb.shape}")
     return 0

@@ -19,7 +19,6 @@ Methods::
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config import load_config
 from ..errors import ConfigError
@@ -27,7 +26,7 @@ from ..filtering.llm_judge import JudgeConfig
 from ..filtering.sieve import SieveConfig
 from ..filtering.teacher import TeacherFilterConfig
 from ..io import Shard
-from ..outputs import StageOutput
+from ..outputs import StageOutput, refuse_overwriting_inputs
 from .common import add_config_flags, flags_from_args
 
 # Flags shared by the methods: fields of the same name in all three configs (JudgeConfig: llm.model for --model)
@@ -36,7 +35,7 @@ ENCODING = ["batch_size", "bf16"]  # teacher and sieve
 MODEL_HELP = ("llm: model name on the server; teacher: teacher folder; sieve: starting model "
               "(teacher/sieve: None = the bundled all-MiniLM-L6-v2)")
 # each method's own fields, in its --help group
-LLM = ["llm.base_url", "llm.api_key_env", "llm.concurrency", "prompt_template", "llm.cache_path"]
+LLM = ["llm.base_url", "llm.api_key_env", "llm.concurrency", "prompt_template", "llm.cache_path", "max_failure_rate"]
 TEACHER = ["kind", "absolute_margin", "relative_margin", "suspect_positive_share", "max_length"]
 SIEVE = ["num_negatives", "train", "strict", "variant", "beta", "temperature", "lr", "max_steps", "work_dir"]
 
@@ -76,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard, reports=True)
     output = target.path
-    if Path(args.input).resolve() == Path(output).resolve():
-        raise ConfigError(f"--output {output} is the input file; filters never overwrite their input")
+    refuse_overwriting_inputs(output, args.input, stage="filter")
     report_path = target.report
     if target.nothing_to_do(bool(args.overwrite), "filter"):
         return 0
@@ -104,4 +102,7 @@ def _run_llm(args: argparse.Namespace, config: JudgeConfig) -> int:
         raise ConfigError("--method llm needs --model (the model name the server serves) and --base-url")
     report = run_judge(config, args.input, args.output)
     print(f"robustir filter: {report.summary()}")
+    if report.failed_path:
+        print(f"robustir filter: {report.failed_records} record(s) with failed judgements (negatives kept for now), "
+              f"listed in {report.failed_path}; re-run the same command to judge them again")
     return 0

@@ -8,7 +8,10 @@ Examples::
     robustir generate --config gen.yaml --shard 2/8 llm.temperature=0.3 llm.on_failure=skip
 
 Re-running the same command resumes: finished passages are skipped, failed ones (``OUT.failed.jsonl``) retried,
-and replies already paid for come from the cache (``OUT.llm-cache.sqlite``).
+and replies already paid for come from the cache (``OUT.llm-cache.sqlite``). A finished ``OUT`` stays in place
+while failures are retried and is replaced only when the re-run finishes. Generated queries that are refusals,
+chat boilerplate or answers are rejected (counted per reason in the summary); when more than
+``--max-failure-rate`` of the passages fail the command stops with an error (exit 2) instead of finishing.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ logger = logging.getLogger(__name__)
 # set in --config or as a key=value override (llm.top_p=0.9)
 FIELDS = ["input", "output", "llm.base_url", "llm.model", "llm.api_key_env", "llm.backend", "num_queries",
           "prompt_template", "prompt_template_zh", "language", "llm.concurrency", "llm.requests_per_minute",
-          "llm.temperature", "llm.max_tokens", "llm.timeout_s", "llm.max_retries", "llm.on_failure",
-          "llm.cache_path", "shard", "beir_dir", "overwrite", "progress", "preflight"]
+          "llm.temperature", "llm.max_tokens", "llm.timeout_s", "llm.max_retries", "llm.max_retry_wait",
+          "llm.on_failure", "max_failure_rate", "llm.cache_path", "shard", "beir_dir", "overwrite", "progress",
+          "preflight"]
 RENAME = {"llm.requests_per_minute": "rpm", "llm.timeout_s": "timeout", "llm.cache_path": "cache"}
 HELP = {"llm.model": "model name the server serves (backend hf: a local model folder or hub id)",
         "llm.cache_path": "reply cache file (unset: OUT.llm-cache.sqlite; 'none' disables caching)"}

@@ -7,8 +7,10 @@ and ``run(args) -> int``. Modules are imported lazily so ``robustir --help`` sta
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import os
 import sys
 
 from ..errors import RobustIRError
@@ -34,7 +36,8 @@ STAGES: dict[str, tuple[str, str]] = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="robustir", description="Train robust dense retrieval models: one sub-command per pipeline stage.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
+    parser.add_argument("-v", "--verbose", "--debug", action="store_true",
+                        help="debug logging and full tracebacks (for bug reports; also ROBUSTIR_DEBUG=1)")
     sub = parser.add_subparsers(dest="stage", metavar="<stage>")
     for name, (module, help_text) in STAGES.items():
         if only is not None and name != only:
@@ -72,16 +75,48 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0 if args.stage is None else 2
+    debug = args.verbose or os.environ.get("ROBUSTIR_DEBUG", "").lower() in ("1", "true", "yes")
     try:
         return int(args._module.run(args) or 0)
     except RobustIRError as exc:
-        if args.verbose:
+        if debug:
             raise
         print(f"robustir {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # about a path the user gave (a genuine bug, without a file name, keeps its traceback)
+        message = path_error(exc)
+        if debug or message is None:
+            raise
+        print(f"robustir {args.stage}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"robustir {args.stage}: interrupted; finished work is kept, re-run to resume", file=sys.stderr)
         return 130
+
+
+_PATH_FIXES: dict[int, str] = {
+    errno.EACCES: "check its permissions, or choose another location",
+    errno.EPERM: "check its permissions, or choose another location",
+    errno.EROFS: "the file system is read-only: choose another location",
+    errno.ENOTDIR: "a part of this path is a file, not a folder: fix the path",
+    errno.EISDIR: "this is a folder where a file is expected: name a file",
+    errno.ENOENT: "check the path (and that its folder exists)",
+    errno.EEXIST: "something is already there: remove it or choose another name",
+    errno.ENOSPC: "the disk is full: free space or choose another location",
+    errno.ENAMETOOLONG: "the name is too long: choose a shorter path",
+    errno.ENOTEMPTY: "the folder is not empty: remove it or choose another name",
+}
+
+
+def path_error(exc: OSError) -> str | None:
+    """A one-line message for an OS error about a named path (``None``: not about a path -- a bug to report)."""
+    if exc.filename is None or exc.errno not in _PATH_FIXES:
+        return None
+    target = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+    fix = _PATH_FIXES[exc.errno]
+    if exc.errno == errno.EEXIST and os.path.isfile(exc.filename):  # a folder was to be made where a file is
+        fix = "this is a file, but the path needs a folder here: fix the path"
+    return f"{target}: {exc.strerror or type(exc).__name__}; {fix}"
 
 
 if __name__ == "__main__":  # pragma: no cover

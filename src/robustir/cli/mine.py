@@ -18,7 +18,7 @@ import argparse
 import time
 
 from ..config import load_config
-from ..outputs import StageOutput
+from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..errors import ConfigError
 from ..io import Shard
 from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard, reports=True)
     output, report_path = target.path, target.report
+    refuse_overwriting_inputs(output, args.data, args.input, args.corpus, stage="mine")
     if target.nothing_to_do(args.overwrite, "mine"):
         return 0
     encoder = None

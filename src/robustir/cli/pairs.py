@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..config import load_config
-from ..outputs import StageOutput
+from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..io import Shard
 from ..queries.pairs import PairMiningConfig, mine_pairs
 from .common import add_config_flags, flags_from_args
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard)
     output = target.path
+    refuse_overwriting_inputs(output, args.input, stage="pairs")
     if target.nothing_to_do(args.overwrite, "pairs"):
         return 0
     started = time.perf_counter()

@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary is enough
         return 0
     losses = ", ".join(f"{k} {v:.4f}" for k, v in result.last_losses.items())
-    print(f"pre-trained encoder saved to {result.model_path} (heads: {result.heads_path}) after {result.steps} "
-          f"steps ({result.seconds / 60:.1f} min){'; last ' + losses if losses else ''}")
+    if result.already_complete:
+        print(f"{config.output} already holds this run (same settings and inputs), complete after {result.steps} "
+              f"steps: nothing to do (resume=false to train it again)")
+    else:
+        print(f"pre-trained encoder saved to {result.model_path} (heads: {result.heads_path}) after {result.steps} "
+              f"steps ({result.seconds / 60:.1f} min){'; last ' + losses if losses else ''}")
     print(f"next: robustir train --model {result.model_path} --train-data ...")
     return 0

@@ -42,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
     result = train(config)
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only the main process reports
-    print(f"model saved to {result.model_path} after {result.steps} steps ({result.seconds / 60:.1f} min)")
+    if result.already_complete:
+        print(f"{config.output} already holds this run (same settings and inputs), complete after {result.steps} "
+              f"steps: nothing to do; the model is {result.model_path} (resume=false to train it again)")
+    else:
+        print(f"model saved to {result.model_path} after {result.steps} steps ({result.seconds / 60:.1f} min)")
     if result.metrics:
         rows = {"base": result.base_metrics} if result.base_metrics else {}
         rows["trained"] = result.metrics

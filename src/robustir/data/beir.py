@@ -135,7 +135,7 @@ def load_qrels_tsv(path: str | Path) -> dict[str, dict[str, int]]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8").rstrip("\r\n")
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as exc:
                 raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
                                 fix="re-encode the file as UTF-8") from None

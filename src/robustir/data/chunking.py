@@ -23,24 +23,32 @@ from .cjk import CJK_CHAR_CLASS
 from .sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
+from ..outputs import refuse_overwriting_inputs
+from ..validation import Checked, NonNegativeInt, PositiveInt
 
 __all__ = ["ChunkConfig", "Passage", "TokenCounter", "WordCounter", "HFTokenCounter", "make_counter",
            "chunk_document", "chunk_corpus", "ChunkStats"]
 
 
 @dataclass
-class ChunkConfig:
+class ChunkConfig(Checked):
     """How documents become passages: the flags of ``robustir chunk`` and the ``chunk:`` section of ``robustir run``
     (:func:`chunk_corpus` takes it)."""
 
-    max_tokens: int = 256
+    max_tokens: PositiveInt = 256
     """Passage length in words / CJK characters (or tokens of ``tokenizer``)."""
-    overlap: int = 1
+    overlap: NonNegativeInt = 1
     """Sentences repeated from the previous passage."""
-    min_tokens: int = 32
-    """A shorter last passage borrows earlier sentences (within the budget)."""
+    min_tokens: NonNegativeInt = 32
+    """A shorter last passage borrows earlier sentences (within the budget: above max_tokens it acts as max_tokens)."""
     tokenizer: str | None = None
     """HF tokenizer name or path for exact token counts (None: words / CJK characters)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # field ranges
+        if self.overlap >= self.max_tokens:
+            raise ConfigError(f"overlap ({self.overlap} sentences) must be smaller than max_tokens "
+                              f"({self.max_tokens}): each overlapping sentence takes at least one token of the passage")
 
 
 @dataclass(frozen=True)
@@ -254,6 +262,7 @@ def chunk_corpus(input_path: str | Path, output_path: str | Path, config: ChunkC
     a re-run produces the same file as an uninterrupted run. ``shard`` processes every n-th document only.
     """
     config = config or ChunkConfig()
+    refuse_overwriting_inputs(output_path, input_path, stage="chunk")
     max_tokens, overlap_sentences, min_tokens = config.max_tokens, config.overlap, config.min_tokens
     counter = make_counter(config.tokenizer)
     stats = ChunkStats()

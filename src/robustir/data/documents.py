@@ -121,7 +121,7 @@ def _read_text_docs(path: Path, unit: str) -> Iterator[tuple[int, Document]]:
     with open_binary(path) as handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=line_no,
                                 fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None

@@ -11,6 +11,9 @@ a bare string are rejected (a common mistake that silently becomes a list of cha
 
 from __future__ import annotations
 
+import difflib
+import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -18,7 +21,13 @@ from typing import Iterable, Iterator
 from ..errors import DataError
 from ..io import read_jsonl
 
+logger = logging.getLogger(__name__)
+
 KNOWN_FIELDS = {"query", "pos", "neg", "pos_scores", "neg_scores", "prompt"}
+#: fields robustir's own stages add (ids, removed negatives, planted noise): kept in ``extra`` without a warning
+METADATA_FIELDS = {"id", "_id", "qid", "query_id", "pos_id", "pos_ids", "neg_ids", "doc_id", "title", "type",
+                   "source", "kind", "lcs", "removed", "planted_pos", "planted_neg", "false_negatives", "metadata"}
+_WARNED: dict[str, set[str]] = {}  # path -> unknown field names already warned about
 
 
 @dataclass
@@ -68,23 +77,50 @@ def _score_list(obj: dict, key: str, n: int, path: Path, line: int) -> list[floa
     value = obj[key]
     if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         raise DataError(path, "expected a list of numbers", line=line, field=key)
+    bad = next((i for i, v in enumerate(value) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise DataError(path, f"score {bad} is {value[bad]!r}, not a finite number", line=line, field=key,
+                        fix="give every passage a real score, or drop the field")
     if len(value) != n:
         raise DataError(path, f"has {len(value)} scores for {n} passages", line=line, field=key,
                         fix="give exactly one score per passage, in the same order")
     return [float(v) for v in value]
 
 
+def _warn_unknown_fields(obj: dict, path: Path, line: int) -> None:
+    """Warn once per file and field name about a field that is neither a training field nor metadata robustir
+    writes itself, so that a misspelt ``negs`` does not silently train without negatives."""
+    unknown = [k for k in obj if k not in KNOWN_FIELDS and k not in METADATA_FIELDS]
+    if not unknown:
+        return
+    seen = _WARNED.setdefault(str(path), set())
+    new = [k for k in unknown if k not in seen]
+    if not new:
+        return
+    seen.update(new)
+    hints = []
+    for key in new:
+        close = difflib.get_close_matches(key, sorted(KNOWN_FIELDS), n=1, cutoff=0.6)
+        hints.append(repr(key) + (f" (did you mean {close[0]!r}?)" if close else ""))
+    logger.warning("%s, line %d: field(s) %s are not training fields (%s) and are only kept as metadata", path, line,
+                   ", ".join(hints), ", ".join(sorted(KNOWN_FIELDS)))
+
+
 def check_record(obj: dict, path: Path, line: int) -> tuple[str, list[str], list[str]]:
     """The one check of a training record's ``query`` (str), ``pos`` (list of str) and ``neg`` (list of str,
     may be absent); returns them. Every reader of the format goes through here (training, the filters, the LLM
     judge, pre-training pairs), so one file is accepted or refused the same way by every stage."""
+    _warn_unknown_fields(obj, path, line)
     query = obj.get("query")
     if not isinstance(query, str):
         raise DataError(path, "missing field 'query'" if query is None else
                         f"expected a string, got {type(query).__name__}", line=line, field="query",
                         fix='every line needs "query": "question text"')
-    return query, _string_list(obj, "pos", path, line, required=True), _string_list(obj, "neg", path, line,
-                                                                                      required=False)
+    pos = _string_list(obj, "pos", path, line, required=True)
+    neg = _string_list(obj, "neg", path, line, required=False)
+    _score_list(obj, "pos_scores", len(pos), path, line)  # checked here too: every stage passes them on
+    _score_list(obj, "neg_scores", len(neg), path, line)
+    return query, pos, neg
 
 
 def parse_example(obj: dict, path: Path, line: int) -> TrainingExample | None:

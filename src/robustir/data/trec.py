@@ -18,7 +18,7 @@ def _rows(path: Path, expected: int, what: str):
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8").strip()
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
             except UnicodeDecodeError as exc:
                 raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
                                 fix="re-encode the file as UTF-8") from None

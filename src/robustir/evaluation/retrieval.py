@@ -16,14 +16,15 @@ from ..index.dense import DenseIndex, DenseIndexConfig
 from ..io import write_json
 from ..models.encoder import Encoder
 from .metrics import compute_metrics
+from ..validation import Checked, PositiveInt
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class EvalConfig:
-    top_k: int = 1000  # documents retrieved per query
-    batch_size: int = 64
+class EvalConfig(Checked):
+    top_k: PositiveInt = 1000  # documents retrieved per query
+    batch_size: PositiveInt = 64
     bf16: bool = False
     ignore_identical_ids: bool = False  # drop a retrieved document whose id equals the query id (ArguAna)
     cache_dir: str | None = None  # reuse corpus embeddings across runs

@@ -9,14 +9,19 @@ are filtered along with it.
 output — a NEW JSONL (the input is never overwritten) with the kept negatives and, optionally, a ``removed`` list
 ``[{"text": ..., "reason": "llm_judge"}]``; plus ``OUT.report.json``.
 
-One yes/no request per (query, negative), through the shared client, cache and resumable writer. Replies that
-are neither yes nor no (or failed requests under ``on_failure: skip``) are *undecidable*: the negative is kept
-and counted. A negative identical to one of the record's positives is removed without asking (reason
-``equals_positive``): it is a false negative by construction.
+One yes/no request per (query, negative), through the shared client, cache and resumable writer. A judgement
+*fails* when its request failed (``on_failure: skip``) or the reply is neither yes nor no (reason ``unparseable
+reply``: "Maybe", an essay without a verdict; never guessed, and its cached reply is dropped). The negative is
+then kept for now, the record is listed in ``OUT.failed.jsonl`` and the next run judges it again: a re-run over a
+finished ``OUT`` copies the other records from it into ``OUT.partial`` and replaces ``OUT`` atomically only when
+it finishes, so a failing re-run leaves ``OUT`` as it was. When more than ``max_failure_rate`` of the judgements
+failed the stage raises instead of finishing. A negative identical to one of the record's positives is removed
+without asking (reason ``equals_positive``): it is a false negative by construction.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -32,7 +37,8 @@ from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
 from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
-from ..llm import LLMBackend, LLMConfig, LLMStageConfig, render_template, stage_backend, strip_reasoning
+from ..llm import (FailureTally, LLMBackend, LLMConfig, LLMStageConfig, endpoint_of, render_template,
+                   stage_backend, strip_reasoning, write_failed_items)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,8 @@ DEFAULT_JUDGE_TEMPLATE_ZH = """\
 REASON_LLM = "llm_judge"
 REASON_EQUALS_POSITIVE = "equals_positive"
 UNDECIDABLE = "undecidable"
+FAILED_REQUEST = "request failed"
+FAILED_UNPARSEABLE = "unparseable reply"
 
 _LEAD = re.compile(r"^[\s\"'“”‘’*`#>\[\](（）【】:：-]+")
 _LABEL = re.compile(r"^(?:final answer|answer|judgement|judgment|verdict|relevance|relevant\?|response|output|"
@@ -68,8 +76,14 @@ _ZH_YES_PREFIX = ("是", "相关", "有关", "能", "可以", "对")
 _NEG_ANYWHERE = re.compile(
     r"\b(?:not|never|isn't|doesn't|cannot|can't)\s+(?:\w+\s+){0,3}?(?:relevant|related)\b"  # "not relevant"
     r"|\b(?:no|not|irrelevant|unrelated|false)\b|不相关|无关|不能回答|不是|否", re.I)
-_UNSURE = re.compile(r"\b(?:not sure|unsure|uncertain|cannot tell|can't tell|hard to say|unclear)\b|不确定|无法判断|难以判断",
+_UNSURE = re.compile(r"\b(?:not sure|unsure|uncertain|cannot tell|can't tell|hard to say|unclear|maybe|perhaps|"
+                     r"possibly|probably|partially|partly|somewhat|depends)\b|不确定|无法判断|难以判断|可能|也许|部分",
                      re.I)
+# a reply longer than this (words) is an essay: only an explicit verdict at its end counts
+_ESSAY_WORDS = 20
+_VERDICT_AT_END = re.compile(r"(?:final\s+answer|answer|verdict|judge?ment|conclusion|relevance|relevant\?|最终答案|答案|"
+                             r"结论|判断)\s*(?:is\s*)?[:：]?\s*[*\"'“”]*\s*(yes|no|是|否|relevant|not\s+relevant|"
+                             r"irrelevant|相关|不相关)[*\"'“”.。!！\s]*$", re.I)
 _POS_ANYWHERE = re.compile(r"\b(?:yes|relevant|related|true)\b|相关", re.I)
 
 
@@ -77,7 +91,10 @@ def parse_yes_no(reply: str | None) -> bool | None:
     """``True`` for yes/relevant (是/相关), ``False`` for no/not relevant (否/不相关), ``None`` when undecidable.
 
     The first word decides when it is a yes/no word (after quotes, markdown and labels such as "Answer:");
-    otherwise the reply counts only if it contains words of exactly one polarity.
+    otherwise a short reply (up to 20 words) counts only if it contains words of exactly one polarity and no
+    hedge ("maybe", "probably", "not sure", 可能); a longer one (an essay) only with an explicit verdict at its end
+    ("... Answer: yes"). Anything else is ``None``: the judge counts it as a failed judgement (``unparseable
+    reply``), never as a guess.
     """
     if not reply:
         return None
@@ -87,10 +104,21 @@ def parse_yes_no(reply: str | None) -> bool | None:
     text = _LEAD.sub("", text).casefold()
     if not text:
         return None
+    if len(text.split()) > _ESSAY_WORDS or len(text) > 12 * _ESSAY_WORDS:
+        first = re.match(r"(yes|no)\s*(?:[,.!:;\n]|$)", text)
+        if first:
+            return first.group(1) == "yes"  # "No, because <explanation>"
+        verdict = _VERDICT_AT_END.search(text)
+        if verdict is None:
+            return None
+        word = verdict.group(1)
+        return word in ("yes", "是", "relevant", "相关")
     if text.startswith(_ZH_NO_PREFIX):
         return False
     if text.startswith(_ZH_YES_PREFIX):
         return True
+    if _UNSURE.match(text):  # "Not sure", "Maybe yes": a hedge is no verdict
+        return None
     first = re.match(r"[a-z']+", text)
     if first:
         if first.group() in _YES_WORDS:
@@ -131,17 +159,26 @@ class JudgeReport:
     removed_equal_positive: int = 0
     kept: int = 0
     undecidable: int = 0
+    """Negatives kept without a verdict (their judgement failed; retried on the next run)."""
     failed: int = 0
+    """Failed judgements: a failed request or an unparseable reply."""
+    failed_reasons: dict = field(default_factory=dict)
+    """``failed`` by kind: ``request failed`` / ``unparseable reply``."""
+    failed_records: int = 0
+    """Records with a failed judgement, listed in ``failed_path`` for the next run."""
     queries_with_removals: int = 0
     removed_per_query: dict = field(default_factory=dict)
     """Histogram: number of negatives removed from a query -> number of queries."""
     llm: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+    failed_path: str | None = None
 
     def summary(self) -> str:
+        reasons = sorted(self.failed_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        why = f": {', '.join(f'{n} {reason}' for reason, n in reasons)}" if reasons else ""
         return (f"{self.records_judged} records ({self.resumed} earlier), {self.negatives_judged} negatives "
                 f"judged, {self.removed} removed by the LLM, {self.removed_equal_positive} equal to a positive, "
-                f"{self.undecidable} undecidable (kept; {self.failed} failed requests), "
+                f"{self.failed} failed judgements{why} (negatives kept, {self.failed_records} records to retry), "
                 f"{self.llm.get('cache_hits', 0)} cache hits -> {self.output}")
 
 
@@ -151,17 +188,24 @@ class _Pending:
     negatives: list[str]
     verdicts: list[bool | str | None]  # True/False/UNDECIDABLE from the LLM, a rule's reason, None = not yet
     waiting: int  # requests still in flight for this record
+    ordinal: int = 0  # position among the shard's records (= line of the output)
+    line: int = 0  # line in the input
+    copy: dict | None = None  # the record as an earlier run finished it: written as it is
+    failures: list[dict] = field(default_factory=list)  # failed judgements: index, reason, error, reply
 
 
 def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLMBackend, *,
                     template: str | None = None, template_zh: str | None = None, language: str = "auto",
                     cjk_threshold: float = 0.3, max_passage_chars: int = 4000, keep_removed: bool = True,
-                    shard: Shard = Shard(), overwrite: bool = False, progress: bool = True,
-                    report_path: str | Path | None = None) -> JudgeReport:
+                    max_failure_rate: float = 0.5, shard: Shard = Shard(), overwrite: bool = False,
+                    progress: bool = True, report_path: str | Path | None = None) -> JudgeReport:
     """Remove the negatives ``client`` judges relevant to their query; write ``output_path`` and a report JSON.
 
     Resuming: records are written in input order, so a re-run skips as many (owned) records as the partial
-    output already holds — re-run with the same input and shard. ``overwrite`` starts afresh.
+    output already holds -- re-run with the same input and shard. Records with failed judgements are listed in
+    ``OUT.failed.jsonl``; a re-run over the finished output judges them again and copies the others from it.
+    ``overwrite`` starts afresh. Raises :class:`~robustir.errors.EndpointError` when more than
+    ``max_failure_rate`` of the judgements failed (the output is then not finished).
     """
     input_path, output = Path(input_path), Path(output_path)
     if not input_path.exists():
@@ -170,17 +214,24 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
         raise ConfigError(f"output {output} is the input file; the judge never overwrites its input, choose a new file")
     if language not in ("auto", "en", "zh"):
         raise ConfigError(f"language must be auto, en or zh, got {language!r}")
+    tally = FailureTally("llm judge", "judgements", max_failure_rate, endpoint=endpoint_of(client))
     started = time.monotonic()
+    stage = StageOutput(output)
     if overwrite:
-        StageOutput(output).clear()
-    else:
-        StageOutput(output).reopen()  # a finished output is continued (failures retried, new records appended)
+        stage.clear()
+    # Records of an earlier run still to retry (ordinal -> entry); the others of a finished OUT are copied from it.
+    retry = _read_failed(stage.failed) if (output.exists() or stage.partial.exists()) else {}
+    fresh_partial = not stage.partial.exists()
     report = JudgeReport(output=str(output))
     writer = ResumableJsonlWriter(output, key_field=None)
     already = writer.count
+    finished_lines = _lines(output) if output.exists() else iter(())  # OUT stays untouched until the end
+    changed = False  # a record was judged (not only copied) in this run
+    new_failed: dict[int, dict] = {}
+    failed_reasons: Counter[str] = Counter()
     histogram: Counter[int] = Counter()
     pending: deque[_Pending] = deque()  # records in input order, waiting for their verdicts
-    slots: deque[tuple[_Pending, int]] = deque()  # (record, negative index) of each request, in stream order
+    slots: deque[tuple[_Pending, int, str]] = deque()  # (record, negative index, prompt) of each request
     bar = tqdm(desc="judge", unit="record", disable=not progress, dynamic_ncols=True, mininterval=1.0)
 
     def pick_template(query: str, negative: str) -> str:
@@ -190,23 +241,43 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
         return (template_zh or DEFAULT_JUDGE_TEMPLATE_ZH) if zh else DEFAULT_JUDGE_TEMPLATE_EN
 
     def flush_ready() -> None:
+        nonlocal changed
         while pending and pending[0].waiting == 0:
             item = pending.popleft()
-            writer.write(_finish_record(item, keep_removed, report, histogram))
+            if item.copy is not None:
+                writer.write(item.copy)
+            else:
+                writer.write(_finish_record(item, keep_removed, report, histogram))
+                changed = True
+                if item.failures:
+                    new_failed[item.ordinal] = _failed_entry(item)
             bar.update(1)
 
     def prompts() -> Iterator[str]:
         # Pulled lazily by the backend's stream: only a window of records is held in memory.
-        owned = 0
+        ordinal = -1
         for line, record in shard.select(read_jsonl(input_path)):
             report.records += 1
-            owned += 1
-            if owned <= already:
+            ordinal += 1
+            earlier = next(finished_lines, None)  # this record's line in the finished OUT, if any
+            if ordinal < already:
                 report.resumed += 1
+                tally.earlier += _count_negatives(record)
+                continue
+            if earlier is not None and ordinal not in retry:
+                report.resumed += 1
+                tally.earlier += _count_negatives(record)
+                pending.append(_Pending(record, [], [], 0, ordinal, line, copy=json.loads(earlier)))
+                flush_ready()
                 continue
             query, pos, neg = check_record(record, input_path, line)
+            listed = retry.get(ordinal)
+            if listed is not None and listed.get("query") not in (None, query[:200]):
+                raise ConfigError(f"{stage.failed}: record {ordinal} (input line {line}) to retry had the query "
+                                  f"{listed.get('query')!r}, the input now has {query[:200]!r}: the input changed "
+                                  f"since the last run. Fix: re-run with the input of the last run, or --overwrite")
             positives = {p.strip() for p in pos}
-            item = _Pending(record, neg, [None] * len(neg), 0)
+            item = _Pending(record, neg, [None] * len(neg), 0, ordinal, line)
             jobs = []
             for i, negative in enumerate(neg):
                 if negative.strip() in positives:
@@ -219,35 +290,93 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
             pending.append(item)
             flush_ready()  # a record with nothing to ask is written as soon as it reaches the head
             for i, prompt in jobs:
-                slots.append((item, i))
+                slots.append((item, i, prompt))
                 yield prompt
 
     finished = False
     try:
         for completion in client.stream(prompts()):
-            item, index = slots.popleft()
+            item, index, prompt = slots.popleft()
             verdict = parse_yes_no(completion.text) if completion.ok else None
+            if verdict is None:
+                if completion.ok:
+                    client.forget(prompt)  # so the retry asks again instead of reusing this reply
+                    kind, error = FAILED_UNPARSEABLE, "unparseable reply (neither yes nor no)"
+                else:
+                    kind, error = FAILED_REQUEST, completion.error or FAILED_REQUEST
+                item.failures.append({"negative": index, "reason": kind, "error": error,
+                                      "reply": (completion.text or "")[:300]})
+                failed_reasons[kind] += 1
+                report.failed += 1
+                tally.failure(kind, error)
+            else:
+                tally.success()
             item.verdicts[index] = UNDECIDABLE if verdict is None else verdict
             report.negatives_judged += 1
-            if not completion.ok:
-                report.failed += 1
             item.waiting -= 1
             flush_ready()
+            tally.check(final=False, failed_path=stage.failed)
         flush_ready()
+        tally.check(final=True, failed_path=stage.failed)
         finished = True
     finally:
         bar.close()
+        done = writer.count  # ordinals [already, done) were (re)written in this run
         if finished:
             writer.finish()
         else:
             writer.close()
+            if fresh_partial and not changed and output.exists():
+                stage.partial.unlink(missing_ok=True)  # only copies of OUT: OUT says it all
+        close = getattr(finished_lines, "close", None)
+        if close is not None:
+            close()
+        kept = {k: v for k, v in retry.items() if not already <= k < done and (not finished or k < done)}
+        entries = {**kept, **new_failed}
+        report.failed_reasons = dict(failed_reasons)
+        report.failed_records = len(new_failed)
         report.removed_per_query = {str(k): histogram[k] for k in sorted(histogram)}
         report.llm = client.stats.as_dict()
         report.elapsed_s = round(time.monotonic() - started, 3)
+        report.failed_path = write_failed_items(stage.failed, [entries[k] for k in sorted(entries)],
+                                                "record(s) with failed judgements")
         if finished:
-            write_json(report_path or StageOutput(output).report, asdict(report))
+            write_json(report_path or stage.report, asdict(report))
     logger.info("llm judge: %s", report.summary())
     return report
+
+
+def _count_negatives(record: dict) -> int:
+    neg = record.get("neg") if isinstance(record, dict) else None
+    return len(neg) if isinstance(neg, list) else 0
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The non-empty lines of a finished output, one at a time."""
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield line
+
+
+def _read_failed(path: Path) -> dict[int, dict]:
+    """The records an earlier run listed as failed (``OUT.failed.jsonl``), by ordinal."""
+    if not path.exists():
+        return {}
+    entries: dict[int, dict] = {}
+    for line, entry in read_jsonl(path):
+        ordinal = entry.get("record") if isinstance(entry, dict) else None
+        if not isinstance(ordinal, int) or isinstance(ordinal, bool) or ordinal < 0:
+            raise DataError(path, "not a list of failed records (no 'record' number)", line=line,
+                            fix="delete it and re-run with --overwrite to judge every record again")
+        entries[ordinal] = entry
+    return entries
+
+
+def _failed_entry(item: _Pending) -> dict:
+    first = item.failures[0]
+    return {"record": item.ordinal, "line": item.line, "query": str(item.record.get("query", ""))[:200],
+            "error": first["error"], "negatives": item.failures}
 
 
 def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
@@ -272,7 +401,8 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
         return judge_negatives(source, output, backend, template=template, template_zh=template_zh,
                                language=config.language, cjk_threshold=config.cjk_threshold,
                                max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
-                               shard=shard, overwrite=config.overwrite, progress=config.progress)
+                               max_failure_rate=config.max_failure_rate, shard=shard, overwrite=config.overwrite,
+                               progress=config.progress)
 
 
 def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, histogram: Counter) -> dict:

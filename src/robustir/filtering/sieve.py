@@ -36,13 +36,15 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..io import Shard, write_json
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
+from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
+                          Range)
 
 logger = logging.getLogger(__name__)
 
@@ -54,44 +56,46 @@ REASON_BEYOND_POOL = "beyond_pool"
 
 
 @dataclass
-class SieveConfig:
+class SieveConfig(Checked):
     """Options of the passage sieve (``robustir filter --method sieve``)."""
 
     model: str | None = None
     """Starting model (None = the bundled all-MiniLM-L6-v2)."""
     train: bool = True
     """Train briefly with the CCR loss first (False: sieve with ``model`` as it is)."""
-    num_negatives: int = 15
+    num_negatives: PositiveInt = 15
     """Negatives wanted per query after sieving; the candidate pool is twice this."""
     strict: bool = False
     """Remove ties with the mean too (authors' code) instead of keeping them (paper)."""
     variant: Literal["authors_code", "paper"] = "authors_code"
     """CCR loss variant of the brief training."""
-    beta: float = 0.1
+    beta: NonNegativeFloat = 0.1
     """CCR loss beta."""
-    temperature: float = 1.0
+    temperature: PositiveFloat = 1.0
     """CCR loss temperature."""
-    lr: float = 1e-5
+    lr: PositiveFloat = 1e-5
     """Brief-training learning rate (the paper: 1e-7)."""
-    epochs: float = 1.0
-    max_steps: int | None = None
+    epochs: PositiveFloat = 1.0
+    max_steps: PositiveInt | None = None
     """Cap on the brief training's steps (None = ``epochs``)."""
-    train_batch_size: int = 16
-    train_negatives: int = 5
-    warmup_ratio: float = 0.2
-    query_max_length: int = 64
-    passage_max_length: int = 256
+    train_batch_size: Annotated[int, Range(ge=2)] = 16
+    train_negatives: NonNegativeInt = 5
+    warmup_ratio: OpenFraction = 0.2
+    query_max_length: PositiveInt | None = None
+    """Query tokens (None: 64, or the model's limit if lower)."""
+    passage_max_length: PositiveInt | None = None
+    """Passage tokens (None: 256, or the model's limit if lower)."""
     train_bf16: bool = False
-    seed: int = 10086
+    seed: NonNegativeInt = 10086
     work_dir: str | None = None
     """Brief-training folder (default ``<output>.sieve-work``)."""
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     """Encoding batch size of the sieve pass."""
     bf16: bool = False
-    batch_records: int = 256
+    batch_records: PositiveInt = 256
     keep_removed: bool = True
     plot: bool = True
-    max_reported_similarities: int = 50_000
+    max_reported_similarities: NonNegativeInt = 50_000
     """Per list; the statistics use every value."""
     shard: str | None = None
     overwrite: bool = False
@@ -177,8 +181,10 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
         model_path = config.model or default_model_path()
         if config.train:
             model_path, training = train_sieve_model(input_path, config, work_dir)
-        encoder = Encoder.from_pretrained(model_path, query_max_length=config.query_max_length,
-                                          passage_max_length=config.passage_max_length)
+        encoder = Encoder.from_pretrained(model_path, query_max_length=config.query_max_length or 64,
+                                          passage_max_length=config.passage_max_length or 256,
+                                          capped=[k for k in ("query_max_length", "passage_max_length")
+                                                  if getattr(config, k) is None])
         training["sieve_model"] = str(model_path)
     pool_size = 2 * config.num_negatives
 

@@ -41,8 +41,9 @@ import numpy as np
 from ..data.training_data import check_record
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl
-from ..outputs import StageOutput
+from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..negatives.margins import margin_reason
+from ..validation import Checked, NonNegativeFloat, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +143,10 @@ def check_paths(input_path: str | Path, output_path: str | Path, overwrite: bool
     input_path, output = Path(input_path), Path(output_path)
     if not input_path.exists():
         raise DataError(input_path, "file not found", fix="give a training JSONL with query/pos/neg")
-    if output.resolve() == input_path.resolve():
-        raise ConfigError(f"output {output} is the input file; filters never overwrite their input, "
-                          "choose a new file")
+    if input_path.is_dir():
+        raise DataError(input_path, "is a folder; a filter reads one training JSONL file",
+                        fix="give the file (e.g. the output of robustir mine), or `cat` a folder's files into one")
+    refuse_overwriting_inputs(output, input_path, stage="filter")
     target = StageOutput(output, reports=True)
     if overwrite:
         target.clear()
@@ -332,7 +334,9 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
     """The teacher in folder ``path`` (None = the bundled MiniLM embedding model)."""
     from ..resources import default_model_path
 
-    path = path or default_model_path()
+    from ..models.encoder import resolve_model_path
+
+    path = str(resolve_model_path(path or default_model_path(), "teacher"))  # checked: a model folder
     if kind not in ("auto", "embedding", "cross-encoder"):
         raise ConfigError(f"teacher kind must be auto, embedding or cross-encoder, got {kind!r}")
     if kind == "auto":
@@ -360,28 +364,28 @@ def _is_cross_encoder(path: Path) -> bool:
 # ----------------------------------------------------------------------------------------------- the filter
 
 @dataclass
-class TeacherFilterConfig:
+class TeacherFilterConfig(Checked):
     """Options of the teacher-margin filter (``robustir filter --method teacher``)."""
 
     model: str | None = None
     """Teacher folder: embedding model or cross-encoder (None = the bundled all-MiniLM-L6-v2)."""
     kind: Literal["auto", "embedding", "cross-encoder"] = "auto"
     """What the teacher is (``auto``: a cross-encoder when the folder holds a sequence-classification head)."""
-    absolute_margin: float | None = None
+    absolute_margin: NonNegativeFloat | None = None
     """Remove a negative scoring above the positive's score minus this."""
-    relative_margin: float | None = 0.05
+    relative_margin: OpenFraction | None = 0.05
     """Remove a negative scoring above the positive's score times (1 - this): NV-Retriever's TopK-PercPos
     default; set None to use only the absolute margin."""
-    suspect_positive_share: float | None = None
+    suspect_positive_share: OpenFraction | None = None
     """Also judge the positives: remove a positive when more than this share of the record's negatives
     score above it (a likely false positive: a mislabelled pair or a failed generated query). None = off."""
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     """Encoding batch size."""
-    max_length: int | None = None
+    max_length: PositiveInt | None = None
     """Teacher token limit (None = the model's own)."""
     bf16: bool = False
     """bfloat16 autocast for encoding."""
-    batch_records: int = 256
+    batch_records: PositiveInt = 256
     keep_removed: bool = True
     """Add the ``removed`` list (text + reason) to each record."""
     shard: str | None = None

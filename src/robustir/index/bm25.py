@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ..data.cjk import CJK_RUN
+from ..validation import Checked, Fraction, NonNegativeFloat
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,9 @@ def split_words(text: str) -> list[str]:
 
 
 @dataclass
-class BM25Config:
-    k1: float = 1.5
-    b: float = 0.75
+class BM25Config(Checked):
+    k1: NonNegativeFloat = 1.5
+    b: Fraction = 0.75
     method: str = "lucene"
     stopwords: str | None = "english"
     stemmer: str | None = "english"

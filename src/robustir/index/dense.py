@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import ConfigError
+from ..validation import Checked, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -20,12 +21,12 @@ IndexKind = Literal["flat", "ivf", "hnsw"]
 
 
 @dataclass
-class DenseIndexConfig:
+class DenseIndexConfig(Checked):
     kind: IndexKind = "flat"  # FAISS index: exact inner product (flat) or approximate for large corpora
-    nlist: int | None = None  # IVF cells; default 4*sqrt(n)
-    nprobe: int = 32  # IVF cells searched
-    hnsw_m: int = 32
-    ef_search: int = 256
+    nlist: PositiveInt | None = None  # IVF cells; default 4*sqrt(n)
+    nprobe: PositiveInt = 32  # IVF cells searched
+    hnsw_m: PositiveInt = 32
+    ef_search: PositiveInt = 256
     use_gpu: bool = False  # only when faiss was built with GPU support
 
 

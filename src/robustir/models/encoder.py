@@ -14,9 +14,9 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ConfigError
 from ..io import write_json
+from ..validation import Checked, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +35,13 @@ CONFIG_NAME = "robustir_config.json"
 
 
 @dataclass
-class EncoderConfig:
+class EncoderConfig(Checked):
     """How texts become vectors. Stored as ``robustir_config.json`` inside a saved model."""
 
     pooling: Pooling = "cls"
     normalize: bool = True
-    query_max_length: int = 64
-    passage_max_length: int = 256
+    query_max_length: PositiveInt = 64
+    passage_max_length: PositiveInt = 256
     query_instruction: str = ""
     passage_instruction: str = ""
 
@@ -51,22 +52,69 @@ class EncoderConfig:
         return self.query_instruction if kind == "query" else self.passage_instruction
 
 
-def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
-    """A local folder as is; otherwise a Hugging Face hub id, downloaded (or found in the local HF cache)."""
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_model_folder(path: Path, what: str = "model") -> Path:
+    """Raise a clear :class:`ConfigError` unless ``path`` holds a Hugging Face model (config.json + weights)."""
+    if not (path / "config.json").is_file() or not any((path / name).is_file() for name in WEIGHT_FILES):
+        present = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:8]
+        missing = "config.json" if not (path / "config.json").is_file() else "weights"
+        if (path / "model" / "config.json").is_file():
+            raise ConfigError(f"{what} folder {path} holds no model; it looks like a run folder: did you mean "
+                              f"{path / 'model'}?")
+        raise ConfigError(
+            f"{what} folder {path} holds no model (no {missing}; it has: {', '.join(present) or 'nothing'}). A model "
+            "folder has config.json, weights (model.safetensors or pytorch_model.bin) and the tokenizer files, as "
+            "written by `robustir train` (in its model/ folder), `save_pretrained` or `SentenceTransformer.save`")
+    return path
+
+
+def looks_local(name: str) -> bool:
+    """True when ``name`` can only mean a local path: absolute, ``./``/``~``-relative, more than one ``/`` (a hub
+    id is ``name`` or ``owner/name``), or its first component exists here (``runs/model`` when ``runs/`` does)."""
+    if name.startswith((".", "/", "~", "\\")) or os.sep != "/" and os.sep in name:
+        return True
+    parts = name.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).exists())
+
+
+def resolve_model_path(name_or_path: str | os.PathLike, what: str = "model") -> Path:
+    """A local model folder (checked: :func:`check_model_folder`); a name that can only be a local path
+    (:func:`looks_local`) and does not exist is an error; anything else is a Hugging Face hub id, downloaded (or
+    found in the local HF cache)."""
+    name = str(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return path
+        return check_model_folder(path, what)
     if path.exists():
-        raise ConfigError(f"model {str(name_or_path)!r} is a file; pass the model folder")
+        raise ConfigError(f"{what} {name!r} is a file; pass the model folder")
+    if looks_local(name):
+        raise ConfigError(f"{what} folder {name!r} does not exist (it is a local path, so it is not tried as a "
+                          "Hugging Face hub id); check the path")
+    logger.info("%s %r is not a local folder: trying it as a Hugging Face hub id", what, name)
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo_id=str(name_or_path)))
+        return Path(snapshot_download(repo_id=name))
     except Exception as exc:  # the hub client raises many types: turn them into one clear message
         raise ConfigError(
-            f"model {str(name_or_path)!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"{what} {name!r} is not a local folder and could not be fetched from the Hugging Face hub "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Fix: pass a local model folder, "
             "or download it once while online (the HF cache is used offline with HF_HUB_OFFLINE=1)") from None
+
+
+def max_positions(transformer_config: Any, tokenizer: Any = None) -> int | None:
+    """Tokens the model can take (absolute position embeddings), or None when unbounded (relative positions)."""
+    positions = getattr(transformer_config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    if getattr(transformer_config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "longformer"):
+        positions -= 2  # positions start after the padding index
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < positions:
+        positions = limit
+    return positions
 
 
 def _read_json(path: Path) -> dict:
@@ -123,11 +171,13 @@ class Encoder(nn.Module):
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, **overrides) -> "Encoder":
+    def from_pretrained(cls, name_or_path: str | os.PathLike, *, capped: Iterable[str] = (),
+                        **overrides) -> "Encoder":
         """Load a HF model folder, a sentence-transformers folder, a robustir folder or a hub id.
 
         ``overrides`` are :class:`EncoderConfig` fields (``pooling="mean"``, ``query_instruction=...``);
-        ``None`` values are ignored.
+        ``None`` values are ignored. A max length above what the model takes is an error when it was given in
+        ``overrides`` -- unless its key is in ``capped`` (a default of the caller's) -- and is capped otherwise.
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -136,13 +186,21 @@ class Encoder(nn.Module):
         unknown = set(overrides) - {f.name for f in fields(EncoderConfig)}
         if unknown:
             raise ConfigError(f"unknown encoder option(s) {sorted(unknown)}")
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(config, key, value)
+        config = replace(config, **{key: value for key, value in overrides.items() if value is not None})  # checked
         if config.pooling not in ("cls", "mean"):
             raise ConfigError(f"pooling must be 'cls' or 'mean', got {config.pooling!r}")
         tokenizer = AutoTokenizer.from_pretrained(path)
         transformer = AutoModel.from_pretrained(path)
+        limit = max_positions(transformer.config, tokenizer)
+        for key in ("query_max_length", "passage_max_length"):
+            if limit is None or getattr(config, key) <= limit:
+                continue
+            if overrides.get(key) is not None and key not in capped:  # asked for: say so; a default: cap it
+                raise ConfigError(f"{key} = {getattr(config, key)} is above what model {name_or_path} takes "
+                                  f"({limit} tokens); use at most {limit}")
+            logger.info("%s: %s %d capped at the model's limit of %d tokens", name_or_path, key, getattr(config, key),
+                        limit)
+            config = replace(config, **{key: limit})
         return cls(transformer, tokenizer, config, source=str(name_or_path))
 
     def save(self, path: str | os.PathLike, model_card: str | None = None) -> Path:
@@ -261,6 +319,10 @@ class Encoder(nn.Module):
         lengths; with ``bf16`` the forward pass runs on a bfloat16 copy of the weights (CPUs with
         AVX512-BF16/AMX, or GPUs); pooling and normalisation stay in float32.
         """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size = {batch_size!r} is out of range: it must be an integer >= 1")
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"max_length = {max_length!r} is out of range: it must be >= 1")
         n = len(texts)
         out = np.zeros((n, self.dim), dtype=np.float32)
         if n == 0:
@@ -315,7 +377,7 @@ class Encoder(nn.Module):
         cache = Path(cache_dir) / f"{key}.npy"
         if cache.exists():
             logger.info("reusing cached corpus embeddings %s", cache)
-            return np.load(cache)
+            return np.load(cache, allow_pickle=False)
         emb = self.encode(passages, "passage", **kwargs)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(cache.name + ".tmp.npy")

@@ -30,26 +30,27 @@ from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import DenseIndex, DenseIndexConfig
 from ..io import ResumableJsonlWriter, Shard
-from ..outputs import StageOutput
+from ..outputs import StageOutput, refuse_overwriting_inputs
 from .margins import margin_reason
+from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class MiningConfig:
+class MiningConfig(Checked):
     method: Literal["bm25", "dense"] = "bm25"  # retriever that ranks the candidates
-    num_negatives: int = 15  # negatives per query
-    range_min: int = 0  # skip this many top-ranked non-positives (likely false negatives)
-    range_max: int = 100  # retrieve to this rank
+    num_negatives: PositiveInt = 15  # negatives per query
+    range_min: NonNegativeInt = 0  # skip this many top-ranked non-positives (likely false negatives)
+    range_max: PositiveInt = 100  # retrieve to this rank
     max_score: float | None = None  # drop candidates scoring above this
     min_score: float | None = None  # drop candidates scoring below this
-    absolute_margin: float | None = None  # keep if score <= positive score - margin
-    relative_margin: float | None = None  # keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)
+    absolute_margin: NonNegativeFloat | None = None  # keep if score <= positive score - margin
+    relative_margin: OpenFraction | None = None  # keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)
     sampling: Literal["top", "random"] = "top"  # take the top survivors, or sample them at random (seeded)
-    seed: int = 42
-    query_batch_size: int = 1024  # queries retrieved per chunk
-    encode_batch_size: int = 64
+    seed: NonNegativeInt = 42
+    query_batch_size: PositiveInt = 1024  # queries retrieved per chunk
+    encode_batch_size: PositiveInt = 64
     bf16: bool = False
     cache_dir: str | None = None  # reuse corpus embeddings saved here (dense)
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
@@ -62,6 +63,9 @@ class MiningConfig:
             raise ConfigError(f"need 0 <= range_min < range_max, got {self.range_min}, {self.range_max}")
         if self.num_negatives < 1:
             raise ConfigError("num_negatives must be >= 1")
+        if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
+            raise ConfigError(f"min_score ({self.min_score}) is above max_score ({self.max_score}): no candidate could "
+                              "pass; swap them or drop one")
         if self.sampling not in ("top", "random"):
             raise ConfigError(f"sampling must be top or random, got {self.sampling!r}")
 
@@ -348,6 +352,7 @@ def load_jsonl_for_mining(path: str | Path, corpus: str | Path | None = None
 def mine_jsonl(path: str | Path, output: str | Path, config: MiningConfig | None = None, encoder=None,
                shard: Shard | None = None, corpus: str | Path | None = None) -> MiningReport:
     """Mine negatives for the records of a training JSONL (see :func:`load_jsonl_for_mining`)."""
+    refuse_overwriting_inputs(output, path, corpus, stage="mine")
     queries, doc_ids, doc_texts = load_jsonl_for_mining(path, corpus)
     return mine_negatives(queries, doc_ids, doc_texts, output, config, encoder, shard)
 
@@ -355,6 +360,7 @@ def mine_jsonl(path: str | Path, output: str | Path, config: MiningConfig | None
 def mine_beir(path: str | Path, split: str, output: str | Path, config: MiningConfig | None = None,
               encoder=None, shard: Shard | None = None) -> MiningReport:
     """Mine negatives for the queries of a BEIR split against its corpus."""
+    refuse_overwriting_inputs(output, path, stage="mine")
     dataset = load_beir(path, split)
     return mine_negatives(queries_from_beir(dataset), dataset.corpus.ids, dataset.corpus.texts_for_encoding(),
                           output, config, encoder, shard)

@@ -33,7 +33,9 @@ Output folder::
     model/                   the encoder alone: HF + sentence-transformers folder (``robustir train --model``)
     decoder_head/            RetroMAE's enhanced decoder (continue with ``heads=output``)
     projection_head/         GUR's projection head config (+ weights when ``projection``)
-    checkpoints/step-N/      accelerate state (model incl. head, optimizer, scheduler, RNG) + trainer_state.json
+    checkpoints/step-N/      model incl. head, optimizer, scheduler, RNG states (safetensors + JSON,
+                             robustir.training.checkpoints) + trainer_state.json
+    run_fingerprint.json     the settings and input digests of the run the folder holds (resume and reuse check)
     train_log.jsonl          one line per logged step: step, epoch (unless max_steps), lr, grad_norm, examples_per_s,
                              every loss component
     pretrain_config.json     the configuration
@@ -51,7 +53,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -62,7 +64,9 @@ from ..errors import ConfigError, DataError
 from ..io import read_jsonl, write_json
 from ..resources import default_model_path
 from ..training.batch_engine import BatchEngine
+from ..training.checkpoints import input_digest
 from ..training.loop import LoopConfig, TrainingLoop
+from ..validation import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +75,7 @@ __all__ = ["PretrainConfig", "PretrainResult", "StreamingExamples", "pretrain", 
 
 DEFAULT_LR = 1e-4  # both papers' code (RetroMAE README, bert-base; GUR train_files.py): docs/methods.md#retromae-choices
 DEFAULT_MAX_LENGTH = {"retromae": 512, "gur": 128}  # RetroMAE recipe 512; GUR truncates sentences to 128
+MaskRatio = Annotated[float, Range(gt=0, lt=1)]  # a share of the tokens masked: 0 < r < 1
 
 
 @dataclass
@@ -91,28 +96,28 @@ class PretrainConfig(LoopConfig):
     # data
     data: str = ""  # retromae: raw text (JSONL "text", BEIR, plain text); gur: pairs JSONL
     data_format: Literal["auto", "jsonl", "beir", "text", "pairs"] = "auto"
-    max_length: int | None = None  # tokens per text; None = 512 (retromae) / 128 (gur)
-    shuffle_buffer: int = 10_000  # examples held for shuffling a stream (per process)
+    max_length: PositiveInt | None = None  # tokens per text; None = 512 (retromae) / 128 (gur)
+    shuffle_buffer: PositiveInt = 10_000  # examples held for shuffling a stream (per process)
     # RetroMAE (docs/methods.md#retromae-pre-training)
-    encoder_mask_ratio: float = 0.3
-    decoder_mask_ratio: float = 0.5
-    encoder_loss_weight: float = 1.0
-    decoder_loss_weight: float = 1.0
+    encoder_mask_ratio: MaskRatio = 0.3
+    decoder_mask_ratio: MaskRatio = 0.5
+    encoder_loss_weight: NonNegativeFloat = 1.0
+    decoder_loss_weight: NonNegativeFloat = 1.0
     # GUR (docs/methods.md#gur-joint-pre-training)
-    mask_ratio: float = 0.15  # paper
+    mask_ratio: MaskRatio = 0.15  # paper
     mask_ratio_range: list[float] | None = None  # [0.10, 0.29] = the authors' code (ratio drawn per sentence)
     projection: bool = False
-    projection_dim: int | None = None
+    projection_dim: PositiveInt | None = None
     similarity: Literal["cosine", "dot"] = "cosine"
-    temperature: float = 0.1
-    alpha: float = 1.0  # weight of the contrastive loss
-    mlm_weight: float = 1.0
+    temperature: PositiveFloat = 0.1
+    alpha: NonNegativeFloat = 1.0  # weight of the contrastive loss
+    mlm_weight: NonNegativeFloat = 1.0
     # GradCache in the batch engine: None = one forward of all a-sentences and one of all b-sentences; same loss
     # and gradients either way, chunks need less activation memory for large batches
-    chunk_size: int | None = None  # gur: GradCache, sentences per forward chunk (None = off)
+    chunk_size: PositiveInt | None = None  # gur: GradCache, sentences per forward chunk (None = off)
     # the training loop's fields (batch_size: texts for retromae, pairs for gur; save_steps None = at the end
     # only): LoopConfig; redeclared here where pre-training's default differs
-    lr: float = DEFAULT_LR  # peak learning rate; 1e-4 = the RetroMAE and GUR code's
+    lr: PositiveFloat = DEFAULT_LR  # peak learning rate; 1e-4 = the RetroMAE and GUR code's
     output: str = "runs/pretrain"  # run folder: model/, the head folder, checkpoints, train_log.jsonl, report
 
     def resolved_max_length(self) -> int:
@@ -127,8 +132,10 @@ class PretrainConfig(LoopConfig):
         if self.batch_size < 1 or (self.mode == "gur" and self.batch_size < 2):
             raise ConfigError("batch_size must be >= 1 (>= 2 for gur: the contrastive loss needs in-batch negatives)")
         super().validate()  # max_steps, epochs, logging_steps
-        if self.mask_ratio_range is not None and len(self.mask_ratio_range) != 2:
-            raise ConfigError(f"mask_ratio_range must be [low, high], got {self.mask_ratio_range}")
+        if self.mask_ratio_range is not None and (len(self.mask_ratio_range) != 2
+                                                  or not 0 < self.mask_ratio_range[0] <= self.mask_ratio_range[1] < 1):
+            raise ConfigError(f"mask_ratio_range must be [low, high] with 0 < low <= high < 1, got "
+                              f"{self.mask_ratio_range}")
         if self.chunk_size is not None:
             if self.mode != "gur":
                 raise ConfigError("chunk_size (GradCache) applies to mode gur only: RetroMAE has no contrastive term")
@@ -143,6 +150,7 @@ class PretrainResult:
     steps: int
     seconds: float
     last_losses: dict[str, float] = field(default_factory=dict)
+    already_complete: bool = False  # the output folder held this finished run already: nothing trained or written
 
 
 # ---------------------------------------------------------------------------- streaming data
@@ -335,6 +343,11 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     loop = TrainingLoop(config, config_file="pretrain_config.json")  # validates the config
     accelerator, out = loop.accelerator, loop.out
     rank, world = accelerator.process_index, accelerator.num_processes
+    # the folder holds one run: resuming or reusing it with other settings or inputs is refused (ConfigError);
+    # a finished run re-run with the same ones is returned as it is
+    if loop.open_output(pretrain_inputs(config), outputs=OUTPUTS, finished=("model", _head_name(config.mode))) \
+            == "complete":
+        return _finished_result(loop, config)
 
     examples = StreamingExamples(_reader(config), rank=rank, world_size=world, seed=config.seed,
                                  buffer_size=config.shuffle_buffer)
@@ -349,7 +362,9 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
                            num_examples, global_batch)
         total_steps = max(1, math.ceil(config.epochs * num_examples / global_batch))
 
-    model_path = config.model or default_model_path()
+    from ..models.encoder import resolve_model_path
+
+    model_path = str(resolve_model_path(config.model or default_model_path()))  # checked: a model folder
     model = build_model(config, model_path)
     tokenizer = model.tokenizer
     collator = build_collator(config, tokenizer)
@@ -388,6 +403,41 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
             write_pretrain_report(out)
     loop.finish()
     return PretrainResult(out / "model", out / _head_name(config.mode), total_steps, loop.seconds, run.last)
+
+
+#: what pre-training writes into its output folder besides the loop's files (deleted when a run starts over)
+OUTPUTS = ("model", "decoder_head", "projection_head", ".final.tmp", "pretrain_report.png")
+
+
+def pretrain_inputs(config: PretrainConfig) -> dict[str, dict]:
+    """Digests of what a pre-training run reads, for its run fingerprint: the model folder, the heads folder
+    (``heads``) and the data file it streams (a BEIR folder's corpus)."""
+    from ..data.documents import resolve_format
+    from ..models.encoder import resolve_model_path
+
+    _reader(config)  # checks data_format against the mode
+    data = resolve_data_path(config.data)
+    files = data if config.mode == "gur" else resolve_format(data, config.data_format)[0]
+    inputs = {"model": input_digest(resolve_model_path(config.model or default_model_path()), model=True),
+              "data": input_digest(files)}
+    if config.heads:
+        inputs["heads"] = input_digest(_heads_folder(config.heads, config.mode), model=True)
+    return inputs
+
+
+def _finished_result(loop: TrainingLoop, config: PretrainConfig) -> PretrainResult:
+    """The result of the finished run the output folder holds (the same settings and inputs), read back."""
+    out = loop.out
+    last: dict[str, float] = {}
+    log = out / "train_log.jsonl"
+    if log.exists():
+        lines = [x for x in log.read_text(encoding="utf-8").splitlines() if x.strip()]
+        if lines:
+            skip = {"step", "epoch", "lr", "grad_norm", "examples_per_s"}
+            last = {k: v for k, v in json.loads(lines[-1]).items() if k not in skip}
+    loop.finish()
+    return PretrainResult(out / "model", out / _head_name(config.mode), int(loop.completed_steps or 0), loop.seconds,
+                          last, already_complete=True)
 
 
 def _gur_step(engine: BatchEngine, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:

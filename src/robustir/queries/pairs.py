@@ -51,13 +51,15 @@ import unicodedata
 from itertools import accumulate
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Annotated, Any, Callable, Iterable, Literal
 
 from ..data.cjk import is_cjk
 from ..data.documents import Document, DocumentOutput, read_documents
 from ..data.sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
+from ..outputs import refuse_overwriting_inputs
+from ..validation import Checked, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
 
 __all__ = ["PairMiningConfig", "Pair", "char_weight", "text_weight", "SuffixAutomaton",
            "heaviest_common_substring", "is_match", "document_rows", "mine_document_pairs", "mine_pairs",
@@ -184,31 +186,28 @@ def heaviest_common_substring(a: str, b: str) -> tuple[str, float]:
 # ------------------------------------------------------------------------------------------ the config
 
 @dataclass
-class PairMiningConfig:
+class PairMiningConfig(Checked):
     """Options of GUR pair mining (defaults follow the authors' released ``repeat2`` data, §3.1)."""
 
     seed: int = 0                 # sampling seed
-    repeat: int = 2               # max pairs a sentence may take part in
-    title_extra: int = 1          # extra uses for the title (authors' --title, default 1)
+    repeat: PositiveInt = 2               # max pairs a sentence may take part in
+    title_extra: NonNegativeInt = 1          # extra uses for the title (authors' --title, default 1)
     use_title: bool = True        # pair the title with sentences
-    window: int = 100             # sentence pairs (i, j) need j - i < window
-    min_weight: float = 3.0       # keep if the weighted LCS wc >= this (3 Hanzi / 10 Latin letters) ...
-    short_min_weight: float = 2.0  # ... or wc >= short_min_weight and a sentence is short:
-    short_text_weight: float = 15.0  # weight(a) <= this or weight(b) <= this
-    min_chars: int = 2            # sentences outside [min_chars, max_chars] are not used
-    max_chars: int = 128
-    match_chars: int = 128        # normalisation: lower() and truncate to this many characters
-    max_candidates: int = 100_000  # candidate pairs sampled per document
-    max_pairs_factor: float = 2.0  # stop a document at this many pairs per row (authors: 2)
+    window: Annotated[int, Range(ge=2)] = 100             # sentence pairs (i, j) need j - i < window
+    min_weight: NonNegativeFloat = 3.0       # keep if the weighted LCS wc >= this (3 Hanzi / 10 Latin letters) ...
+    short_min_weight: NonNegativeFloat = 2.0  # ... or wc >= short_min_weight and a sentence is short:
+    short_text_weight: NonNegativeFloat = 15.0  # weight(a) <= this or weight(b) <= this
+    min_chars: PositiveInt = 2            # sentences outside [min_chars, max_chars] are not used
+    max_chars: PositiveInt = 128
+    match_chars: PositiveInt = 128        # normalisation: lower() and truncate to this many characters
+    max_candidates: PositiveInt = 100_000  # candidate pairs sampled per document
+    max_pairs_factor: PositiveFloat = 2.0  # stop a document at this many pairs per row (authors: 2)
     require_lcs: bool = True      # test the weighted LCS (False = accept every candidate: GUR-LCS ablation)
     dedup: Literal["document", "global"] = "global"
 
     def __post_init__(self) -> None:
-        if self.repeat < 1:
-            raise ConfigError(f"repeat must be >= 1, got {self.repeat}")
-        if self.window < 2:
-            raise ConfigError(f"window must be >= 2 (pairs need j - i >= 1), got {self.window}")
-        if self.min_chars < 1 or self.max_chars < self.min_chars:
+        super().__post_init__()  # field ranges
+        if self.max_chars < self.min_chars:
             raise ConfigError(f"need 1 <= min_chars <= max_chars, got {self.min_chars}, {self.max_chars}")
         if self.dedup not in ("document", "global"):
             raise ConfigError(f"dedup must be 'document' or 'global', got {self.dedup!r}")
@@ -396,6 +395,7 @@ def mine_pairs(input_path: str | Path, output_path: str | Path, config: PairMini
     re-read on resume.
     """
     cfg = config or PairMiningConfig()
+    refuse_overwriting_inputs(output_path, input_path, stage="pairs")
     stats = PairStats()
     counters = _DocCounters()
     docs: Iterable[Document] = read_documents(input_path, fmt, text_unit=text_unit,  # type: ignore[arg-type]

@@ -44,6 +44,7 @@ from ..io import atomic_write, write_json
 from ..llm import LLMConfig
 from ..outputs import StageOutput
 from .noise import NOISE_KINDS, plant_noise
+from ..validation import Checked, PositiveInt
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
                          train_sentence_transformers, write_rows)
 
@@ -67,7 +68,7 @@ DEFAULT_GRID = {
 
 
 @dataclass
-class NoiseBenchConfig:
+class NoiseBenchConfig(Checked):
     data: str = ""
     """BEIR folder with a train split (noise goes here) and an evaluation split; default: bundled SciFact."""
     model: str | None = None
@@ -87,7 +88,7 @@ class NoiseBenchConfig:
     train_split: str = "train"
     eval_split: str = "test"
     """Evaluation split of ``data``."""
-    per_query: int = 3
+    per_query: PositiveInt = 3
     """False negatives planted per noisy query."""
     budget: dict = field(default_factory=dict)
     """Overrides of the preset's budget fields, e.g. ``{epochs: 2}``."""
@@ -116,6 +117,9 @@ class NoiseBenchConfig:
         for method in out.methods:
             if method not in METHODS:
                 raise ConfigError(f"noise-bench: unknown method {method!r} in methods; valid: {', '.join(METHODS)}")
+        for seed in out.seeds:
+            if seed < 0:
+                raise ConfigError(f"noise-bench: seeds must be >= 0, got {seed}")
         for rate in out.rates:
             if not 0 <= rate <= 1:
                 raise ConfigError(f"noise-bench: rates must be in [0, 1], got {rate}")

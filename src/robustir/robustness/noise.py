@@ -91,8 +91,8 @@ def _with_negatives(example: TrainingExample, planted: list[str], planted_ids: l
     extra = dict(example.extra)
     extra["neg_ids"] = planted_ids + [neg_ids[i] for i in keep]
     extra["planted_neg"] = planted_ids
-    scores = None if example.neg_scores is None else [float("nan")] * len(planted) + [example.neg_scores[i] for i in keep]
-    return replace(example, neg=planted + [example.neg[i] for i in keep], neg_scores=scores, extra=extra)
+    # the miner never scored the planted passages: the record's negative scores are dropped rather than faked
+    return replace(example, neg=planted + [example.neg[i] for i in keep], neg_scores=None, extra=extra)
 
 
 def split_into_passages(text: str, max_words: int = 48) -> list[str]:

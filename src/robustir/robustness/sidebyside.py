@@ -21,11 +21,13 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
 from ..io import atomic_write, write_json
+from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
+                          Range)
 
 logger = logging.getLogger(__name__)
 
@@ -34,20 +36,20 @@ __all__ = ["Budget", "PRESETS", "dev_split", "materialize_rows", "write_rows", "
 
 
 @dataclass
-class Budget:
+class Budget(Checked):
     """Settings shared by every side of a comparison."""
 
-    batch_size: int = 32
-    num_negatives: int = 3  # hard negatives per training row
-    pool: int = 10  # mined negatives per query that rows draw from
-    epochs: float = 2.0  # passes over the (query, positive) pairs
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1  # linear warm-up, then linear decay to 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    query_max_length: int = 64
-    train_passage_max_length: int = 128
-    passage_max_length: int = 256  # evaluation
+    batch_size: Annotated[int, Range(ge=2)] = 32
+    num_negatives: NonNegativeInt = 3  # hard negatives per training row
+    pool: PositiveInt = 10  # mined negatives per query that rows draw from
+    epochs: PositiveFloat = 2.0  # passes over the (query, positive) pairs
+    lr: PositiveFloat = 2e-5
+    warmup_ratio: OpenFraction = 0.1  # linear warm-up, then linear decay to 0
+    weight_decay: NonNegativeFloat = 0.0
+    max_grad_norm: PositiveFloat = 1.0
+    query_max_length: PositiveInt = 64
+    train_passage_max_length: PositiveInt = 128
+    passage_max_length: PositiveInt = 256  # evaluation
     bf16: bool = True  # bf16 autocast for training and evaluation
 
     def validate(self) -> None:

@@ -6,7 +6,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfigError
+from ..validation import NonNegativeInt, PositiveInt
 from .loop import LoopConfig
+
+
+DEFAULT_QUERY_LENGTH, DEFAULT_PASSAGE_LENGTH = 64, 256  # tokens, when query/passage_max_length are not given
 
 
 @dataclass
@@ -19,34 +23,34 @@ class TrainConfig(LoopConfig):
     # model
     model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
     pooling: Literal["cls", "mean"] | None = None  # None = read from the model folder
-    query_max_length: int = 64  # query tokens; saved with the model
-    passage_max_length: int = 256  # saved with the model; used for evaluation
-    train_passage_max_length: int | None = None  # shorter truncation while training (cheaper); None = same
+    query_max_length: PositiveInt | None = None  # query tokens (None: 64, or the model's limit if lower); saved
+    passage_max_length: PositiveInt | None = None  # None: 256, or the model's limit if lower; saved; for evaluation
+    train_passage_max_length: PositiveInt | None = None  # shorter truncation while training (cheaper); None = same
     query_instruction: str | None = None
     passage_instruction: str | None = None
     # data
     train_data: str = ""  # training JSONL (file or folder) or a BEIR folder with a train split
     train_split: str = "train"
     mine: Literal["bm25", "dense", "none"] = "bm25"  # mine negatives for examples without any; none = in-batch only
-    mine_negatives: int = 20  # negatives kept per query by mining (training samples from these)
-    mine_range_min: int = 0  # skip this many top-ranked non-positives (likely false negatives)
-    num_negatives: int = 1  # hard negatives per query in each training group
+    mine_negatives: PositiveInt = 20  # negatives kept per query by mining (training samples from these)
+    mine_range_min: NonNegativeInt = 0  # skip this many top-ranked non-positives (likely false negatives)
+    num_negatives: NonNegativeInt = 1  # hard negatives per query in each training group
     # loss
     loss: Literal["infonce", "peg", "ccr"] = "infonce"  # contrastive loss; its options go in loss_options
     loss_options: dict = field(default_factory=dict)  # e.g. {temperature: 0.02, beta: 0.2}
     # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
-    chunk_size: int | None = None  # GradCache: rows per forward chunk (None = no caching)
+    chunk_size: PositiveInt | None = None  # GradCache: rows per forward chunk (None = no caching)
     epoch_unit: Literal["pairs", "queries"] = "pairs"
     # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
     # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
     # report
-    probe_size: int = 256  # examples used for the similarity-distribution figure
+    probe_size: NonNegativeInt = 256  # examples used for the similarity-distribution figure
     # evaluation
     eval_data: str | None = None  # BEIR folder evaluated after training (eval_split)
     eval_split: str = "test"
-    eval_steps: int | None = None  # also evaluate every N steps (costly on CPU)
+    eval_steps: PositiveInt | None = None  # also evaluate every N steps (costly on CPU)
     eval_base: bool = False  # evaluate the starting model too, for the comparison table
-    eval_batch_size: int = 64
+    eval_batch_size: PositiveInt = 64
     eval_bf16: bool = True
 
     def validate(self) -> None:

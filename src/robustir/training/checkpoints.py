@@ -1,51 +1,192 @@
-"""Checkpoint folders of the training loop (:mod:`robustir.training.loop`, fine-tuning and pre-training).
+"""The run folder of the training loop (:mod:`robustir.training.loop`, fine-tuning and pre-training): checkpoints
+written and read without pickle, and the run fingerprint that keeps one folder to one run.
 
-Layout: ``<root>/step-N/`` holds the :mod:`accelerate` state (model, optimizer, registered objects such as the
-scheduler, RNG states) plus ``trainer_state.json``; a folder without that file is not a checkpoint (a crash
-mid-save leaves only a ``.step-N.tmp`` folder, which is ignored and replaced by the next save).
+Checkpoints
+-----------
+``<root>/step-N/`` holds::
+
+    model.safetensors              the unwrapped model's state_dict (tied weights stored once)
+    optimizer.json (+ .safetensors) the optimizer's state_dict: tensors in safetensors, the rest JSON
+    scheduler.json                 the learning-rate schedule's state_dict (scalars and lists)
+    state_I.json (+ .safetensors)  state_dict of the I-th checkpointed object (e.g. PEG's running bias t)
+    random_states_R.json (+ .safetensors)  process R's RNG states: python ``random``, numpy's global generator,
+                                   torch (CPU) and CUDA
+    trainer_state.json             the step and what the loop adds (examples consumed, total steps)
+
+Everything is JSON or safetensors, written by this module and read back by it: **nothing is unpickled on resume**
+(accelerate's ``save_state`` / ``load_state`` are not used: they read ``optimizer.bin``, ``scheduler.bin``,
+``custom_checkpoint_N.pkl`` and ``random_states_N.pkl`` through ``torch.load``/pickle, so a planted file there ran
+code). Any other file in a step folder is ignored. The main process writes the shared files, every process its own
+``random_states_R``. A folder without ``trainer_state.json`` is not a checkpoint (a crash mid-save leaves only a
+``.step-N.tmp`` folder, which is ignored and replaced by the next save).
+
+Run fingerprint
+---------------
+``<output>/run_fingerprint.json`` (:func:`run_fingerprint`) records what determines a run's result: its settings (the
+whole configuration minus the purely operational fields, see :data:`OPERATIONAL_FIELDS`, plus the number of
+processes) and a digest of every input it reads (:func:`input_digest`). The loop writes it when a run starts afresh
+and compares it before resuming from a checkpoint or reusing a finished model, so an output folder never mixes two
+runs (:meth:`~robustir.training.loop.TrainingLoop.open_output`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import random
 import shutil
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from ..errors import ConfigError
 from ..io import write_json
 
-__all__ = ["list_checkpoints", "resume_latest", "save_checkpoint"]
+__all__ = ["FINGERPRINT_FILE", "OPERATIONAL_FIELDS", "compare_fingerprints", "input_digest", "list_checkpoints",
+           "load_checkpoint", "load_state_files", "resume_latest", "run_fingerprint", "save_checkpoint",
+           "save_state_files"]
 
 logger = logging.getLogger(__name__)
 
+FINGERPRINT_FILE = "run_fingerprint.json"
+FINGERPRINT_FORMAT = 1
+
+#: Configuration fields that never change a run's result, left out of its fingerprint: where the run is written
+#: (``output``), whether it resumes (``resume``), how often it logs and checkpoints and how many checkpoints it keeps
+#: (``logging_steps``, ``save_steps``, ``save_total_limit``), whether it draws the report figures (``report``) and
+#: activation recomputation (``gradient_checkpointing``: same forward, same dropout masks, less memory). A stage adds
+#: its own (fine-tuning: ``eval_steps``, ``eval_batch_size``). Everything else counts, ``chunk_size`` included
+#: (GradCache draws other dropout masks than one plain forward). ``epochs`` counts only without ``max_steps``.
+OPERATIONAL_FIELDS = frozenset({"output", "resume", "report", "logging_steps", "save_steps", "save_total_limit",
+                                "gradient_checkpointing"})
+
+_BLOCK = 1 << 20  # read files in 1 MiB blocks
+_FULL_HASH_LIMIT = 256 << 20  # model files larger than this are hashed by size + sampled blocks
+_SAMPLED_BLOCKS = 16
+
+
+# ---------------------------------------------------------------------------- checkpoints
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``root`` as ``(step, path)``, oldest first."""
     found = []
     for path in Path(root).glob("step-*"):
-        if path.is_dir() and (path / "trainer_state.json").exists():
-            found.append((int(path.name.split("-")[1]), path))
+        suffix = path.name.split("-", 1)[1]
+        if path.is_dir() and suffix.isdigit() and (path / "trainer_state.json").exists():
+            found.append((int(suffix), path))
     return sorted(found)
 
 
-def save_checkpoint(accelerator, root: Path, step: int, keep: int, state: dict[str, Any] | None = None,
-                    **save_kwargs: Any) -> Path:
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], key: str) -> Any:
+    """``obj`` as JSON, its tensors moved to ``tensors`` (under ``key``-derived names) and referenced by name.
+
+    Tuples, numpy arrays and dicts with non-string keys are tagged so :func:`_decode` rebuilds them exactly."""
+    if torch.is_tensor(obj):
+        tensors[key] = obj.detach().to("cpu", copy=True).contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, (bool, str)) or obj is None:
+        return obj
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj)
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors, f"{key}/{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{key}/{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, tensors, f"{key}/{k}") for k, v in obj.items()}
+        return {"__items__": [[_encode(k, tensors, f"{key}/k{i}"), _encode(v, tensors, f"{key}/v{i}")]
+                              for i, (k, v) in enumerate(obj.items())]}
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__} at {key!r} (JSON values and tensors only)")
+
+
+def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__ndarray__" in obj:
+        return np.asarray(obj["__ndarray__"], dtype=np.dtype(obj["dtype"]))
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__items__"]}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def save_state_files(folder: Path, name: str, state: Any) -> None:
+    """Write ``state`` (a state_dict: JSON values and tensors, nested) as ``name.json`` + ``name.safetensors``."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _encode(state, tensors, name)
+    if tensors:
+        save_file(tensors, str(Path(folder) / f"{name}.safetensors"))
+    write_json(Path(folder) / f"{name}.json", skeleton)
+
+
+def load_state_files(folder: Path, name: str) -> Any:
+    """Read what :func:`save_state_files` wrote (JSON and safetensors only: nothing is unpickled)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    skeleton = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+    weights = folder / f"{name}.safetensors"
+    tensors = load_file(str(weights)) if weights.exists() else {}
+    return _decode(skeleton, tensors)
+
+
+def _rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: Mapping[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(accelerator, root: Path, step: int, keep: int, *, model: torch.nn.Module, optimizer,
+                    scheduler, objects: Sequence[Any] = (), state: dict[str, Any] | None = None) -> Path:
     """Write ``step-N`` via a temporary folder (a crash mid-save never leaves a half checkpoint behind).
 
+    ``model``: the unwrapped model; ``objects``: more objects with ``state_dict`` (e.g. a loss with state);
     ``state``: extra JSON written into ``trainer_state.json`` next to the step (e.g. examples consumed);
-    ``keep``: how many checkpoints to keep (older ones are deleted; ``<= 0`` keeps all);
-    ``save_kwargs`` go to ``accelerator.save_state``.
+    ``keep``: how many checkpoints to keep (older ones are deleted; ``<= 0`` keeps all).
     """
+    from safetensors.torch import save_model
+
     root = Path(root)
     final = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
-        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), **save_kwargs)
+    save_state_files(tmp, f"random_states_{accelerator.process_index}", _rng_states())
+    if accelerator.is_main_process:
+        save_model(model, str(tmp / "model.safetensors"))
+        save_state_files(tmp, "optimizer", optimizer.state_dict())
+        save_state_files(tmp, "scheduler", scheduler.state_dict())
+        for index, obj in enumerate(objects):
+            save_state_files(tmp, f"state_{index}", obj.state_dict())
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json(tmp / "trainer_state.json", {"step": step, **(state or {})})
@@ -57,8 +198,34 @@ def save_checkpoint(accelerator, root: Path, step: int, keep: int, state: dict[s
     return final
 
 
-def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int) -> int:
-    """Load the newest complete checkpoint under ``root`` into ``accelerator`` and return its step (0: none).
+def load_checkpoint(accelerator, path: Path, *, model: torch.nn.Module, optimizer, scheduler,
+                    objects: Sequence[Any] = ()) -> None:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (unwrapped), ``optimizer``,
+    ``scheduler``, ``objects`` and this process's RNGs. Only JSON and safetensors files are read."""
+    from safetensors.torch import load_model
+
+    path = Path(path)
+    rank = accelerator.process_index
+    needed = ["model.safetensors", "optimizer.json", "scheduler.json", f"random_states_{rank}.json",
+              *(f"state_{i}.json" for i in range(len(objects)))]
+    missing = [name for name in needed if not (path / name).exists()]
+    if missing:
+        raise ConfigError(
+            f"checkpoint {path} lacks {', '.join(missing)}: it was written by an older robustir (whose checkpoints "
+            "are pickle files, which are never loaded: they can run code) or by another number of processes. "
+            "Fix: start this run over with resume=false (clears the folder's checkpoints), or use a new --output")
+    # read on the CPU (safetensors refuses device names such as "cpu:0"); load_state_dict copies onto the model's
+    load_model(model, str(path / "model.safetensors"), strict=True, device="cpu")
+    optimizer.load_state_dict(load_state_files(path, "optimizer"))
+    scheduler.load_state_dict(load_state_files(path, "scheduler"))
+    for index, obj in enumerate(objects):
+        obj.load_state_dict(load_state_files(path, f"state_{index}"))
+    _set_rng_states(load_state_files(path, f"random_states_{rank}"))
+
+
+def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int, *, model: torch.nn.Module, optimizer,
+                  scheduler, objects: Sequence[Any] = ()) -> int:
+    """Load the newest complete checkpoint under ``root`` (:func:`load_checkpoint`) and return its step (0: none).
 
     Log lines past that step were written after the checkpoint and will be redone, so the main process drops
     them from ``log_path`` (one line per step, with a ``step`` field).
@@ -67,10 +234,120 @@ def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int) -> 
     if not existing:
         return 0
     step, path = existing[-1]
-    accelerator.load_state(str(path))
-    logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
+    if step > total_steps:
+        raise ConfigError(f"{path} is past the run's {total_steps} steps: the checkpoints belong to another run. "
+                          "Fix: use a new --output, or start over with resume=false")
+    load_checkpoint(accelerator, path, model=model, optimizer=optimizer, scheduler=scheduler, objects=objects)
+    if step == total_steps:
+        logger.info("%s: the run is complete (step %d of %d): nothing left to train, writing its outputs",
+                    path, step, total_steps)
+    else:
+        logger.info("resumed from %s (step %d of %d)", path, step, total_steps)
     if accelerator.is_main_process and Path(log_path).exists():
         kept = [line for line in Path(log_path).read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
         Path(log_path).write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     return step
+
+
+# ---------------------------------------------------------------------------- run fingerprint
+
+def _file_digest(path: Path, sample_large: bool) -> str:
+    """``sha256:<hex>`` of the whole file, streamed; with ``sample_large``, a file over 256 MiB is digested from
+    its size and 16 evenly spaced 1 MiB blocks (first and last included): ``sampled-sha256:<hex>``."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if sample_large and size > _FULL_HASH_LIMIT:
+            digest.update(str(size).encode())
+            last = size - _BLOCK
+            for i in range(_SAMPLED_BLOCKS):
+                handle.seek(last * i // (_SAMPLED_BLOCKS - 1))
+                digest.update(handle.read(_BLOCK))
+            return "sampled-sha256:" + digest.hexdigest()
+        for block in iter(lambda: handle.read(_BLOCK), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def input_digest(paths: str | os.PathLike | Iterable[str | os.PathLike], *, model: bool = False) -> dict[str, Any]:
+    """Digest of one input: a file, a folder (every file under it but hidden ones and ``README.md``) or a list
+    of files and folders. Returns ``{"paths": [...], "files": {name: digest}}``: files are named relative to the
+    folder they were found in (or by their own name).
+
+    ``model=True`` (model and head folders): files over 256 MiB (weights) are digested from their size and 16
+    sampled 1 MiB blocks, so a multi-GB model costs 16 MiB of reading, yet any other model of the same size
+    differs; data files are always hashed whole.
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    files: dict[str, str] = {}
+    for item in items:
+        item = Path(item)
+        if item.is_dir():
+            for file in sorted(item.rglob("*")):
+                relative = file.relative_to(item)
+                if not file.is_file() or any(part.startswith(".") for part in relative.parts) \
+                        or relative.as_posix() == "README.md":
+                    continue
+                files[relative.as_posix()] = _file_digest(file, model)
+        elif item.is_file():
+            files[item.name] = _file_digest(item, model)
+        else:
+            files[item.name] = "missing"
+    return {"paths": [str(Path(p)) for p in items], "files": files}
+
+
+def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None,
+                    operational: Iterable[str] = ()) -> dict[str, Any]:
+    """The fingerprint of a run: ``settings`` (``config`` as a dict without :data:`OPERATIONAL_FIELDS` and the
+    stage's ``operational`` ones; ``epochs`` dropped when ``max_steps`` is set; ``processes`` added) and ``inputs``
+    (name -> :func:`input_digest`)."""
+    from dataclasses import asdict
+
+    skip = OPERATIONAL_FIELDS | set(operational)
+    settings = {k: v for k, v in asdict(config).items() if k not in skip}
+    if settings.get("max_steps") is not None:
+        settings.pop("epochs", None)
+    settings["processes"] = int(processes)
+    settings = json.loads(json.dumps(settings, default=str))  # tuples -> lists, as the file will hold them
+    return {"format": FINGERPRINT_FORMAT, "config": type(config).__name__, "settings": settings,
+            "inputs": dict(inputs or {})}
+
+
+def _show(value: Any, limit: int = 100) -> str:
+    """A value for a message: JSON, long ones cut in the middle (the end of a path tells most)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[:limit // 3] + "..." + text[-(2 * limit // 3):]
+
+
+def compare_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between two fingerprints, one line each (``lr: 0.001 -> 0.002``, ``input train_data: ...``);
+    empty when they are equal."""
+    diffs = []
+    if old.get("config") != new.get("config"):
+        diffs.append(f"stage: {old.get('config')} -> {new.get('config')}")
+    old_settings, new_settings = old.get("settings", {}), new.get("settings", {})
+    for key in list(old_settings) + [k for k in new_settings if k not in old_settings]:
+        if key not in new_settings:
+            diffs.append(f"{key}: {_show(old_settings[key])} -> (not set)")
+        elif key not in old_settings:
+            diffs.append(f"{key}: (not set) -> {_show(new_settings[key])}")
+        elif old_settings[key] != new_settings[key]:
+            diffs.append(f"{key}: {_show(old_settings[key])} -> {_show(new_settings[key])}")
+    old_inputs, new_inputs = old.get("inputs", {}), new.get("inputs", {})
+    for name in list(old_inputs) + [k for k in new_inputs if k not in old_inputs]:
+        before, after = old_inputs.get(name), new_inputs.get(name)
+        if before is None or after is None:
+            diffs.append(f"input {name}: {'(none)' if before is None else 'given'} -> "
+                         f"{'(none)' if after is None else 'given'}")
+            continue
+        old_files, new_files = before.get("files", {}), after.get("files", {})
+        changed = [f for f in old_files if f in new_files and old_files[f] != new_files[f]]
+        removed = [f for f in old_files if f not in new_files]
+        added = [f for f in new_files if f not in old_files]
+        if changed or removed or added:
+            parts = ([f"content of {', '.join(changed[:5])} changed"] if changed else []) + \
+                    ([f"{', '.join(removed[:5])} no longer there"] if removed else []) + \
+                    ([f"{', '.join(added[:5])} added"] if added else [])
+            diffs.append(f"input {name} ({', '.join(after.get('paths', []))}): {'; '.join(parts)}")
+    return diffs

@@ -6,6 +6,10 @@ its slice. An item is an example (``epoch_unit="queries"``: one positive sampled
 Each item contributes its query, its positive and ``k`` hard negatives
 (sampled without replacement when it has enough, with replacement when it has a few, and from other
 examples' passages when it has none) — FlagEmbedding's group layout.
+
+:class:`GroupSampler` checks at construction what would otherwise fail (or hang) mid-run: fewer items than one
+global batch, and an example without negatives whose every candidate in the pool is one of its own positives
+(both a :class:`~robustir.errors.ConfigError` saying how to fix the data or the settings).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import numpy as np
 import torch
 
 from ..data.training_data import TrainingExample
+from ..errors import ConfigError
+
+_REJECTION_TRIES = 64  # draws from the whole pool before sampling from the pool minus the example's positives
 
 
 def text_id(text: str) -> int:
@@ -37,7 +44,7 @@ class GroupSampler:
     def __init__(self, examples: list[TrainingExample], num_negatives: int, batch_size: int, world_size: int,
                  seed: int, epoch_unit: str = "queries") -> None:
         if epoch_unit not in ("queries", "pairs"):
-            raise ValueError(f"epoch_unit must be 'queries' or 'pairs', got {epoch_unit!r}")
+            raise ConfigError(f"epoch_unit must be 'queries' or 'pairs', got {epoch_unit!r}")
         self.examples = examples
         self.epoch_unit = epoch_unit
         # (example, positive) per item; positive -1 = sample one per epoch
@@ -49,11 +56,33 @@ class GroupSampler:
         self.seed = seed
         self.global_batch = batch_size * world_size
         if len(self.items) < self.global_batch:
-            raise ValueError(f"{len(self.items)} training {epoch_unit} are fewer than one global batch "
-                             f"({batch_size} x {world_size} processes); lower batch_size")
+            unit = "(query, positive) pairs" if epoch_unit == "pairs" else "queries"
+            fix = (f"lower batch_size to {len(self.items) // world_size} or less" if len(self.items) >= world_size
+                   else "use fewer processes")
+            raise ConfigError(f"the training data has {len(self.items)} {unit} (epoch_unit {epoch_unit}), fewer than "
+                              f"one global batch: batch_size {batch_size} x {world_size} process(es) = "
+                              f"{self.global_batch}. Fix: {fix}, or add training data")
         self.steps_per_epoch = len(self.items) // self.global_batch
         # passages of other examples, used only when an example has no negatives at all
         self._pool = [p for e in examples for p in e.pos] + [n for e in examples for n in e.neg]
+        if self.k:
+            self._check_pool()
+
+    def _check_pool(self) -> None:
+        """Every example without negatives must find one in the pool that is not one of its own positives."""
+        distinct = set(self._pool)
+        for index, example in enumerate(self.examples):
+            if example.neg:
+                continue
+            own = set(example.pos)
+            if len(distinct) > len(own) or not distinct <= own:
+                continue
+            query = example.query if len(example.query) <= 80 else example.query[:77] + "..."
+            raise ConfigError(
+                f"training example {index + 1} (query {query!r}) has no hard negatives, and every passage in the "
+                f"training data is one of its own positives, so no negative can be drawn for it (num_negatives "
+                f"{self.k}). Fix: give the records \"neg\" passages, mine some (robustir mine, or mine: bm25 in the "
+                "train config), or set num_negatives 0 (in-batch negatives only)")
 
     def permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.items))
@@ -69,12 +98,20 @@ class GroupSampler:
                 negatives = rng.sample(example.neg, self.k)
             elif example.neg:
                 negatives = list(example.neg) + [rng.choice(example.neg) for _ in range(self.k - len(example.neg))]
-            else:
-                own = set(example.pos)
+            else:  # other examples' passages: some draws from the whole pool, then from the pool minus own
+                own = set(example.pos)  # positives (never empty: checked at construction), so this always ends
+                candidates: list[str] | None = None
+                tries = 0
                 while len(negatives) < self.k:
-                    candidate = rng.choice(self._pool)
-                    if candidate not in own:
-                        negatives.append(candidate)
+                    if tries < _REJECTION_TRIES:
+                        tries += 1
+                        candidate = rng.choice(self._pool)
+                        if candidate not in own:
+                            negatives.append(candidate)
+                        continue
+                    if candidates is None:
+                        candidates = [p for p in self._pool if p not in own]
+                    negatives.append(rng.choice(candidates))
         return Group(example.query, example.prompt, [positive, *negatives], tuple(example.pos))
 
     def batch(self, step: int, rank: int) -> list[Group]:

@@ -5,12 +5,20 @@ A stage builds its data, model and loss; :class:`TrainingLoop` does everything e
 
 * set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, bf16 autocast, CPU when no
   GPU), ``set_seed``;
+* :meth:`TrainingLoop.open_output`: the run fingerprint (``run_fingerprint.json``: the settings that determine
+  the result and a digest of every input, :func:`~robustir.training.checkpoints.run_fingerprint`). An output
+  folder holds one run: a folder with checkpoints or a finished model is resumed or reused only when its
+  fingerprint equals this run's, otherwise a :class:`~robustir.errors.ConfigError` names what differs;
+  ``resume=false`` starts over (the folder's checkpoints, log and stage outputs are deleted first). A finished run
+  re-run with the same fingerprint is reported complete and not trained again. The stage calls it before its
+  data preparation (which may cache files in the folder); :meth:`~TrainingLoop.prepare` calls it otherwise;
 * :meth:`TrainingLoop.prepare`: AdamW and the linear schedule
   (:func:`~robustir.training.optim.adamw_with_linear_schedule`), ``accelerator.prepare``, the checkpointed
   objects (the scheduler, stepped by hand once per optimizer step, and whatever state the stage adds, e.g.
   PEG's ``t``), resume from the latest ``checkpoints/step-N``
-  (:func:`~robustir.training.checkpoints.resume_latest`, which also drops log lines past that step), and, on a
-  fresh start, the run's configuration file and an empty ``train_log.jsonl``;
+  (:func:`~robustir.training.checkpoints.resume_latest`: JSON and safetensors only, nothing is unpickled; it also
+  drops log lines past that step), and, on a fresh start, the run's configuration file and an empty
+  ``train_log.jsonl``;
 * :meth:`TrainingLoop.run`: the step loop. The stage's ``step_fn(step)`` does one step's forward and backward and
   returns its log values; the loop clips the gradients (``max_grad_norm``), steps the optimizer and the schedule,
   logs every ``logging_steps`` steps (and at the last one) a ``train_log.jsonl`` line (``step``, ``epoch``, ``lr``,
@@ -37,7 +45,9 @@ import torch
 from ..config import to_dict
 from ..errors import ConfigError
 from ..io import write_json
-from .checkpoints import resume_latest, save_checkpoint
+from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
+from .checkpoints import (FINGERPRINT_FILE, compare_fingerprints, list_checkpoints, resume_latest,
+                          run_fingerprint, save_checkpoint)
 from .optim import adamw_with_linear_schedule
 
 __all__ = ["LoopConfig", "LoopResult", "TrainingLoop"]
@@ -46,26 +56,26 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class LoopConfig:
+class LoopConfig(Checked):
     """What the training loop reads, shared by fine-tuning and pre-training. The defaults are fine-tuning's;
     :class:`~robustir.pretraining.pretrain.PretrainConfig` redeclares ``lr`` and ``output`` with its own."""
 
     # optimisation
-    batch_size: int = 32  # examples per process per step: queries (train), texts (retromae) or pairs (gur)
-    epochs: float = 1.0  # passes over the training data (max_steps overrides)
-    max_steps: int | None = None  # total optimizer steps; overrides epochs (pre-training: skips counting the data)
-    lr: float = 2e-5  # peak learning rate (linear warm-up, then linear decay to 0)
-    warmup_ratio: float = 0.1  # share of the steps that warm the learning rate up
-    weight_decay: float = 0.01  # AdamW weight decay (none on biases and normalisation weights)
-    max_grad_norm: float | None = 1.0  # clip the gradient norm to this (None = no clipping)
-    seed: int = 42
+    batch_size: PositiveInt = 32  # examples per process per step: queries (train), texts (retromae) or pairs (gur)
+    epochs: PositiveFloat = 1.0  # passes over the training data (max_steps overrides)
+    max_steps: PositiveInt | None = None  # total optimizer steps; overrides epochs (pre-training: skips counting the data)
+    lr: PositiveFloat = 2e-5  # peak learning rate (linear warm-up, then linear decay to 0)
+    warmup_ratio: OpenFraction = 0.1  # share of the steps that warm the learning rate up
+    weight_decay: NonNegativeFloat = 0.01  # AdamW weight decay (none on biases and normalisation weights)
+    max_grad_norm: PositiveFloat | None = 1.0  # clip the gradient norm to this (None = no clipping)
+    seed: NonNegativeInt = 42
     bf16: bool = False  # bf16 autocast for training
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     # output, checkpoints, logging
     output: str = "runs/train"  # run folder: model/, checkpoints, train_log.jsonl, report
-    save_steps: int | None = None  # checkpoint every N steps; None = every epoch (train), at the end only (pretrain)
+    save_steps: PositiveInt | None = None  # checkpoint every N steps; None = every epoch (train), at the end only (pretrain)
     save_total_limit: int = 2  # checkpoints kept (older ones are deleted; <= 0 keeps all)
-    logging_steps: int = 1  # write a train_log.jsonl line every N steps (and at the last step)
+    logging_steps: PositiveInt = 1  # write a train_log.jsonl line every N steps (and at the last step)
     resume: bool = True  # continue from the latest checkpoint in the output folder
     report: bool = True  # write the report (figures) at the end
 
@@ -93,6 +103,10 @@ class TrainingLoop:
     ``config_file``: name of the configuration written to the output folder when a run starts afresh.
     """
 
+    #: what :meth:`open_output` found: "fresh" (a new run), "resume" (this run's folder: continue from its latest
+    #: checkpoint, if any) or "complete" (this run finished here already: nothing to do)
+    output_state: str | None
+
     def __init__(self, config: LoopConfig, *, config_file: str) -> None:
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, set_seed
@@ -114,6 +128,9 @@ class TrainingLoop:
         self.scheduler = None
         self.total_steps = 0
         self.start_step = 0
+        self.checkpointed: tuple[Any, ...] = ()
+        self.output_state = None
+        self.fingerprint: dict[str, Any] = {}
         self._log_handle = None
 
     # ------------------------------------------------------------------------ conveniences
@@ -138,13 +155,120 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------------ set-up and resume
 
+    @property
+    def fingerprint_path(self) -> Path:
+        return self.out / FINGERPRINT_FILE
+
+    @property
+    def completed_steps(self) -> int | None:
+        """Steps of the finished run this folder holds (``output_state == "complete"``), else None."""
+        return self.fingerprint.get("steps") if self.output_state == "complete" else None
+
+    def open_output(self, inputs: Mapping[str, Any] | None = None, *, outputs: tuple[str, ...] = (),
+                    finished: tuple[str, ...] = (), operational: tuple[str, ...] = ()) -> str:
+        """Check that the output folder is this run's, before anything is written into it; returns
+        :attr:`output_state` ("fresh", "resume" or "complete").
+
+        ``inputs``: name -> :func:`~robustir.training.checkpoints.input_digest` of every file the run reads (model,
+        data, heads); ``outputs``: names (glob patterns) of what the stage writes into the folder, deleted with the
+        checkpoints, the log and the configuration file when the run starts afresh; ``finished``: the outputs a
+        finished run leaves (e.g. ``model``); ``operational``: the stage's configuration fields that do not change
+        the result (besides :data:`~robustir.training.checkpoints.OPERATIONAL_FIELDS`).
+
+        * ``resume`` true and the folder's fingerprint equal to this run's: "complete" when the run finished here
+          (its fingerprint says so and every ``finished`` output is there; the stage returns them as they are),
+          else "resume";
+        * ``resume`` true, a different fingerprint (or none, from an older robustir) and checkpoints or a finished
+          output in the folder: :class:`~robustir.errors.ConfigError` naming what differs and how to go on;
+        * otherwise "fresh": the earlier run's checkpoints, log and outputs are deleted, the fingerprint written.
+
+        Every process computes the fingerprint and the decision (the same one); the main process writes.
+        """
+        if self.output_state is not None:
+            return self.output_state
+        config, accelerator = self.config, self.accelerator
+        fingerprint = run_fingerprint(config, processes=accelerator.num_processes, inputs=inputs,
+                                      operational=operational)
+        saved = self._read_fingerprint()
+        checkpoints = list_checkpoints(self.checkpoint_root)
+        present = [name for name in finished if (self.out / name).exists()]
+        earlier = ([f"{len(checkpoints)} checkpoint(s) (latest step {checkpoints[-1][0]})"] if checkpoints else []) \
+            + [f"a finished {name}/" for name in present]
+        accelerator.wait_for_everyone()  # every process has looked at the folder before the main one changes it
+        state = "fresh"
+        fix = (f"Fix: give this run a new --output, or start over in {self.out} by adding resume=false to the "
+               "command (or resume: false to the config file), which deletes the earlier run's checkpoints, log and "
+               "outputs there.")
+        if config.resume and saved is not None:
+            diffs = compare_fingerprints(saved, fingerprint)
+            if not diffs:
+                complete = bool(saved.get("complete")) and bool(finished) and len(present) == len(finished)
+                state = "complete" if complete else "resume"
+                fingerprint = {**fingerprint, "complete": bool(saved.get("complete")), "steps": saved.get("steps")}
+            elif earlier:
+                raise ConfigError(
+                    f"output folder {self.out} holds another run ({' and '.join(earlier)}) made with other settings or "
+                    "inputs than this one, so it can be neither resumed nor reused. What differs (earlier -> now):\n  "
+                    + "\n  ".join(diffs) + "\n" + fix)
+            else:
+                logger.info("%s: the earlier run there had other settings and left no checkpoint: starting afresh",
+                            self.out)
+        elif config.resume and earlier:
+            raise ConfigError(
+                f"output folder {self.out} holds {' and '.join(earlier)} but no {FINGERPRINT_FILE}: it was written by "
+                "an older robustir (or by hand), so nothing shows that it is this run, and older checkpoints are "
+                "pickle files, which are never loaded (they can run code). " + fix)
+        elif not config.resume and (earlier or saved is not None):
+            logger.warning("resume=false: starting over in %s (deleting the earlier run's checkpoints, log and "
+                           "outputs)", self.out)
+        if state == "fresh":
+            fingerprint = {**fingerprint, "complete": False, "steps": None}
+            if self.is_main:
+                self._clear(outputs)
+                write_json(self.fingerprint_path, fingerprint)
+        elif state == "complete":
+            logger.info("%s already holds this run, complete after %s steps (same settings and inputs): nothing to "
+                        "do. To train it again, add resume=false", self.out, saved.get("steps"))
+        accelerator.wait_for_everyone()
+        self.fingerprint, self.output_state = fingerprint, state
+        return state
+
+    def _read_fingerprint(self) -> dict[str, Any] | None:
+        path = self.fingerprint_path
+        if not path.exists():
+            return None
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path} is unreadable ({exc}): the output folder's run cannot be identified. Fix: "
+                              "use a new --output, or start over there with resume=false") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"{path} is not a run fingerprint. Fix: use a new --output, or start over there with "
+                              "resume=false")
+        return saved
+
+    def _clear(self, outputs: tuple[str, ...]) -> None:
+        """Delete an earlier run's checkpoints, log, configuration and the stage's outputs (main process)."""
+        import shutil
+
+        targets = [self.checkpoint_root, self.log_path, self.out / self.config_file, self.fingerprint_path]
+        for pattern in outputs:
+            targets.extend(sorted(self.out.glob(pattern)))
+        for target in targets:
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+
     def prepare(self, model: torch.nn.Module, total_steps: int, checkpointed: tuple[Any, ...] = ()) -> int:
         """Build AdamW and the schedule for ``total_steps``, prepare ``model`` (then :attr:`model`; the bare one is
-        :attr:`unwrapped`), register the scheduler and ``checkpointed`` (objects with ``state_dict``, e.g. a
-        loss with state) for checkpoints, and resume from the latest checkpoint when ``config.resume``.
+        :attr:`unwrapped`), checkpoint the scheduler and ``checkpointed`` (objects with ``state_dict`` and
+        ``load_state_dict``, e.g. a loss with state) with them, and resume from the latest checkpoint when the
+        output folder is this run's (:meth:`open_output`, called here with no inputs if the stage has not).
 
         Returns the step to start from (0 = a fresh run: the configuration is written, the log emptied).
         """
+        self.open_output()
         config, accelerator = self.config, self.accelerator
         # named_parameters lists tied weights (embeddings / MLM decoder) once
         optimizer, scheduler = adamw_with_linear_schedule(model, config.lr, config.weight_decay,
@@ -152,11 +276,18 @@ class TrainingLoop:
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
         self.total_steps = total_steps
-        # the scheduler is stepped by hand once per optimizer step (accelerate would step it per process)
-        accelerator.register_for_checkpointing(scheduler, *checkpointed)
+        # the scheduler is stepped by hand once per optimizer step (accelerate would step it per process); it and
+        # the stage's objects are checkpointed by robustir.training.checkpoints (JSON + safetensors), not registered
+        # with accelerate (whose save_state / load_state pickle them)
+        self.checkpointed = tuple(checkpointed)
         start_step = 0
-        if config.resume:
-            start_step = resume_latest(accelerator, self.checkpoint_root, self.log_path, total_steps)
+        if self.output_state != "fresh":
+            start_step = resume_latest(accelerator, self.checkpoint_root, self.log_path, total_steps,
+                                       model=self.unwrapped, optimizer=self.optimizer, scheduler=scheduler,
+                                       objects=self.checkpointed)
+        if start_step == 0 and self.output_state == "complete":
+            raise ConfigError(f"{self.out} holds this run, already complete, and no checkpoint to rebuild it from: "
+                              "nothing to do. To train it again, add resume=false")
         if start_step == 0 and self.is_main:
             write_json(self.out / self.config_file, to_dict(config))
             self.log_path.unlink(missing_ok=True)
@@ -234,8 +365,9 @@ class TrainingLoop:
                 interrupted = stop_after is not None and done >= stop_after and done < total_steps
                 if done % save_steps == 0 or done == total_steps or interrupted:
                     save_checkpoint(accelerator, self.checkpoint_root, done, config.save_total_limit,
-                                    state={"examples_per_process": done * config.batch_size,
-                                           "total_steps": total_steps})
+                                    model=self.unwrapped, optimizer=optimizer, scheduler=scheduler,
+                                    objects=self.checkpointed, state={"examples_per_process": done * config.batch_size,
+                                                                      "total_steps": total_steps})
                 bar.update(1)
                 if interrupted:
                     accelerator.end_training()
@@ -248,6 +380,11 @@ class TrainingLoop:
         return LoopResult(total_steps, False, last)
 
     def finish(self) -> None:
-        """After the stage saved its outputs (on the main process): wait for every process, end the run."""
+        """After the stage saved its outputs (on the main process): mark the run complete in its fingerprint (a
+        re-run with the same one then has nothing to do), wait for every process, end the run."""
+        self.accelerator.wait_for_everyone()
+        if self.is_main and self.fingerprint and self.output_state != "complete":
+            self.fingerprint = {**self.fingerprint, "complete": True, "steps": self.total_steps}
+            write_json(self.fingerprint_path, self.fingerprint)
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()

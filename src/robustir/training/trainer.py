@@ -11,8 +11,9 @@ negatives, GradCache and one loss call per optimizer step. ``eval_steps`` evalua
 Output folder::
 
     model/                 final sentence-transformers model (+ model card README.md)
-    checkpoints/step-N/    accelerate state (model, optimizer, scheduler, loss state such as PEG's t, RNG)
-                           + trainer_state.json
+    run_fingerprint.json   the settings and input digests of the run the folder holds (resume and reuse check)
+    checkpoints/step-N/    model, optimizer, scheduler, loss state such as PEG's t, RNG states (safetensors +
+                           JSON, robustir.training.checkpoints) + trainer_state.json
     train_log.jsonl        one line per logged step: step, epoch, lr, grad_norm, pairs_per_s, loss components
                            (and eval_* lines with eval_steps)
     similarities.json      cosine similarities of a fixed probe set at start and end
@@ -32,18 +33,26 @@ from pathlib import Path
 import numpy as np
 
 from ..config import to_dict
-from ..data.training_data import TrainingExample, examples_from_beir, load_training_data
+from ..data.training_data import TrainingExample, examples_from_beir, load_training_data, training_files
 from ..errors import ConfigError
 from ..io import write_json
 from ..losses import get_loss
 from ..models.encoder import Encoder
 from ..resources import default_model_path
-from .arguments import TrainConfig
+from .arguments import DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH, TrainConfig
 from .batch_engine import BatchEngine
+from .checkpoints import input_digest
 from .data import GroupSampler, collate
 from .loop import TrainingLoop
 
 logger = logging.getLogger(__name__)
+
+#: what fine-tuning writes into its output folder besides the loop's files (deleted when a run starts over)
+OUTPUTS = ("model", "mined-*.jsonl", "similarities.json", "base_metrics.json", "eval_metrics.json", "report.png",
+           "report.html")
+#: TrainConfig fields besides the loop's that do not change the result (left out of the run fingerprint):
+#: evaluating more or less often (in eval mode, no randomness drawn) and its encoding batch size
+OPERATIONAL = ("eval_steps", "eval_batch_size")
 
 
 @dataclass
@@ -53,16 +62,39 @@ class TrainResult:
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
     base_metrics: dict[str, float] = field(default_factory=dict)
+    already_complete: bool = False  # the output folder held this finished run already: nothing trained or written
 
 
 # ---------------------------------------------------------------------------- data preparation
 
-def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait) -> list[TrainingExample]:
-    """Load training examples; mine hard negatives when they come without (cached in the output folder)."""
-    source = Path(config.train_data)
+def _require_train_data(config: TrainConfig) -> None:
     if not config.train_data:
         raise ConfigError("train_data is required: a training JSONL file/folder or a BEIR folder with a "
                           f"'{config.train_split}' qrels split")
+
+
+def train_inputs(config: TrainConfig) -> dict[str, dict]:
+    """Digests of what a fine-tuning run reads, for its run fingerprint: the starting model's folder and the
+    training data (the JSONL files, or a BEIR folder's corpus, queries and qrels split). The evaluation data is
+    not digested (it is read anew at the end; its path and split are settings)."""
+    from ..models.encoder import resolve_model_path
+
+    _require_train_data(config)
+    source = Path(config.train_data)
+    if source.is_dir() and (source / "qrels").is_dir():
+        files = [next((source / n for n in names if (source / n).exists()), source / names[0])
+                 for names in (("corpus.jsonl", "corpus.jsonl.gz"), ("queries.jsonl", "queries.jsonl.gz"))]
+        files.append(source / "qrels" / f"{config.train_split}.tsv")
+    else:
+        files = training_files(source)
+    return {"model": input_digest(resolve_model_path(config.model or default_model_path()), model=True),
+            "train_data": input_digest(files)}
+
+
+def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait) -> list[TrainingExample]:
+    """Load training examples; mine hard negatives when they come without (cached in the output folder)."""
+    source = Path(config.train_data)
+    _require_train_data(config)
     is_beir = source.is_dir() and (source / "qrels").is_dir()
     if is_beir:
         examples = examples_from_beir(source, config.train_split)
@@ -176,13 +208,24 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     The stage-specific part (data, model, loss, probe, evaluation, what to save) on top of the shared
     :class:`~robustir.training.loop.TrainingLoop`. ``stop_after``: leave after this many optimizer steps (with a
     checkpoint), as if the job had been interrupted; a later call resumes. Used by tests and by time-boxed jobs.
+
+    The output folder holds one run (:meth:`~robustir.training.loop.TrainingLoop.open_output`): resuming or
+    reusing it with other settings or inputs raises :class:`~robustir.errors.ConfigError`; ``resume=false`` starts
+    over; a finished run re-run with the same settings and inputs returns its result without training
+    (``already_complete``).
     """
     loop = TrainingLoop(config, config_file="training_config.json")
     accelerator, is_main, out = loop.accelerator, loop.is_main, loop.out
+    # before the data is prepared: mining caches its negatives in the folder
+    state = loop.open_output(train_inputs(config), outputs=OUTPUTS, finished=("model",), operational=OPERATIONAL)
+    if state == "complete":
+        return _finished_result(loop)
 
     encoder = Encoder.from_pretrained(config.model or default_model_path(), pooling=config.pooling,
-                                      query_max_length=config.query_max_length,
-                                      passage_max_length=config.passage_max_length,
+                                      query_max_length=config.query_max_length or DEFAULT_QUERY_LENGTH,
+                                      passage_max_length=config.passage_max_length or DEFAULT_PASSAGE_LENGTH,
+                                      capped=[k for k in ("query_max_length", "passage_max_length")
+                                              if getattr(config, k) is None],
                                       query_instruction=config.query_instruction,
                                       passage_instruction=config.passage_instruction)
     if config.gradient_checkpointing:
@@ -218,8 +261,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
 
     def step(index: int) -> dict:
         groups = sampler.batch(index, accelerator.process_index)
-        q, p, ids, positive_ids = collate(groups, unwrapped, config.query_max_length,
-                                          config.train_passage_max_length or config.passage_max_length)
+        q, p, ids, positive_ids = collate(groups, unwrapped, unwrapped.config.query_max_length,
+                                          config.train_passage_max_length or unwrapped.config.passage_max_length)
         # on the model's device before the engine sees them: GradCache's RNG snapshot (RandContext) records
         # the generator of the devices its input tensors live on, so CPU inputs would replay GPU dropout
         # with other masks
@@ -263,6 +306,21 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
             write_training_report(out)
     loop.finish()
     return TrainResult(model_path, total_steps, loop.seconds, metrics, base_metrics)
+
+
+def _finished_result(loop: TrainingLoop) -> TrainResult:
+    """The result of the finished run the output folder holds (the same settings and inputs), read back."""
+    out = loop.out
+    metrics: dict[str, float] = {}
+    base_metrics: dict[str, float] = {}
+    if (out / "eval_metrics.json").exists():
+        saved = json.loads((out / "eval_metrics.json").read_text(encoding="utf-8"))
+        metrics, base_metrics = saved.get("model", {}), saved.get("base", {})
+    elif (out / "base_metrics.json").exists():
+        base_metrics = json.loads((out / "base_metrics.json").read_text(encoding="utf-8"))
+    loop.finish()
+    return TrainResult(out / "model", int(loop.completed_steps or 0), loop.seconds, metrics, base_metrics,
+                       already_complete=True)
 
 
 def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float]:

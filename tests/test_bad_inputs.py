@@ -1,0 +1,358 @@
+"""Hostile input to every stage, through the CLI in-process: each case names what it tries, the exit code it must
+end with, a substring of the message, and that no traceback escapes (an exception leaving ``main`` fails the test).
+
+Classes (issue 11): 1 numbers out of range, 2 paths, 3 output = input, 4 a folder that is not a model,
+5 records, 6 valid input that must be accepted (byte-order mark, CRLF). Stale runs (7), the sampler hang (8) and
+unsafe loads (10) are in tests/test_resume_safety.py; LLM replies and failures (9) in tests/test_llm_failures.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from robustir.cli.main import main, path_error
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+DOCS = [("d1", "Aspirin", "Aspirin reduces the risk of heart attacks in adults."),
+        ("d2", "Statins", "Statins lower cholesterol and cardiovascular events."),
+        ("d3", "Vitamin D", "Vitamin D supports bone health in older people."),
+        ("d4", "Exercise", "Regular exercise improves sleep quality and mood."),
+        ("d5", "Coffee", "Coffee consumption is linked to alertness and lower fatigue."),
+        ("d6", "Sleep", "Short sleep increases the risk of obesity in children.")]
+QUERIES = [("q1", "does aspirin prevent heart attacks"), ("q2", "do statins reduce cholesterol"),
+           ("q3", "is vitamin d good for bones"), ("q4", "does exercise help sleep")]
+
+
+def _beir(folder: Path, *, bom: bool = False, crlf: bool = False) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    end = "\r\n" if crlf else "\n"
+    mark = "\ufeff" if bom else ""
+    (folder / "corpus.jsonl").write_text(mark + end.join(json.dumps({"_id": i, "title": t, "text": x})
+                                                          for i, t, x in DOCS) + end, encoding="utf-8")
+    (folder / "queries.jsonl").write_text(mark + end.join(json.dumps({"_id": i, "text": x}) for i, x in QUERIES) + end,
+                                          encoding="utf-8")
+    (folder / "qrels").mkdir(exist_ok=True)
+    rows = [f"q{i}\td{i}\t1" for i in range(1, 5)]
+    for split in ("train", "test"):
+        (folder / "qrels" / f"{split}.tsv").write_text(
+            mark + end.join(["query-id\tcorpus-id\tscore", *rows]) + end, encoding="utf-8")
+    return folder
+
+
+def _train_rows(n: int = 8) -> list[dict]:
+    return [{"query": QUERIES[i % 4][1] + f" ({i})", "pos": [DOCS[i % 6][2]], "neg": [DOCS[(i + 3) % 6][2]]}
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("bad-inputs")
+    data = _beir(root / "beir")
+    train = root / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _train_rows()), encoding="utf-8")
+    docs = root / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "title": t, "text": x}) + "\n" for i, t, x in DOCS), encoding="utf-8")
+    nan = root / "nan.jsonl"
+    nan.write_text(json.dumps({"query": "q", "pos": ["p"], "neg": ["n"], "pos_scores": [1.0]}).replace(
+        "[1.0]", "[NaN]") + "\n", encoding="utf-8")
+    small = root / "small.jsonl"
+    small.write_text("".join(json.dumps(r) + "\n" for r in _train_rows(3)), encoding="utf-8")
+    plain = root / "file.txt"
+    plain.write_text("a plain file\n", encoding="utf-8")
+    empty_dir = root / "empty-dir"
+    empty_dir.mkdir()
+    config_dir = root / "config-dir"
+    config_dir.mkdir()
+    pipeline = root / "pipeline.yaml"
+    pipeline.write_text(f"corpus: {data}\nwork_dir: {root / 'pipeline'}\nqueries: {{source: beir}}\n", encoding="utf-8")
+    latin1 = root / "latin1.yaml"
+    latin1.write_bytes("lr: 2e-5 # \xe9t\xe9\n".encode("latin-1"))
+    return {"data": str(data), "train": str(train), "docs": str(docs), "nan": str(nan), "small": str(small),
+            "file": str(plain), "dir": str(empty_dir), "cfgdir": str(config_dir), "latin1": str(latin1), "pipeline": str(pipeline),
+            "tiny": tiny_model_dir, "root": str(root)}
+
+
+def run_cli(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        return int(exc.code or 0)
+
+
+# (case id, argv with {placeholders}, exit code, substring of stderr)
+CASES = [
+    # --- 1. numbers out of range -------------------------------------------------------------------------------
+    ("eval-batch-0", ["eval", "--model", "{tiny}", "--data", "{data}", "--batch-size", "0"], 2, "batch_size = 0"),
+    ("eval-batch-negative", ["eval", "--model", "{tiny}", "--data", "{data}", "--batch-size", "-1"], 2,
+     "batch_size = -1"),
+    ("eval-top-k-negative", ["eval", "--model", "bm25", "--data", "{data}", "--top-k", "-5"], 2, "top_k = -5"),
+    ("eval-nprobe-0", ["eval", "--model", "{tiny}", "--data", "{data}", "--index", "ivf", "--nprobe", "0"], 2,
+     "nprobe = 0"),
+    ("eval-max-length-0", ["eval", "--model", "{tiny}", "--data", "{data}", "--query-max-length", "0"], 2,
+     "query_max_length = 0"),
+    ("eval-max-length-above-model", ["eval", "--model", "{tiny}", "--data", "{data}", "--passage-max-length", "861"],
+     2, "use at most 128"),
+    ("encode-batch-0", ["encode", "--model", "{tiny}", "--input", "{data}/corpus.jsonl", "--output", "{out}/e",
+                        "--batch-size", "0"], 2, "batch_size = 0"),
+    ("rerank-batch-0", ["rerank-eval", "--model", "{tiny}", "--data", "{train}", "--batch-size", "0"], 2,
+     "batch_size = 0"),
+    ("mine-negatives-0", ["mine", "--data", "{data}", "--output", "{out}/m.jsonl", "--num-negatives", "0"], 2,
+     "num_negatives = 0"),
+    ("mine-batch-0", ["mine", "--data", "{data}", "--output", "{out}/m.jsonl", "--method", "dense", "--model",
+                      "{tiny}", "--batch-size", "0"], 2, "encode_batch_size = 0"),
+    ("mine-min-above-max", ["mine", "--data", "{data}", "--output", "{out}/m.jsonl", "--min-score", "5",
+                            "--max-score", "1"], 2, "min_score (5.0) is above max_score"),
+    ("mine-relative-margin-2", ["mine", "--data", "{data}", "--output", "{out}/m.jsonl", "--relative-margin", "2"], 2,
+     "relative_margin = 2.0"),
+    ("mine-relative-margin-negative", ["mine", "--input", "{train}", "--output", "{out}/m.jsonl",
+                                       "--relative-margin", "-0.1"], 2, "relative_margin = -0.1"),
+    ("filter-teacher-batch-0", ["filter", "--method", "teacher", "--input", "{train}", "--output", "{out}/f.jsonl",
+                                "--model", "{tiny}", "--batch-size", "0"], 2, "batch_size = 0"),
+    ("filter-teacher-margin-nan", ["filter", "--method", "teacher", "--input", "{train}", "--output",
+                                   "{out}/f.jsonl", "--absolute-margin", "nan"], 2, "not a finite number"),
+    ("filter-sieve-batch-0", ["filter", "--method", "sieve", "--input", "{train}", "--output", "{out}/f.jsonl",
+                              "--batch-size", "0"], 2, "batch_size = 0"),
+    ("filter-sieve-lr-negative", ["filter", "--method", "sieve", "--input", "{train}", "--output", "{out}/f.jsonl",
+                                  "--lr", "-1"], 2, "lr = -1.0"),
+    ("chunk-overlap-above-chunk", ["chunk", "--input", "{docs}", "--output", "{out}/c.jsonl", "--max-tokens", "10",
+                                   "--overlap", "20"], 2, "overlap (20 sentences) must be smaller"),
+    ("chunk-max-tokens-0", ["chunk", "--input", "{docs}", "--output", "{out}/c.jsonl", "--max-tokens", "0"], 2,
+     "max_tokens = 0"),
+    ("chunk-shard-0", ["chunk", "--input", "{docs}", "--output", "{out}/c.jsonl", "--shard", "0/2"], 2, "shard"),
+    ("pairs-repeat-0", ["pairs", "--input", "{docs}", "--output", "{out}/p.jsonl", "--repeat", "0"], 2,
+     "repeat = 0"),
+    ("pairs-factor-0", ["pairs", "--input", "{docs}", "--output", "{out}/p.jsonl", "max_pairs_factor=0"], 2,
+     "max_pairs_factor = 0"),
+    ("merge-shards-0", ["merge", "--output", "{out}/m.jsonl", "--shards", "0"], 2, "shards = 0"),
+    ("train-lr-nan", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t", "--lr", "nan"],
+     2, "lr = nan is not a finite number"),
+    ("train-lr-negative", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t",
+                           "--lr=-1e-5"], 2, "lr = -1e-05"),
+    ("train-max-steps-negative", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t",
+                                  "--max-steps", "-3"], 2, "max_steps = -3"),
+    ("train-epochs-0", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t",
+                        "--epochs", "0"], 2, "epochs = 0"),
+    ("train-save-steps-0", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t",
+                            "save_steps=0"], 2, "save_steps = 0"),
+    ("train-warmup-2", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t",
+                        "warmup_ratio=2"], 2, "warmup_ratio = 2"),
+    ("train-batch-0", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{out}/t",
+                       "--batch-size", "0"], 2, "batch_size = 0"),
+    ("pretrain-mask-ratio-negative", ["pretrain", "--data", "{docs}", "--model", "{tiny}", "--output", "{out}/p",
+                                      "encoder_mask_ratio=-0.1"], 2, "encoder_mask_ratio = -0.1"),
+    ("pretrain-lr-negative", ["pretrain", "--data", "{docs}", "--model", "{tiny}", "--output", "{out}/p",
+                              "--lr", "-1"], 2, "lr = -1.0"),
+    ("pretrain-mask-range", ["pretrain", "--mode", "gur", "--data", "{train}", "--model", "{tiny}", "--output",
+                             "{out}/p", "mask_ratio_range=[0.5,0.2]"], 2, "mask_ratio_range must be"),
+    ("run-nested-range", ["run", "{pipeline}", "--until", "mine", "mine.index.nprobe=0"], 2,
+     "mine.index.nprobe = 0"),
+    ("run-train-lr-nan", ["run", "{pipeline}", "train.lr=nan"], 2, "train.lr = nan"),
+    ("noise-bench-rate", ["noise-bench", "--data", "{data}", "--rates", "1.5", "--output", "{out}/nb"], 2,
+     "rates must be in [0, 1]"),
+    # --- 2. paths ----------------------------------------------------------------------------------------------
+    ("chunk-output-under-file", ["chunk", "--input", "{docs}", "--output", "{file}/c.jsonl"], 2, "fix the path"),
+    ("mine-output-under-file", ["mine", "--data", "{data}", "--output", "{file}/m.jsonl"], 2, "fix the path"),
+    ("eval-output-under-file", ["eval", "--model", "bm25", "--data", "{data}", "--output", "{file}/e"], 2,
+     "fix the path"),
+    ("encode-output-under-file", ["encode", "--model", "{tiny}", "--input", "{data}/queries.jsonl", "--queries",
+                                  "--output", "{file}/e"], 2, "fix the path"),
+    ("train-output-under-file", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output", "{file}/t",
+                                 "--max-steps", "1", "--batch-size", "2"], 2, "fix the path"),
+    ("pairs-input-missing", ["pairs", "--input", "{root}/nope.jsonl", "--output", "{out}/p.jsonl"], 2,
+     "file not found"),
+    ("filter-input-is-empty-folder", ["filter", "--method", "teacher", "--input", "{dir}", "--output",
+                                      "{out}/f.jsonl"], 2, "is a folder; a filter reads one"),
+    ("eval-data-is-file", ["eval", "--model", "bm25", "--data", "{file}"], 2, "{file}"),
+    ("run-config-is-folder", ["run", "{cfgdir}"], 2, "is a folder"),
+    ("train-config-latin1", ["train", "--config", "{latin1}"], 2, "not UTF-8"),
+    # --- 3. output = input -------------------------------------------------------------------------------------
+    ("mine-output-is-input", ["mine", "--input", "{train_copy}", "--output", "{train_copy}"], 2,
+     "is the input"),
+    ("mine-output-is-corpus", ["mine", "--input", "{train}", "--corpus", "{docs_copy}", "--output", "{docs_copy}"], 2,
+     "is the input"),
+    ("mine-output-in-beir-corpus", ["mine", "--data", "{data_copy}", "--output", "{data_copy}/corpus.jsonl"], 2,
+     "is read from"),
+    ("chunk-output-is-input", ["chunk", "--input", "{docs_copy}", "--output", "{docs_copy}"], 2, "is the input"),
+    ("pairs-output-is-input", ["pairs", "--input", "{docs_copy}", "--output", "{docs_copy}"], 2, "is the input"),
+    ("filter-output-is-input", ["filter", "--method", "teacher", "--input", "{train_copy}", "--output",
+                                "{train_copy}"], 2, "is the input"),
+    ("encode-output-is-input", ["encode", "--model", "{tiny}", "--input", "{out}/q.npy", "--output", "{out}/q"], 2,
+     "is the input"),
+    # --- 4. a folder that is not a model -----------------------------------------------------------------------
+    ("eval-model-data-folder", ["eval", "--model", "{data}", "--data", "{data}"], 2, "holds no model"),
+    ("encode-model-empty", ["encode", "--model", "{dir}", "--input", "{data}/corpus.jsonl", "--output", "{out}/e"],
+     2, "holds no model"),
+    ("mine-model-data-folder", ["mine", "--data", "{data}", "--method", "dense", "--model", "{data}", "--output",
+                                "{out}/m.jsonl"], 2, "holds no model"),
+    ("filter-teacher-not-model", ["filter", "--method", "teacher", "--input", "{train}", "--output", "{out}/f.jsonl",
+                                  "--model", "{data}"], 2, "holds no model"),
+    ("train-model-data-folder", ["train", "--train-data", "{train}", "--model", "{data}", "--output", "{out}/t"], 2,
+     "holds no model"),
+    ("pretrain-model-data-folder", ["pretrain", "--data", "{docs}", "--model", "{data}", "--output", "{out}/p"], 2,
+     "holds no model"),
+    ("train-model-typo-not-hub", ["train", "--train-data", "{train}", "--model", "{root}/no-such/model", "--output",
+                                  "{out}/t"], 2, "not tried as a Hugging Face hub id"),
+    ("eval-model-relative-typo", ["eval", "--model", "runs/no-such-model", "--data", "{data}"], 2, "does not exist"),
+    # --- 5. records --------------------------------------------------------------------------------------------
+    ("train-nan-score", ["train", "--train-data", "{nan}", "--model", "{tiny}", "--output", "{out}/t"], 2,
+     "not a finite number"),
+    ("filter-nan-score", ["filter", "--method", "teacher", "--input", "{nan}", "--output", "{out}/f.jsonl",
+                          "--model", "{tiny}"], 2, "not a finite number"),
+]
+
+
+def _materialise(argv: list[str], env: dict[str, str], out: Path) -> list[str]:
+    values = dict(env, out=str(out))
+    if any("_copy}" in a for a in argv):  # cases that try to overwrite an input get a private copy of it
+        import shutil
+
+        values["train_copy"] = shutil.copy(env["train"], out / "train.jsonl")
+        values["docs_copy"] = shutil.copy(env["docs"], out / "docs.jsonl")
+        values["data_copy"] = shutil.copytree(env["data"], out / "beir")
+    if any("{out}/q.npy" in a for a in argv):
+        (out / "q.npy").write_bytes(b"not really")
+    return [a.format(**values) for a in argv]
+
+
+@pytest.mark.parametrize("argv, code, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_clear_error(argv, code, message, env, tmp_path, capsys):
+    argv = _materialise(argv, env, tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert run_cli(argv) == code
+    err = capsys.readouterr().err
+    assert message.format(**env) in err, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()[-1]) > 20  # one line that says something
+    for path, content in before.items():  # no input was touched
+        assert path.read_bytes() == content, f"{path} was modified"
+
+
+def test_every_stage_has_a_case():
+    stages = {c[1][0] for c in CASES}
+    expected = {"chunk", "pairs", "mine", "filter", "eval", "encode", "rerank-eval", "merge", "train", "pretrain",
+                "run", "noise-bench"}
+    assert expected <= stages, expected - stages  # generate: tests/test_llm_failures.py (needs an endpoint)
+
+
+# --- 6. valid input that must be accepted -----------------------------------------------------------------------
+
+def test_byte_order_mark_and_crlf_are_accepted(tmp_path, capsys):
+    data = _beir(tmp_path / "beir-bom", bom=True, crlf=True)
+    assert run_cli(["eval", "--model", "bm25", "--data", str(data), "--output", str(tmp_path / "e")]) == 0
+    metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert metrics["ndcg@10"] > 0.5  # every query found its document: the ids were read without the BOM
+    train = tmp_path / "bom.jsonl"
+    train.write_text("\ufeff" + "".join(json.dumps(r) + "\r\n" for r in _train_rows()), encoding="utf-8")
+    out = tmp_path / "mined.jsonl"
+    assert run_cli(["mine", "--input", str(train), "--output", str(out), "--num-negatives", "2"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 8 and rows[0]["query"].startswith("does aspirin")
+    config = tmp_path / "bom.yaml"
+    config.write_text("\ufefftop_k: 5\n", encoding="utf-8")
+    from robustir.config import load_config
+    from robustir.evaluation.retrieval import EvalConfig
+
+    assert load_config(EvalConfig, config).top_k == 5
+
+
+def test_defaults_above_a_small_model_are_capped_not_refused(tiny_model_dir):
+    from robustir.models.encoder import Encoder
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)  # 128 positions; the default passage length is 256
+    assert encoder.config.passage_max_length == 128
+
+
+def test_unknown_record_fields_are_warned_once_per_file(tmp_path, caplog):
+    from robustir.data.training_data import load_training_data
+
+    path = tmp_path / "typo.jsonl"
+    path.write_text("".join(json.dumps({"query": f"q{i}", "pos": ["p"], "negs": ["n"], "query_id": i}) + "\n"
+                            for i in range(3)), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="robustir.data.training_data"):
+        examples, _ = load_training_data(path)
+    warnings = [r.getMessage() for r in caplog.records if "not training fields" in r.getMessage()]
+    assert len(warnings) == 1 and "'negs' (did you mean 'neg'?)" in warnings[0] and "query_id" not in warnings[0]
+    assert examples[0].neg == []
+
+
+# --- 2 (unit). OS errors about a path, and a genuine bug -------------------------------------------------------
+
+def test_os_errors_about_paths_become_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    assert "Permission denied" in path_error(PermissionError(errno.EACCES, "Permission denied", "/x/out.jsonl"))
+    assert "read-only" in path_error(OSError(errno.EROFS, "Read-only file system", "/x"))
+    assert path_error(OSError(errno.EACCES, "no file name")) is None  # not about a path the user gave
+    import robustir.cli.evaluate as stage
+
+    def bug(args):
+        raise OSError(errno.EBADF, "Bad file descriptor")  # no file name: a bug, shown with its traceback
+
+    monkeypatch.setattr(stage, "run", bug)
+    with pytest.raises(OSError):
+        main(["eval", "--model", "bm25"])
+
+    def denied(args):
+        raise PermissionError(errno.EACCES, "Permission denied", "/readonly/metrics.json")
+
+    monkeypatch.setattr(stage, "run", denied)
+    assert main(["eval", "--model", "bm25"]) == 2
+    assert "/readonly/metrics.json: Permission denied; check its permissions" in capsys.readouterr().err
+    monkeypatch.setenv("ROBUSTIR_DEBUG", "1")
+    with pytest.raises(PermissionError):
+        main(["eval", "--model", "bm25"])
+
+
+# --- 3 (encode). two outputs never share a file -----------------------------------------------------------------
+
+def test_encode_outputs_with_different_suffixes_are_different_files(env, tmp_path):
+    prefix = tmp_path / "emb"
+    assert run_cli(["encode", "--model", env["tiny"], "--input", env["data"] + "/corpus.jsonl",
+                    "--output", f"{prefix}.corpus"]) == 0
+    assert run_cli(["encode", "--model", env["tiny"], "--input", env["data"] + "/queries.jsonl", "--queries",
+                    "--output", f"{prefix}.queries"]) == 0
+    import numpy as np
+
+    assert np.load(f"{prefix}.corpus.npy").shape[0] == len(DOCS)
+    assert np.load(f"{prefix}.queries.npy").shape[0] == len(QUERIES)
+
+
+# --- 10 (umask). files are written with the process umask, like any other file ----------------------------------
+
+def test_atomic_write_respects_the_umask(tmp_path):
+    from robustir.io import write_json
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "a.json", {"x": 1})
+        os.umask(0o077)
+        write_json(tmp_path / "b.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600
+
+
+# --- 1 (API). the Python API gets the same checks as the CLI -----------------------------------------------------
+
+def test_configs_check_ranges_when_built_in_python():
+    from robustir.errors import ConfigError
+    from robustir.filtering.teacher import TeacherFilterConfig
+    from robustir.index.dense import DenseIndexConfig
+    from robustir.negatives.mining import MiningConfig
+    from robustir.training.arguments import TrainConfig
+
+    with pytest.raises(ConfigError, match="warmup_ratio = 2"):
+        TrainConfig(warmup_ratio=2)
+    with pytest.raises(ConfigError, match="relative_margin = 2"):
+        TeacherFilterConfig(relative_margin=2)
+    with pytest.raises(ConfigError, match="nprobe = 0"):
+        DenseIndexConfig(nprobe=0)
+    with pytest.raises(ConfigError, match="min_score"):
+        MiningConfig(min_score=2, max_score=1).validate()
+    assert TrainConfig(lr=1e-4).lr == 1e-4
