@@ -127,3 +127,19 @@ def test_pipeline_generated_queries_retromae_and_teacher_filter(tiny_model_dir, 
     assert done["outputs"]["pool"] == "corpus"
     assert (work / "filter" / "train.jsonl").exists() and (work / "pretrain" / "decoder_head").is_dir()
     assert set(result.metrics) == {"pretrained", "finetuned"}
+
+
+def test_example_config_runs_end_to_end_as_shipped_shrunk_to_a_tiny_model(tiny_model_dir, tmp_path):
+    """configs/pipeline-example.yaml as shipped (every stage it turns on), with sizes shrunk by overrides only."""
+    overrides = [f"work_dir={tmp_path / 'work'}", f"model={tiny_model_dir}", "max_documents=60",
+                 "queries.max_examples=40", "pretrain.max_steps=2", "pretrain.batch_size=4", "pretrain.max_length=32",
+                 "pretrain.pooling=cls", "train.max_steps=2", "train.batch_size=4", "train.query_max_length=16",
+                 "train.passage_max_length=32", "train.probe_size=8", "train.report=false",
+                 "eval.query_max_length=16", "eval.passage_max_length=32", "eval.batch_size=256"]
+    config = load_pipeline_config(REPO / "configs" / "pipeline-example.yaml", overrides)
+    result = run_pipeline(config)
+    assert result.stages == {"corpus": "ran", "chunk": "off", "queries": "ran", "pretrain": "ran", "mine": "ran",
+                             "filter": "off", "train": "ran", "eval": "ran"}
+    assert set(result.metrics) == {"base", "pretrained", "finetuned"}
+    mined = [json.loads(x) for x in (tmp_path / "work" / "mine" / "train.jsonl").read_text().splitlines()]
+    assert 0 < len(mined) <= 40 and all(len(r["neg"]) <= 7 for r in mined)

