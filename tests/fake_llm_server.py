@@ -192,3 +192,23 @@ class FakeLLMServer:
                               "total_tokens": words + len(str(content).split())}}))
 
         return Handler
+
+
+# ------------------------------------------------------------------------ fixture files of the LLM-stage tests
+
+def write_passages(path, n: int, *, chinese: int = 0, text: str = "Passage number {i} talks about topic {i} in some "
+                   "detail.", title: str = "Title {i}"):
+    """``n`` English passages (``p0``..) and ``chinese`` Chinese ones (``zh0``..) as a generation input JSONL."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(n):
+            handle.write(json.dumps({"_id": f"p{i}", "title": title.format(i=i), "text": text.format(i=i)}) + "\n")
+        for i in range(chinese):
+            handle.write(json.dumps({"_id": f"zh{i}", "title": "", "text": f"这是第{i}段中文文本，介绍北京的历史。"},
+                                    ensure_ascii=False) + "\n")
+    return path
+
+
+def read_lines(path) -> list[dict]:
+    from pathlib import Path
+
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

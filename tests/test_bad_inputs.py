@@ -356,3 +356,23 @@ def test_configs_check_ranges_when_built_in_python():
     with pytest.raises(ConfigError, match="min_score"):
         MiningConfig(min_score=2, max_score=1).validate()
     assert TrainConfig(lr=1e-4).lr == 1e-4
+
+
+# --- 10 (secrets). an API key given in a config never lands in any file a stage writes ---------------------------
+
+def test_api_key_never_written_to_disk(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_llm_server import FakeLLMServer, write_passages
+
+    secret = "sk-test-SECRET-123456"
+    passages = write_passages(tmp_path / "passages.jsonl", 3)
+    out = tmp_path / "gen" / "queries.jsonl"
+    with FakeLLMServer(api_key=secret) as server:
+        assert run_cli(["generate", "--input", str(passages), "--output", str(out), "--base-url", server.url,
+                        "--model", "fake-model", "--no-progress", f"llm.api_key={secret}"]) == 0
+    assert out.exists()
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path != passages:
+            assert secret.encode() not in path.read_bytes(), f"{path} holds the API key"

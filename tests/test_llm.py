@@ -23,7 +23,7 @@ from robustir.llm import LLMCache, LLMClient, LLMConfig, RateLimiter, strip_reas
 from robustir.filtering.llm_judge import judge_negatives, parse_yes_no
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_llm_server import FakeLLMServer, last_user  # noqa: E402
+from fake_llm_server import FakeLLMServer, read_lines, write_passages, last_user  # noqa: E402
 
 
 def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
@@ -32,21 +32,6 @@ def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
     sleep = overrides.pop("sleep", None)
     settings.update(overrides)
     return LLMClient(LLMConfig(**settings), cache=LLMCache(cache_path) if cache_path else None, sleep=sleep)
-
-
-def write_passages(path: Path, n: int, *, chinese: int = 0) -> Path:
-    with open(path, "w", encoding="utf-8") as handle:
-        for i in range(n):
-            text = f"Passage number {i} talks about topic {i} in some detail."
-            handle.write(json.dumps({"_id": f"p{i}", "title": f"Title {i}", "text": text}) + "\n")
-        for i in range(chinese):
-            handle.write(json.dumps({"_id": f"zh{i}", "title": "", "text": f"这是第{i}段中文文本，介绍北京的历史。"},
-                                    ensure_ascii=False) + "\n")
-    return path
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def passage_of(prompt: str) -> str:

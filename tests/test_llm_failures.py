@@ -22,7 +22,7 @@ from robustir.queries.generate import (DEFAULT_TEMPLATE_EN, DEFAULT_TEMPLATE_ZH,
                                       generate_queries, render_template, select_queries)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_llm_server import FakeLLMServer, last_user  # noqa: E402
+from fake_llm_server import FakeLLMServer, read_lines, write_passages as _write_passages, last_user  # noqa: E402
 
 REFUSAL = "Sorry, I cannot help with that."
 
@@ -39,18 +39,7 @@ def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
 
 
 def write_passages(path: Path, n: int, *, chinese: int = 0) -> Path:
-    with open(path, "w", encoding="utf-8") as handle:
-        for i in range(n):
-            handle.write(json.dumps({"_id": f"p{i}", "title": "", "text": f"Passage number {i} is about topic {i}."})
-                         + "\n")
-        for i in range(chinese):
-            handle.write(json.dumps({"_id": f"zh{i}", "title": "", "text": f"这是第{i}段中文文本，介绍北京的历史。"},
-                                    ensure_ascii=False) + "\n")
-    return path
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return _write_passages(path, n, chinese=chinese, text="Passage number {i} is about topic {i}.", title="")
 
 
 def number_of(prompt: str) -> str:
