@@ -9,9 +9,11 @@ unsafe loads (10) are in tests/test_resume_safety.py; LLM replies and failures (
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,9 +76,29 @@ def env(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     pipeline.write_text(f"corpus: {data}\nwork_dir: {root / 'pipeline'}\nqueries: {{source: beir}}\n", encoding="utf-8")
     latin1 = root / "latin1.yaml"
     latin1.write_bytes("lr: 2e-5 # \xe9t\xe9\n".encode("latin-1"))
+    # the second campaign (bench/hostile_campaign.py)
+    not_gzip = root / "plain.jsonl.gz"
+    not_gzip.write_bytes(train.read_bytes())
+    cut_gzip = root / "cut.jsonl.gz"
+    cut_gzip.write_bytes(gzip.compress(train.read_bytes() * 20)[:80])
+    half = _beir(root / "beir-half")
+    (half / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t0.5\nq2\td2\t1\n", encoding="utf-8")
+    empty = root / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    dup = root / "dup.yaml"
+    dup.write_text("lr: 1e-5\nbatch_size: 4\nlr: 1e-3\n", encoding="utf-8")
+    template = root / "latin1-template.txt"
+    template.write_bytes("Write {n} questions about {text} (caf\xe9).\n".encode("latin-1"))
+    damaged = {}
+    for name, broken, content in (("badconfig", "config.json", b"{not json"), ("badweights", "model.safetensors", b"\0" * 64)):
+        folder = root / f"model-{name}"
+        shutil.copytree(tiny_model_dir, folder)
+        (folder / broken).write_bytes(content)
+        damaged[name] = str(folder)
     return {"data": str(data), "train": str(train), "docs": str(docs), "nan": str(nan), "small": str(small),
             "file": str(plain), "dir": str(empty_dir), "cfgdir": str(config_dir), "latin1": str(latin1), "pipeline": str(pipeline),
-            "tiny": tiny_model_dir, "root": str(root)}
+            "tiny": tiny_model_dir, "root": str(root), "not_gzip": str(not_gzip), "cut_gzip": str(cut_gzip),
+            "half": str(half), "empty": str(empty), "dup": str(dup), "latin1_template": str(template), **damaged}
 
 
 def run_cli(argv: list[str]) -> int:
@@ -205,17 +227,70 @@ CASES = [
      "not a finite number"),
     ("filter-nan-score", ["filter", "--method", "teacher", "--input", "{nan}", "--output", "{out}/f.jsonl",
                           "--model", "{tiny}"], 2, "not a finite number"),
+    # === the second campaign (bench/hostile_campaign.py) ========================================================
+    # 1. numbers: lengths above the model where the first round did not look
+    ("pretrain-max-length-above-model", ["pretrain", "--data", "{docs}", "--model", "{tiny}", "--output", "{out}/p",
+                                         "--max-length", "1000", "--max-steps", "1"], 2, "use at most 128"),
+    ("train-passage-length-above-model", ["train", "--train-data", "{train}", "--model", "{tiny}", "--output",
+                                          "{out}/t", "--no-mine", "train_passage_max_length=1000"], 2,
+     "use at most 128"),
+    # 2. paths: an output that cannot be the file a stage writes
+    ("chunk-output-is-folder", ["chunk", "--input", "{docs}", "--output", "{dir}"], 2, "is a folder"),
+    ("mine-output-is-folder", ["mine", "--data", "{data}", "--output", "{dir}"], 2, "is a folder"),
+    ("mine-output-empty", ["mine", "--data", "{data}", "--output", ""], 2, "names no file"),
+    ("mine-output-gz", ["mine", "--input", "{train}", "--output", "{out}/m.jsonl.gz"], 2, "written uncompressed"),
+    ("encode-output-is-folder", ["encode", "--model", "{tiny}", "--input", "{data}/corpus.jsonl", "--output",
+                                 "{dir}"], 2, "not a folder"),
+    ("train-override-output-empty", ["train", "--train-data", "{train}", "--model", "{tiny}", "output="], 2,
+     "output is empty"),
+    ("generate-template-latin1", ["generate", "--input", "{docs}", "--output", "{out}/g.jsonl", "--model", "m",
+                                  "--base-url", "http://127.0.0.1:9/v1", "--prompt-template", "{latin1_template}"], 2,
+     "is not UTF-8"),
+    # 3. output = input: a run folder over what the run reads
+    ("train-output-is-model", ["train", "--train-data", "{train}", "--model", "{tiny_copy}", "--output",
+                               "{tiny_copy}"], 2, "is the model folder"),
+    ("train-output-inside-model", ["train", "--train-data", "{train}", "--model", "{tiny_copy}", "--output",
+                                   "{tiny_copy}/run"], 2, "is inside the model folder"),
+    ("train-output-is-training-data", ["train", "--train-data", "{data_copy}", "--model", "{tiny}", "--output",
+                                       "{data_copy}"], 2, "is the training data"),
+    ("pretrain-output-is-model", ["pretrain", "--data", "{docs}", "--model", "{tiny_copy}", "--output",
+                                  "{tiny_copy}"], 2, "is the model folder"),
+    # 4. a model folder whose files are damaged; an empty --model
+    ("eval-model-damaged-config", ["eval", "--model", "{badconfig}", "--data", "{data}"], 2, "is not a valid JSON file"),
+    ("eval-model-damaged-weights", ["eval", "--model", "{badweights}", "--data", "{data}"], 2, "cannot be loaded"),
+    ("pretrain-model-damaged-weights", ["pretrain", "--data", "{docs}", "--model", "{badweights}", "--output",
+                                        "{out}/p"], 2, "cannot be loaded"),
+    ("eval-model-empty", ["eval", "--model", "", "--data", "{data}"], 2, "--model is empty"),
+    ("train-model-empty", ["train", "--train-data", "{train}", "--model", "", "--output", "{out}/t"], 2,
+     "model is empty"),
+    # 5. records: .gz that is not gzip, qrels grades that are not integers, an empty file to filter
+    ("train-not-gzip", ["train", "--train-data", "{not_gzip}", "--model", "{tiny}", "--output", "{out}/t"], 2,
+     "is not gzip-compressed"),
+    ("mine-cut-gzip", ["mine", "--input", "{cut_gzip}", "--output", "{out}/m.jsonl"], 2, "is a damaged gzip file"),
+    ("eval-qrels-fraction", ["eval", "--model", "bm25", "--data", "{half}"], 2, "score '0.5' is not an integer"),
+    ("generate-empty-input", ["generate", "--input", "{empty}", "--output", "{out}/g.jsonl", "--model", "m",
+                              "--base-url", "http://127.0.0.1:9/v1", "--no-preflight"], 2, "no passages"),
+    ("filter-llm-empty-input", ["filter", "--method", "llm", "--input", "{empty}", "--output", "{out}/j.jsonl",
+                                "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "preflight=false"], 2,
+     "no records"),
+    ("filter-teacher-empty-input", ["filter", "--method", "teacher", "--input", "{empty}", "--output",
+                                    "{out}/f.jsonl", "--model", "{tiny}"], 2, "no records"),
+    # 6. config files and flags: a key given twice, a section given a value, another method's flag
+    ("train-config-duplicate-key", ["train", "--config", "{dup}"], 2, "option 'lr' is given twice (line 3)"),
+    ("run-section-is-a-value", ["run", "{pipeline}", "--until", "corpus", "train=5"], 2,
+     "config.train: is a section of options"),
+    ("filter-flag-of-another-method", ["filter", "--method", "teacher", "--input", "{train}", "--output",
+                                       "{out}/f.jsonl", "--beta", "0.5"], 2, "--method teacher does not use --beta"),
 ]
 
 
 def _materialise(argv: list[str], env: dict[str, str], out: Path) -> list[str]:
     values = dict(env, out=str(out))
     if any("_copy}" in a for a in argv):  # cases that try to overwrite an input get a private copy of it
-        import shutil
-
         values["train_copy"] = shutil.copy(env["train"], out / "train.jsonl")
         values["docs_copy"] = shutil.copy(env["docs"], out / "docs.jsonl")
         values["data_copy"] = shutil.copytree(env["data"], out / "beir")
+        values["tiny_copy"] = shutil.copytree(env["tiny"], out / "tiny")
     if any("{out}/q.npy" in a for a in argv):
         (out / "q.npy").write_bytes(b"not really")
     return [a.format(**values) for a in argv]
@@ -376,3 +451,64 @@ def test_api_key_never_written_to_disk(tmp_path):
     for path in tmp_path.rglob("*"):
         if path.is_file() and path != passages:
             assert secret.encode() not in path.read_bytes(), f"{path} holds the API key"
+
+
+# --- the second campaign (bench/hostile_campaign.py): stale outputs of the data stages, inputs in stage folders ---
+
+def test_data_stage_output_made_with_other_settings_or_inputs_is_refused(env, tmp_path, capsys):
+    out = tmp_path / "mined.jsonl"
+    mine = ["mine", "--input", env["train"], "--output", str(out), "--num-negatives", "2"]
+    assert run_cli(mine) == 0
+    first = out.read_bytes()
+    capsys.readouterr()
+    assert run_cli(mine + ["--query-batch-size", "3"]) == 0  # operational: the output stands
+    assert "is complete; nothing to do" in capsys.readouterr().out
+    assert run_cli(mine[:-1] + ["3"]) == 2  # another setting: refused, not reused
+    err = capsys.readouterr().err
+    assert "is complete with other settings or inputs than this run: num_negatives: 2 -> 3" in err and "--overwrite" in err
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in _train_rows(6)), encoding="utf-8")
+    assert run_cli(["mine", "--input", str(other), "--output", str(out), "--num-negatives", "2"]) == 2
+    assert "input input (" in capsys.readouterr().err  # another input file: refused too
+    assert out.read_bytes() == first
+    out.rename(out.with_name(out.name + ".partial"))  # an unfinished run is not resumed with other settings either
+    assert run_cli(mine[:-1] + ["3"]) == 2
+    assert "was started (a .partial file) with other settings" in capsys.readouterr().err
+    assert run_cli(mine[:-1] + ["3", "--overwrite"]) == 0
+    assert all(len(json.loads(line)["neg"]) == 3 for line in out.read_text().splitlines())
+
+
+def test_runner_refuses_inputs_inside_its_stage_folders(env, tmp_path, capsys):
+    work = tmp_path / "work"
+    corpus = work / "corpus" / "corpus.jsonl"  # the corpus stage's own output
+    corpus.parent.mkdir(parents=True)
+    shutil.copy(env["docs"], corpus)
+    before = corpus.read_bytes()
+    assert run_cli(["run", env["pipeline"], "--until", "corpus", f"corpus={corpus}", f"work_dir={work}"]) == 2
+    assert "lies in the stage folder" in capsys.readouterr().err
+    assert corpus.read_bytes() == before
+
+
+def test_override_text_with_a_colon_is_text():
+    from robustir.config import load_config
+    from robustir.training.arguments import TrainConfig
+
+    bge = "Represent this sentence for searching relevant passages: "
+    config = load_config(TrainConfig, None, [f"query_instruction={bge}", "loss_options={temperature: 0.02}"])
+    assert config.query_instruction == bge and config.loss_options == {"temperature": 0.02}
+
+
+def test_pretrain_default_length_is_capped_at_the_model_for_long_texts(tiny_model_dir, tmp_path):
+    data = tmp_path / "long.txt"
+    data.write_text(" ".join(f"word{i} is here." for i in range(400)) + "\n", encoding="utf-8")  # > 128 tokens
+    code = run_cli(["pretrain", "--data", str(data), "--model", tiny_model_dir, "--output", str(tmp_path / "p"),
+                    "--max-steps", "1", "--batch-size", "1", "report=false"])
+    assert code == 0 and (tmp_path / "p" / "model" / "config.json").exists()  # 512 (retromae default) -> 128
+
+
+def test_damaged_progress_file_redoes_the_documents(env, tmp_path):
+    out = tmp_path / "c.jsonl"
+    (tmp_path / "c.jsonl.partial").write_text(json.dumps({"_id": "d1-0", "doc_id": "d1", "text": "stale"}) + "\n")
+    (tmp_path / "c.jsonl.done").write_text("d1\n")  # not JSON: damaged
+    assert run_cli(["chunk", "--input", env["docs"], "--output", str(out)]) == 0
+    assert "stale" not in out.read_text() and len(out.read_text().splitlines()) == len(DOCS)

@@ -244,5 +244,7 @@ def test_cli_chunk(tmp_path: Path, capsys) -> None:
     assert main(["chunk", "--input", str(corpus), "--output", str(out), "--max-tokens", "10"]) == 0
     assert "passages" in capsys.readouterr().out
     assert out.exists()
-    assert main(["chunk", "--input", str(corpus), "--output", str(out)]) == 0  # complete: no-op
+    assert main(["chunk", "--input", str(corpus), "--output", str(out), "--max-tokens", "10"]) == 0  # complete: no-op
     assert "nothing to do" in capsys.readouterr().out
+    assert main(["chunk", "--input", str(corpus), "--output", str(out)]) == 2  # other settings: not reused
+    assert "max_tokens: 10 -> 256" in capsys.readouterr().err

@@ -298,3 +298,87 @@ def test_gur_local_negatives_would_differ(tiny_model_dir: str) -> None:
         local = sum(float(loss(ContrastiveBatch.from_groups(va[r * n:(r + 1) * n], vb[r * n:(r + 1) * n])).loss)
                     for r in range(WORLD)) / WORLD
     assert abs(global_loss - local) > 1e-3
+
+
+# ---------------------------------------------------------------------------------- memory-bounded losses
+
+BLOCKED_LOSSES = {"infonce": {}, "infonce_symmetric": {"symmetric": True}, "peg": {}, "ccr": {},
+                  "ccr_authors_code": {"variant": "authors_code", "temperature": 1.0, "beta": 0.1}}
+# (label, chunk_size, wrap the model in DistributedDataParallel, backward inside step)
+BLOCKED_MODES = (("plain", None, False, True), ("cached_ddp_deferred", 4, True, False))
+BLOCK_SIZES = (None, 1, 2)  # None: whole local batch; 2 does not divide B_PER_RANK = 3
+
+
+def blocked_loss(name: str):
+    return get_loss(name.split("_")[0], **BLOCKED_LOSSES[name])
+
+
+def _blocked_worker(rank: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        results: dict[str, object] = {}
+        queries, passages, ids = shard(rank)
+        for name in BLOCKED_LOSSES:
+            for label, chunk_size, use_ddp, backward in BLOCKED_MODES:
+                for block_rows in BLOCK_SIZES:
+                    model = make_model()
+                    loss = blocked_loss(name)
+                    engine = BatchEngine(loss, chunk_size=chunk_size, block_rows=block_rows)
+                    if use_ddp:
+                        out = engine.step(nn.parallel.DistributedDataParallel(model), queries, passages, K,
+                                          passage_ids=ids, backward=backward)
+                        if not backward:
+                            out.loss.backward()
+                    else:
+                        out = engine.step(model, queries, passages, K, passage_ids=ids)
+                        for p in model.parameters():
+                            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                            p.grad /= WORLD
+                    value = out.loss.detach().clone().double()
+                    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+                    results[f"{name}/{label}/{block_rows}"] = {
+                        "loss": value / WORLD,
+                        "components": dict(out.components),
+                        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                        "t": loss.t.clone() if name == "peg" else None,
+                    }
+        torch.save(results, os.path.join(out_dir, f"blocked-rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def blocked_rank_results(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("dist-blocked")
+    mp.spawn(_blocked_worker, args=(str(tmp / "init"), str(tmp)), nprocs=WORLD, join=True)
+    return [torch.load(tmp / f"blocked-rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("mode", [m[0] for m in BLOCKED_MODES])
+@pytest.mark.parametrize("name", list(BLOCKED_LOSSES))
+def test_blocked_losses_with_the_gather_match_unblocked_and_one_process(
+        blocked_rank_results: list[dict], name: str, mode: str) -> None:
+    """Blocks of local rows against the gathered columns (duplicate mask across ranks included): the same loss,
+    gradients, logged statistics and PEG state as the whole local batch, and as one process on the global batch."""
+    queries, passages, ids = global_batch()
+    reference_model, reference_loss = make_model(), blocked_loss(name)
+    reference = BatchEngine(reference_loss).step(reference_model, queries, passages, K, passage_ids=ids)
+    ref_grads = {n: p.grad for n, p in reference_model.named_parameters()}
+    for result in blocked_rank_results:
+        whole = result[f"{name}/{mode}/None"]
+        for block_rows in BLOCK_SIZES[1:]:
+            got = result[f"{name}/{mode}/{block_rows}"]
+            assert torch.allclose(got["loss"], whole["loss"], atol=1e-6, rtol=1e-6)
+            assert torch.allclose(got["loss"], reference.loss.double(), atol=1e-5)
+            for grad_name, grad in whole["grads"].items():
+                scale = float(grad.abs().max())
+                assert torch.allclose(got["grads"][grad_name], grad, atol=1e-6 * scale, rtol=0), grad_name
+                scale = float(ref_grads[grad_name].abs().max())
+                assert torch.allclose(got["grads"][grad_name], ref_grads[grad_name], atol=1e-5 * scale, rtol=0)
+            assert got["components"].keys() == whole["components"].keys()
+            for key, value in whole["components"].items():
+                assert got["components"][key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+            if name == "peg":
+                assert torch.equal(got["t"], whole["t"]) and float(got["t"]) != 0.0
+                assert torch.allclose(got["t"], reference_loss.t, atol=1e-6)

@@ -115,8 +115,12 @@ def test_teacher_filter_with_embedding_model_and_cli(tmp_path, minilm_path, caps
     assert "1 removed" in capsys.readouterr().out
     out = read(tmp_path / "o.jsonl")[0]
     assert out["neg"] == ["The Eiffel Tower is in Paris.", "Bananas are rich in potassium."]
-    assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(tmp_path / "o.jsonl")]) == 0
+    assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(tmp_path / "o.jsonl"),
+                 "--model", minilm_path, "--max-length", "64", "--batch-size", "8"]) == 0  # batch size: operational
     assert "nothing to do" in capsys.readouterr().out
+    assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(tmp_path / "o.jsonl"),
+                 "--model", minilm_path]) == 2  # another max_length: the output is not reused
+    assert "max_length: 64 -> null" in capsys.readouterr().err
     assert main(["filter", "--method", "teacher", "--input", str(source), "--output", str(source)]) == 2
 
 

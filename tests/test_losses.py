@@ -437,3 +437,191 @@ def test_gradient_step_raises_positive_similarity(make_loss):
         loss_fn(ContrastiveBatch.from_groups(q, p, n)).loss.backward()
         optimizer.step()
     assert pos_sim() > before
+
+
+# --- memory-bounded (blocked) evaluation: same values, gradients, statistics and PEG state ---------------
+
+from dataclasses import replace  # noqa: E402
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+from robustir.losses.base import AUTO_BLOCK_SCORES, RowMask, resolve_block_rows  # noqa: E402
+
+BLOCK_B, BLOCK_K, BLOCK_D = 10, 2, 8
+BLOCK_LOSSES = {
+    "infonce": lambda: InfoNCELoss(),
+    "infonce_own_group": lambda: InfoNCELoss(in_batch_negatives=False),
+    "infonce_symmetric": lambda: InfoNCELoss(symmetric=True, temperature=0.1),
+    "infonce_symmetric_dot": lambda: InfoNCELoss(symmetric=True, similarity="dot", temperature=0.5),
+    "peg": lambda: PEGLoss(temperature=0.1, beta=0.1),
+    "peg_grad_scale_own_group": lambda: PEGLoss(detach_negative_scale=False, in_batch_negatives=False),
+    "ccr_paper": lambda: CCRLoss(beta=0.1),
+    "ccr_authors_code": lambda: CCRLoss(temperature=1.0, beta=0.1, variant="authors_code"),
+}
+
+
+def blocked_inputs(seed: int = 0, b: int = BLOCK_B, k: int = BLOCK_K, d: int = BLOCK_D):
+    """Queries, positives near their query, hard negatives a bit further: PEG then scales some negatives."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, d, generator=g)
+    p = q + 0.8 * torch.randn(b, d, generator=g)
+    n = q.unsqueeze(1) + 1.0 * torch.randn(b, k, d, generator=g)
+    return q, p, n
+
+
+def make_blocked_batch(q, p, n, mask: str | None = None, block_rows=None, all_queries_extra: int = 0):
+    q, p, n = (x.detach().clone().requires_grad_() for x in (q, p, n))
+    batch = ContrastiveBatch.from_groups(q, p, n)
+    leaves = [q, p, n]
+    if mask is not None:
+        b, cols = q.shape[0], batch.passages.shape[0]
+        keep = torch.rand(b, cols, generator=torch.Generator().manual_seed(5)) > 0.25
+        batch.candidate_mask = keep if mask == "tensor" else RowMask((b, cols), lambda s, e: keep[s:e])
+    if all_queries_extra:  # this process's queries sit inside a larger global batch (offset > 0)
+        other = torch.randn(all_queries_extra, q.shape[1], generator=torch.Generator().manual_seed(9))
+        other.requires_grad_()
+        batch.all_queries = torch.cat([other[:2], q, other[2:]])
+        batch.query_offset = 2
+        leaves.append(other)
+    return replace(batch, block_rows=block_rows), leaves
+
+
+def run_blocked(name: str, block_rows, mask=None, t0: float = 0.3, training: bool = True, all_queries_extra=0):
+    loss_fn = BLOCK_LOSSES[name]()
+    loss_fn.train(training)
+    if isinstance(loss_fn, PEGLoss):
+        loss_fn.set_t(t0)
+    batch, leaves = make_blocked_batch(*blocked_inputs(), mask=mask, block_rows=block_rows,
+                                       all_queries_extra=all_queries_extra)
+    out = loss_fn(batch)
+    grads = torch.autograd.grad(out.loss, leaves, allow_unused=True)
+    return out, [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)], loss_fn
+
+
+def assert_blocked_equal(name: str, block_rows, **kw) -> None:
+    ref, ref_grads, ref_fn = run_blocked(name, None, **kw)
+    got, got_grads, got_fn = run_blocked(name, block_rows, **kw)
+    torch.testing.assert_close(got.loss, ref.loss, atol=1e-6, rtol=1e-6)
+    for g, r in zip(got_grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5)
+    assert got.components.keys() == ref.components.keys()
+    for key, value in ref.components.items():
+        assert got.components[key] == pytest.approx(value, rel=1e-6, abs=1e-6, nan_ok=True), key
+    if isinstance(ref_fn, PEGLoss):
+        assert torch.equal(got_fn.t, ref_fn.t)  # the momentum state ends identical, bit for bit
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 4, BLOCK_B, 64])  # 3 and 4 do not divide 10 rows
+@pytest.mark.parametrize("name", list(BLOCK_LOSSES))
+def test_blocked_loss_equals_whole_batch(name: str, block_rows: int) -> None:
+    assert_blocked_equal(name, block_rows)
+
+
+@pytest.mark.parametrize("mask", ["tensor", "row_mask"])
+@pytest.mark.parametrize("block_rows", [1, 3])
+@pytest.mark.parametrize("name", list(BLOCK_LOSSES))
+def test_blocked_loss_equals_whole_batch_with_candidate_mask(name: str, block_rows: int, mask: str) -> None:
+    assert_blocked_equal(name, block_rows, mask=mask)
+
+
+@pytest.mark.parametrize("name", ["infonce_symmetric", "infonce_symmetric_dot"])
+def test_blocked_symmetric_infonce_with_global_queries_and_offset(name: str) -> None:
+    for block_rows in (1, 3):
+        assert_blocked_equal(name, block_rows, all_queries_extra=5)
+
+
+@pytest.mark.parametrize("name", ["peg", "peg_grad_scale_own_group"])
+def test_blocked_peg_eval_mode_and_statistics_exercised(name: str) -> None:
+    assert_blocked_equal(name, 3, training=False)
+    out, _, loss_fn = run_blocked(name, 3)
+    # both branches of eq. 4 and 5 are really exercised by the blocked batch
+    assert out.components["share_scaled_negatives"] > 0 and out.components["mean_w_q"] < 1
+    assert float(loss_fn.t) != 0.3  # t moved, once
+    _, _, eval_fn = run_blocked(name, 3, training=False)
+    assert float(eval_fn.t) == pytest.approx(0.3)
+
+
+def test_blocked_loss_without_grad_and_with_a_row_mask_is_the_tensor_masks_loss() -> None:
+    for name in BLOCK_LOSSES:
+        with torch.no_grad():
+            whole = BLOCK_LOSSES[name]()(make_blocked_batch(*blocked_inputs(), mask="tensor")[0])
+            blocked = BLOCK_LOSSES[name]()(make_blocked_batch(*blocked_inputs(), mask="row_mask", block_rows=2)[0])
+        assert float(blocked.loss) == pytest.approx(float(whole.loss), rel=1e-6, abs=1e-6), name
+
+
+def test_resolve_block_rows() -> None:
+    assert resolve_block_rows(10, 36, None) == 10  # small: whole batch
+    assert resolve_block_rows(10, 36, 3) == 3 and resolve_block_rows(10, 36, 64) == 10
+    big_columns = 98_304
+    rows = resolve_block_rows(16_384, big_columns, None)
+    assert rows == AUTO_BLOCK_SCORES // big_columns and rows * big_columns <= AUTO_BLOCK_SCORES
+    assert resolve_block_rows(4, 10 * AUTO_BLOCK_SCORES, None) == 1
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="block_rows"):
+            resolve_block_rows(10, 36, bad)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor (numel) any op produces, forward and backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel, self.shape = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() > self.numel:
+                self.numel, self.shape = t.numel(), tuple(t.shape)
+        return out
+
+
+@pytest.mark.parametrize("name", list(BLOCK_LOSSES))
+def test_blocked_loss_never_creates_a_rows_by_columns_tensor(name: str) -> None:
+    b, k, d, block = 12, 2, 4, 3
+    full = b * b * (1 + k)  # the (b, N) score matrix
+
+    def largest(block_rows, mask: str | None) -> LargestTensor:
+        batch, leaves = make_blocked_batch(*blocked_inputs(b=b, k=k, d=d), mask=mask, block_rows=block_rows)
+        loss_fn = BLOCK_LOSSES[name]()
+        with LargestTensor() as mode:
+            out = loss_fn(batch)
+            out.loss.backward()
+        assert all(x.grad is not None for x in leaves)
+        return mode
+
+    assert largest(None, "tensor").numel >= full  # the whole-batch computation does build it (instrument check)
+    for mask in (None, "row_mask"):
+        mode = largest(block, mask)
+        assert mode.numel < full, (mode.numel, mode.shape)
+        assert mode.numel <= max(block * b * (1 + k), b * (1 + k) * d), (mode.numel, mode.shape)
+
+
+@pytest.mark.parametrize("name", list(BLOCK_LOSSES))
+def test_blocked_loss_keeps_no_block_intermediates_for_backward(name: str) -> None:
+    """What autograd keeps between forward and backward: whole batch, several (b, N) tensors; blocked, only the
+    (b, d) / (N, d) embeddings and per-row vectors (checkpointing recomputes each block in the backward)."""
+    b, k, d = 24, 2, 4
+    n = b * (1 + k)
+
+    def saved_bytes(block_rows) -> int:
+        """Bytes of the distinct storages autograd saves for backward (a block's inputs are views of them)."""
+        batch, _ = make_blocked_batch(*blocked_inputs(b=b, k=k, d=d), mask="tensor", block_rows=block_rows)
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = BLOCK_LOSSES[name]()(batch)
+        out.loss.backward()
+        return sum(saved.values())
+
+    score_matrix = 4 * b * n  # bytes of one float32 (b, N) matrix
+    assert saved_bytes(None) > score_matrix  # whole batch: (b, N) logits, softmax, masks
+    blocked = saved_bytes(3)
+    assert blocked == saved_bytes(1) == saved_bytes(5)  # independent of the block size: nothing per block
+    assert blocked < score_matrix  # the embeddings (raw and normalised), their norms, the labels

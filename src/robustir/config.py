@@ -35,14 +35,51 @@ def read_config_file(path: str | Path) -> dict:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
                           "UTF-8") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys) if path.suffix == ".json" else \
+            yaml.load(text, Loader=_UniqueKeyLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot parse ({exc})") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: option {exc.key!r} is given twice{exc.where}; only one value can count: "
+                          "remove the other") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of option: value")
     return data
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, where: str = "") -> None:
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads`` hook: a key given twice in one object is an error (JSON keeps the last one silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise _DuplicateKey(key, f" (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
@@ -51,10 +88,14 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. lr=2e-5 or loss.beta=0.2")
         key, raw = item.split("=", 1)
+        if not key.strip():
+            raise ConfigError(f"override {item!r}: no key before '='; expected key=value, e.g. lr=2e-5")
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+            value = raw  # "Represent this query: " is text with a colon, not a YAML mapping ({a: 1} is one)
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -98,7 +139,9 @@ def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: is a section of options (a mapping such as {{key: value}}), got {value!r}")
         return from_dict(hint, value, where=where)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]

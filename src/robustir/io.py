@@ -60,13 +60,30 @@ def open_binary(path: str | Path):
     return open(path, "rb")
 
 
+def read_lines(handle: Any, path: str | Path) -> Iterator[bytes]:
+    """The lines of a file opened with :func:`open_binary`; a ``.gz`` file that is not gzip data, or is cut
+    short, is a :class:`DataError` (not a decompressor's traceback)."""
+    import gzip
+    import zlib
+
+    number = 0
+    try:
+        for number, raw in enumerate(handle, start=1):
+            yield raw
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        problem = "is not gzip-compressed" if isinstance(exc, gzip.BadGzipFile) else f"is a damaged gzip file ({exc})"
+        raise DataError(path, f"{problem} (after line {number})",
+                        fix="a .gz name must hold gzip data: re-compress it (gzip FILE), or drop the .gz from its name"
+                        if isinstance(exc, gzip.BadGzipFile) else "re-create or re-download the file") from None
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-empty line; bad JSON / UTF-8 raise :class:`DataError`."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
     with open_binary(path) as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(read_lines(handle, path), start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is allowed
             except UnicodeDecodeError as exc:

@@ -832,7 +832,11 @@ def load_template(path: str | Path, required: tuple[str, ...]) -> str:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"prompt template {path} not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"prompt template {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                          "UTF-8") from None
     missing = [name for name in required if "{" + name + "}" not in text]
     if missing:
         raise ConfigError(f"prompt template {path}: missing placeholder(s) "

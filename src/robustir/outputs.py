@@ -14,6 +14,8 @@ Every data stage (chunk, pairs, generate, mine, filter) writes one JSONL output 
 ``OUT.report.json``         the stage's report, written after the rename (stages that report)
 ``OUT.failed.jsonl``        items still to retry (query generation, LLM judge); a re-run retries them
 ``OUT.llm-cache.sqlite``    the LLM reply cache of LLM stages (kept by ``clear``: those replies are paid for)
+``OUT.settings.json``       the options and input digests the CLI stages (chunk, pairs, mine, filter teacher/sieve)
+                            made ``OUT`` with: a re-run with others is refused, not reused or resumed
 ==========================  =====================================================================================
 
 **Complete** means: ``OUT`` exists, neither ``.partial`` nor ``.done`` does, no ``.failed.jsonl`` (unless failures
@@ -28,18 +30,23 @@ reports into ``OUT.report.json`` (numbers summed where every shard has them, the
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError, DataError
 from .io import Shard, atomic_write, write_json
 
-__all__ = ["StageOutput", "MergeResult", "refuse_overwriting_inputs"]
+__all__ = ["StageOutput", "MergeResult", "check_output_file", "refuse_overwriting_inputs", "refuse_run_over_inputs",
+           "stage_settings"]
 
 PARTIAL, DONE, REPORT, FAILED, LLM_CACHE = ".partial", ".done", ".report.json", ".failed.jsonl", ".llm-cache.sqlite"
+SETTINGS = ".settings.json"
 _STATS = {"mean", "min", "max", "median", "p25", "p75"}  # per-shard statistics do not add up: kept per shard
 
 
@@ -71,6 +78,95 @@ def refuse_overwriting_inputs(output: str | Path, *inputs: str | Path | None, st
                               "re-run would read it as input. Write it outside that folder")
 
 
+def refuse_run_over_inputs(output: str | Path, *, models: dict[str, str | Path | None] | None = None,
+                           data: dict[str, str | Path | None] | None = None,
+                           rewritten: tuple[str, ...] = ("model", "checkpoints"), stage: str = "this stage") -> None:
+    """Raise :class:`ConfigError` when a run folder (train, pretrain) would write into what the run reads.
+
+    ``models`` (name -> folder, e.g. the starting model, digested whole for the run fingerprint): the output is not
+    the folder nor inside it, and the folder does not lie where a new run deletes and rewrites (``OUT`` itself is
+    fine to hold it, ``OUT/model`` and ``OUT/checkpoints`` are not). ``data`` (name -> file or folder): the output is
+    not it (the run's own ``*.jsonl`` files would be read as data the next time). Names that are not local paths
+    (hub ids) are skipped.
+    """
+    out = Path(output).expanduser().resolve()
+    for name, item in (models or {}).items():
+        if not item or not Path(item).expanduser().exists():
+            continue
+        source = Path(item).expanduser().resolve()
+        if source == out or source in out.parents:
+            raise ConfigError(f"{stage}: the output folder {output} is {'' if source == out else 'inside '}the {name} "
+                              f"folder {item}; the run would write into what it reads: choose another output folder")
+        for part in rewritten:
+            if source == out / part or (out / part) in source.parents:
+                raise ConfigError(f"{stage}: the {name} {item} lies in {out / part}, which a run in {output} deletes "
+                                  "and rewrites: copy it elsewhere first, or choose another output folder")
+    for name, item in (data or {}).items():
+        if item and Path(item).expanduser().exists() and Path(item).expanduser().resolve() == out:
+            raise ConfigError(f"{stage}: the output folder {output} is the {name} {item}; the run's own files would "
+                              "be read as data: choose another output folder")
+
+
+def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None],
+                   operational: tuple[str, ...] = ()) -> dict:
+    """What a data stage's output depends on, for :meth:`StageOutput.nothing_to_do`: ``options`` (a config
+    dataclass or a dict; ``overwrite``, ``progress``, ``shard`` and the ``operational`` keys -- batch sizes, caches --
+    left out) and the content of each input (sha256 of the file, or of every file of a folder)."""
+    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
+    skip = {"overwrite", "progress", "shard", *operational}
+    values = {k: v for k, v in values.items() if k not in skip}
+    digests = {}
+    for name, item in inputs.items():
+        if item is None:
+            continue
+        path = Path(item)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
+            part.startswith(".") for part in p.relative_to(path).parts)) if path.is_dir() else [path]
+        digests[name] = {"path": str(item), "sha256": {
+            (p.relative_to(path).as_posix() if path.is_dir() else p.name): _sha256(p) for p in files if p.exists()}}
+    return json.loads(json.dumps({"stage": stage, "options": values, "inputs": digests}, default=str))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _settings_diff(old: dict, new: dict) -> list[str]:
+    """What differs between two :func:`stage_settings` records, one phrase each (``num_negatives: 15 -> 5``)."""
+    diffs = []
+    old_options, new_options = old.get("options", {}), new.get("options", {})
+    for key in dict.fromkeys([*old_options, *new_options]):
+        if old_options.get(key, "(not set)") != new_options.get(key, "(not set)"):
+            diffs.append(f"{key}: {json.dumps(old_options.get(key, '(not set)'), ensure_ascii=False)} -> "
+                         f"{json.dumps(new_options.get(key, '(not set)'), ensure_ascii=False)}")
+    old_inputs, new_inputs = old.get("inputs", {}), new.get("inputs", {})
+    for name in dict.fromkeys([*old_inputs, *new_inputs]):
+        before, after = old_inputs.get(name), new_inputs.get(name)
+        if before is None or after is None:
+            diffs.append(f"input {name}: {'(none)' if before is None else before['path']} -> "
+                         f"{'(none)' if after is None else after['path']}")
+        elif before.get("sha256") != after.get("sha256"):
+            diffs.append(f"input {name} ({after['path']}): its content changed")
+    return diffs
+
+
+def check_output_file(output: str | Path, what: str = "output") -> None:
+    """Raise :class:`ConfigError` when ``output`` cannot name the file a stage writes: empty (or ``.``), an existing
+    folder, or a ``.gz`` name (outputs are written uncompressed, so the name would lie to every later reader)."""
+    path = Path(output)
+    if not str(output).strip() or path.name in ("", ".", ".."):
+        raise ConfigError(f"{what} {str(output)!r} names no file; give a file name such as out.jsonl")
+    if path.is_dir():
+        raise ConfigError(f"{what} {output} is a folder; a stage writes one file: name it, e.g. {path / 'out.jsonl'}")
+    if path.suffix == ".gz":
+        raise ConfigError(f"{what} {output}: outputs are written uncompressed, so a .gz name would hold plain text; "
+                          f"name it {path.with_suffix('')} (and compress it afterwards if you like)")
+
+
 @dataclass
 class MergeResult:
     output: Path
@@ -91,6 +187,7 @@ class StageOutput:
     reports: bool = False
 
     def __init__(self, base: str | Path, shard: Shard | str | None = None, *, reports: bool = False) -> None:
+        check_output_file(base)
         object.__setattr__(self, "base", Path(base))
         object.__setattr__(self, "shard", shard if isinstance(shard, Shard) else Shard.parse(shard))
         object.__setattr__(self, "reports", reports)
@@ -148,19 +245,41 @@ class StageOutput:
     def complete(self, *, allow_failures: bool = False) -> bool:
         return not self.problems(allow_failures=allow_failures)
 
+    @property
+    def settings(self) -> Path:
+        return self.sidecar(SETTINGS)
+
     def clear(self) -> None:
         """Remove the output and its resume files and report (``--overwrite``); the LLM reply cache stays."""
         for path in (self.path, self.partial, self.done, self.report, self.failed):
             path.unlink(missing_ok=True)
 
-    def nothing_to_do(self, overwrite: bool, stage: str) -> bool:
-        """The CLI's start rule: with ``overwrite`` clear and run; else True (and say so) when already complete."""
+    def nothing_to_do(self, overwrite: bool, stage: str, settings: dict | None = None) -> bool:
+        """The CLI's start rule: with ``overwrite`` clear and run; else True (and say so) when already complete.
+
+        ``settings`` (:func:`stage_settings`: the stage's options and the content of its inputs) are recorded next
+        to the output; a complete output, or an unfinished ``.partial``, made with other settings is refused
+        (:class:`ConfigError` naming what differs) rather than reused or resumed. Outputs without a record (from an
+        older robustir) are taken as they are.
+        """
         if overwrite:
             self.clear()
-            return False
-        if self.complete():
+        elif settings is not None and (self.path.exists() or self.partial.exists()) and self.settings.exists():
+            try:
+                saved = json.loads(self.settings.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                saved = None  # a damaged record says nothing: compared as if there were none
+            diffs = _settings_diff(saved, settings) if isinstance(saved, dict) else []
+            if diffs:
+                state = "is complete" if self.complete() else "was started (a .partial file)"
+                raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "
+                                  f"{'; '.join(diffs)}. Fix: add --overwrite to redo it with these, or choose "
+                                  "another --output")
+        if not overwrite and self.complete():
             print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
             return True
+        if settings is not None:
+            write_json(self.settings, settings)
         return False
 
     def reopen(self) -> None:

@@ -28,6 +28,12 @@ results) changed is redone from scratch, and so is everything after it. An inter
 stage itself can (pair mining, negative mining, training and pre-training all resume), unless its settings
 changed meanwhile (``<stage>/STARTED.json``), in which case its folder is cleared first.
 ``run_pipeline(config, force=["train"])`` (``robustir run CFG --force train``) redoes a stage regardless.
+
+Device: the top-level ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``; ``robustir run CFG --device cpu``) is
+every stage's -- pre-training, dense mining, the teacher / sieve filter, fine-tuning, evaluation, and a local
+(``backend: hf``) LLM whose ``llm.device`` is unset; a stage section's own ``device`` wins when it is not ``auto``.
+Every device is checked when the config loads. Devices are not part of the fingerprints: a work folder moved to
+another machine (or device) skips its finished stages and resumes the interrupted one.
 """
 
 from __future__ import annotations
@@ -121,6 +127,13 @@ class PipelineConfig(Checked):
     filter: FilterStage | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalStage = field(default_factory=EvalStage)
+    device: str = "auto"
+    """Where every stage runs its models: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N; a
+    stage section's own ``device`` wins when it is not auto."""
+
+    def stage_device(self, own: str = "auto") -> str:
+        """The device of a stage whose section says ``own``: its own unless ``auto``, else the pipeline's."""
+        return own if str(own).strip().lower() != "auto" else self.device
 
 
 @dataclass
@@ -141,7 +154,44 @@ def load_pipeline_config(path: str | Path | None, overrides: list[str] | None = 
                               "under work_dir); remove them")
     if config.max_documents is not None and config.max_documents < 1:
         raise ConfigError(f"max_documents must be >= 1 (or null for all), got {config.max_documents}")
+    check_devices(config)
     return config
+
+
+def check_devices(config: PipelineConfig) -> None:
+    """Resolve every device the config names (top level and stage sections), naming the key of a bad one."""
+    from .device import resolve_device
+
+    sections = {"device": config.device, "pretrain.device": config.pretrain and config.pretrain.device,
+                "mine.device": config.mine and config.mine.device, "train.device": config.train.device,
+                "filter.teacher.device": config.filter and config.filter.teacher.device,
+                "filter.sieve.device": config.filter and config.filter.sieve.device}
+    for key, spec in sections.items():
+        if spec and (key == "device" or str(spec).strip().lower() != "auto"):  # a section's auto: the pipeline's
+            try:
+                resolve_device(spec)
+            except ConfigError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+
+
+def _without_device(obj: Any) -> Any:
+    """``obj`` without ``device`` keys: where a stage runs is not part of its fingerprint."""
+    if isinstance(obj, dict):
+        return {k: _without_device(v) for k, v in obj.items() if k != "device"}
+    if isinstance(obj, list):
+        return [_without_device(v) for v in obj]
+    return obj
+
+
+def _llm_on_device(config: PipelineConfig, llm: Any) -> Any:
+    """A local (``hf``) LLM section without a device of its own runs on the pipeline's device (when not auto)."""
+    from dataclasses import replace
+
+    from .device import device_string, resolve_device
+
+    if getattr(llm, "backend", None) != "hf" or llm.device or config.device.strip().lower() == "auto":
+        return llm
+    return replace(llm, device=device_string(resolve_device(config.device)))
 
 
 def _public(obj: Any) -> Any:
@@ -170,7 +220,7 @@ class _Runner:
     def stage(self, name: str, settings: Any, body: Callable[[Path], dict]) -> dict:
         folder = self.work / name
         settings = _public(settings)
-        fingerprint = _fingerprint({"stage": name, "settings": settings, "upstream": self.upstream})
+        fingerprint = _fingerprint({"stage": name, "settings": _without_device(settings), "upstream": self.upstream})
         done, started = folder / "DONE.json", folder / "STARTED.json"
         if name in self.force:
             shutil.rmtree(folder, ignore_errors=True)
@@ -239,10 +289,13 @@ def _queries_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
         stats = mine_pairs(corpus["corpus"], raw, stage.pairs)
         logger.info("pairs: %d from %d documents", stats.pairs, stats.documents)
     elif stage.source == "generate":
+        from dataclasses import replace
+
         from .queries.generate import run_generate
 
         raw = folder / "generated.jsonl"
-        report = run_generate(stage.generate, corpus["corpus"], raw)
+        generate = replace(stage.generate, llm=_llm_on_device(config, stage.generate.llm))
+        report = run_generate(generate, corpus["corpus"], raw)
         if report.failed:
             raise ConfigError(f"query generation: {report.failed} passage(s) failed (listed in {report.failed_path}); "
                               "re-run to retry them")
@@ -303,6 +356,7 @@ def _pretrain_settings(config: PipelineConfig, corpus: dict, queries: dict, fold
         settings.data = corpus["corpus"] if settings.mode == "retromae" else _gur_pairs(config, queries)
     settings.model = settings.model or config.model
     settings.output = str(folder)
+    settings.device = config.stage_device(settings.device)
     return settings
 
 
@@ -313,20 +367,23 @@ def _gur_pairs(config: PipelineConfig, queries: dict) -> str:
 
 
 def _mine_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
+    from dataclasses import replace
+
     from .negatives.mining import mine_jsonl
 
     assert config.mine is not None
+    mining = replace(config.mine, device=config.stage_device(config.mine.device))
     pool = config.mine_pool
     if pool == "auto":  # sentence pairs compete with sentences; queries for documents with documents
         pool = "file" if config.queries.source == "pairs" else "corpus"
     encoder = None
-    if config.mine.method == "dense":
+    if mining.method == "dense":
         from .models.encoder import Encoder
         from .resources import default_model_path
 
-        encoder = Encoder.from_pretrained(config.model or default_model_path())
+        encoder = Encoder.from_pretrained(config.model or default_model_path(), device=mining.device)
     target = folder / "train.jsonl"
-    report = mine_jsonl(queries["train"], target, config.mine, encoder=encoder,
+    report = mine_jsonl(queries["train"], target, mining, encoder=encoder,
                         corpus=corpus["corpus"] if pool == "corpus" else None)
     logger.info("mining done:\n%s", report.format())
     return {"train": str(target), "pool": pool}
@@ -341,17 +398,20 @@ def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
     if method == "teacher":
         from .filtering.teacher import teacher_filter
 
-        report = teacher_filter(mined["train"], target, config.filter.teacher)  # model None: the bundled MiniLM
+        teacher = replace(config.filter.teacher, device=config.stage_device(config.filter.teacher.device))
+        report = teacher_filter(mined["train"], target, teacher)  # model None: the bundled MiniLM
     elif method == "sieve":
         from .filtering.sieve import sieve_negatives
 
         options = replace(config.filter.sieve, model=config.filter.sieve.model or config.model,
-                          work_dir=config.filter.sieve.work_dir or str(folder / "sieve-work"))
+                          work_dir=config.filter.sieve.work_dir or str(folder / "sieve-work"),
+                          device=config.stage_device(config.filter.sieve.device))
         report = sieve_negatives(mined["train"], target, options)
     else:
         from .filtering.llm_judge import run_judge
 
-        report = run_judge(config.filter.llm, mined["train"], target)
+        report = run_judge(replace(config.filter.llm, llm=_llm_on_device(config, config.filter.llm.llm)),
+                           mined["train"], target)
         if report.failed_records:  # not done: the next run retries them (as a re-run of the stage does)
             raise ConfigError(f"LLM judge: {report.failed_records} record(s) with failed judgements (listed in "
                               f"{report.failed_path}); re-run to retry them")
@@ -366,6 +426,7 @@ def _train_settings(config: PipelineConfig, train_data: str, start_model: str | 
     if config.mine is not None:
         settings.mine = "none"  # the pipeline mined already
     settings.eval_data = None  # the eval stage evaluates every system the same way
+    settings.device = config.stage_device(settings.device)
     return settings
 
 
@@ -374,12 +435,27 @@ def _evaluate(model_path: str, config: PipelineConfig, data: Path, target: Path)
 
     options = {"query_max_length": config.eval.query_max_length, "passage_max_length": config.eval.passage_max_length}
     result = evaluate(model_path, data, config.eval.split,
-                      EvalConfig(batch_size=config.eval.batch_size, bf16=config.eval.bf16), **options)
+                      EvalConfig(batch_size=config.eval.batch_size, bf16=config.eval.bf16, device=config.device),
+                      **options)
     write_json(target, result.metrics)
     return result.metrics
 
 
 # ---------------------------------------------------------------------------- driver
+
+def _refuse_inputs_in_stage_folders(config: PipelineConfig) -> None:
+    """The runner deletes and rewrites its stage folders (``work_dir/<stage>``): an input kept there would be lost
+    or overwritten (a corpus at ``work_dir/corpus/corpus.jsonl`` is the corpus stage's own output)."""
+    work = Path(config.work_dir).expanduser().resolve()
+    for key, value in (("corpus", config.corpus), ("model", config.model), ("eval.data", config.eval.data)):
+        if not value or not Path(value).expanduser().exists():
+            continue
+        path = Path(value).expanduser().resolve()
+        folder = next((work / s for s in STAGES if path == work / s or work / s in path.parents), None)
+        if folder is not None:
+            raise ConfigError(f"{key} {value} lies in the stage folder {folder}, which the runner deletes and "
+                              "rewrites: move it out of work_dir (or choose another work_dir)")
+
 
 def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: str | None = None) -> PipelineResult:
     """Run every stage of ``config`` not yet complete in ``config.work_dir``; return the comparison table.
@@ -398,6 +474,7 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
         raise ConfigError(f"--until {until!r}: unknown stage; stages: {', '.join(STAGES)}")
     started = time.perf_counter()
     work = Path(config.work_dir)
+    _refuse_inputs_in_stage_folders(config)
     work.mkdir(parents=True, exist_ok=True)
     write_json(work / "pipeline_config.json", _public(asdict(config)))
     base_model = config.model or default_model_path()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
 from ..config import load_config
 from ..data.chunking import ChunkConfig, chunk_corpus
-from ..outputs import StageOutput, refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from ..io import Shard
 from .common import add_config_flags, flags_from_args
 
@@ -39,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     target = StageOutput(args.output, shard)
     output = target.path
     refuse_overwriting_inputs(output, args.input, stage="chunk")
-    if target.nothing_to_do(args.overwrite, "chunk"):
+    settings = stage_settings("chunk", {**dataclasses.asdict(config), "format": args.format, "text_unit": args.text_unit},
+                              {"input": args.input})
+    if target.nothing_to_do(args.overwrite, "chunk", settings):
         return 0
     started = time.perf_counter()
     stats = chunk_corpus(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,

@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..errors import ConfigError
 from ..resources import dataset_path, default_model_path
 
 
@@ -36,6 +37,14 @@ def add_encoder_args(parser: argparse.ArgumentParser, model_required: bool = Fal
     group.add_argument("--passage-max-length", type=int, default=None)
     group.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     group.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX and on GPUs)")
+    add_device_arg(group)
+
+
+def add_device_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--device`` for stages whose device is not a generated config flag (default None: the config's, ``auto``)."""
+    from ..device import DEVICE_HELP
+
+    parser.add_argument("--device", default=None, help=f"{DEVICE_HELP} (default: auto)")
 
 
 def encoder_options(args: argparse.Namespace) -> dict:
@@ -49,6 +58,9 @@ def encoder_options(args: argparse.Namespace) -> dict:
 
 
 def model_or_default(value: str | None) -> str:
+    if value is not None and not value.strip():  # --model "" (an unset shell variable): not the bundled model
+        raise ConfigError("--model is empty; name a model folder or hub id, or leave --model out for the bundled "
+                          "all-MiniLM-L6-v2")
     return value if value else default_model_path()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from ..data.beir import load_corpus, load_queries
 from ..io import atomic_write
 from ..models.encoder import Encoder
+from ..errors import ConfigError
 from ..outputs import refuse_overwriting_inputs
 from .common import add_encoder_args, encoder_options, model_or_default
 
@@ -31,10 +32,14 @@ def output_files(prefix: str | Path) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.output.strip() or Path(args.output).name in ("", ".", "..") or Path(args.output).is_dir():
+        raise ConfigError(f"--output {args.output!r} is a prefix of two files (PREFIX.npy, PREFIX.ids.json), not a "
+                          f"folder: add a name, e.g. {Path(args.output) / 'corpus'}")
     vectors, id_file = output_files(args.output)
     refuse_overwriting_inputs(vectors, args.input, stage="encode")
     refuse_overwriting_inputs(id_file, args.input, stage="encode")
-    encoder = Encoder.from_pretrained(model_or_default(args.model), **encoder_options(args))
+    encoder = Encoder.from_pretrained(model_or_default(args.model), device=args.device or "auto",
+                                      **encoder_options(args))
     if args.queries:
         queries, _ = load_queries(args.input)
         ids, texts, kind = list(queries), list(queries.values()), "query"

@@ -10,7 +10,8 @@ from ..evaluation.retrieval import EvalConfig, evaluate
 from .common import (add_config_flags, add_encoder_args, data_or_default, encoder_options, flags_from_args,
                      model_or_default)
 
-# EvalConfig fields with a flag (help from the dataclass); --batch-size and --bf16 are the shared encoder flags
+# EvalConfig fields with a flag (help from the dataclass); --batch-size, --bf16 and --device are the shared encoder
+# flags
 FIELDS = ["top_k", "index.kind", "index.nprobe", "ignore_identical_ids", "cache_dir"]
 
 
@@ -26,6 +27,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> EvalConfig:
     flags = flags_from_args(args, args._flag_keys)
     flags.update(batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
+    if args.device is not None:
+        flags["device"] = args.device
     return load_config(EvalConfig, None, None, flags)
 
 

@@ -26,12 +26,12 @@ from ..filtering.llm_judge import JudgeConfig
 from ..filtering.sieve import SieveConfig
 from ..filtering.teacher import TeacherFilterConfig
 from ..io import Shard
-from ..outputs import StageOutput, refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from .common import add_config_flags, flags_from_args
 
 # Flags shared by the methods: fields of the same name in all three configs (JudgeConfig: llm.model for --model)
 SHARED = ["keep_removed", "shard", "overwrite", "progress"]
-ENCODING = ["batch_size", "bf16"]  # teacher and sieve
+ENCODING = ["batch_size", "bf16", "device"]  # teacher and sieve
 MODEL_HELP = ("llm: model name on the server; teacher: teacher folder; sieve: starting model "
               "(teacher/sieve: None = the bundled all-MiniLM-L6-v2)")
 # each method's own fields, in its --help group
@@ -53,7 +53,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     teacher = add_config_flags(parser.add_argument_group("teacher"), TeacherFilterConfig, TEACHER,
                                rename={"kind": "teacher-kind"})
     sieve = add_config_flags(parser.add_argument_group("sieve"), SieveConfig, SIEVE)
-    encoding = add_config_flags(parser.add_argument_group("encoding (teacher, sieve)"), TeacherFilterConfig, ENCODING)
+    encoding = add_config_flags(parser.add_argument_group("encoding (teacher, sieve)"), TeacherFilterConfig, ENCODING,
+                                help={"device": "where the teacher / the sieve's training and encoding run: auto (the "
+                                                "first GPU if there is one, else the CPU), cpu, cuda or cuda:N"})
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. beta=0.5")
     parser.set_defaults(_flag_keys={  # method -> {dest: config key}
         "llm": {**shared, **llm, "model": "llm.model"},
@@ -61,25 +63,38 @@ def register(parser: argparse.ArgumentParser) -> None:
         "sieve": {**model, **shared, **sieve, **encoding},
     })
 
+# options that do not change the filtered file (left out of OUT.settings.json)
+OPERATIONAL = ("batch_size", "batch_records", "device", "work_dir", "plot", "max_reported_similarities")
 
 CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
 
 
 def build_config(args: argparse.Namespace) -> JudgeConfig | TeacherFilterConfig | SieveConfig:
     """The method's config: defaults < --config file < flags < key=value overrides."""
-    flags = flags_from_args(args, args._flag_keys[args.method])
+    own = args._flag_keys[args.method]
+    foreign = sorted({dest for keys in args._flag_keys.values() for dest in keys if dest not in own
+                      and getattr(args, dest, None) is not None})
+    if foreign:  # a flag of another method would be silently ignored
+        owners = {dest: "/".join(m for m, keys in args._flag_keys.items() if dest in keys) for dest in foreign}
+        raise ConfigError(f"--method {args.method} does not use {', '.join('--' + d.replace('_', '-') for d in foreign)} "
+                          f"(an option of --method {', '.join(sorted(set(owners.values())))}); remove it or change "
+                          "--method")
+    flags = flags_from_args(args, own)
     return load_config(CONFIGS[args.method], args.config, args.overrides, flags)
 
 
 def run(args: argparse.Namespace) -> int:
+    config = build_config(args)  # checked first: a bad option is an error even when the output is complete
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard, reports=True)
     output = target.path
     refuse_overwriting_inputs(output, args.input, stage="filter")
     report_path = target.report
-    if target.nothing_to_do(bool(args.overwrite), "filter"):
+    # the LLM judge keeps its own record of what it judged (failed judgements are retried on a re-run)
+    settings = None if args.method == "llm" else stage_settings(
+        f"filter {args.method}", config, {"input": args.input}, operational=OPERATIONAL)
+    if target.nothing_to_do(bool(args.overwrite), "filter", settings):
         return 0
-    config = build_config(args)
     if args.method == "llm":
         return _run_llm(args, config)
     if args.method == "teacher":

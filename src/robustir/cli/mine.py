@@ -15,19 +15,23 @@ A re-run resumes; a complete output is left alone (``--overwrite`` to redo).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from ..config import load_config
-from ..outputs import StageOutput, refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from ..errors import ConfigError
 from ..io import Shard
 from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
 from .common import add_config_flags, add_encoder_args, encoder_options, flags_from_args, model_or_default
 
-# MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size and --bf16
-# are the shared encoder flags (encode_batch_size, bf16)
+# MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size, --bf16 and
+# --device are the shared encoder flags (encode_batch_size, bf16, device)
 FIELDS = ["method", "num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
           "relative_margin", "sampling", "seed", "cache_dir", "index.kind", "query_batch_size"]
+
+# options that do not change the mined file (left out of OUT.settings.json, so changing them never forces a redo)
+OPERATIONAL = ("query_batch_size", "encode_batch_size", "cache_dir", "device")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +54,8 @@ def mining_config(args: argparse.Namespace) -> MiningConfig:
     """The :class:`MiningConfig` the flags describe (validated)."""
     flags = flags_from_args(args, args._flag_keys)
     flags.update(encode_batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
+    if args.device is not None:
+        flags["device"] = args.device
     config = load_config(MiningConfig, None, None, flags)
     config.validate()
     return config
@@ -61,17 +67,25 @@ def run(args: argparse.Namespace) -> int:
     if args.corpus and not args.input:
         raise ConfigError("--corpus goes with --input (a BEIR folder brings its own corpus)")
     config = mining_config(args)
+    from ..device import resolve_device
+
+    device = resolve_device(config.device)  # checked before anything runs
     shard = Shard.parse(args.shard)
     target = StageOutput(args.output, shard, reports=True)
     output, report_path = target.path, target.report
     refuse_overwriting_inputs(output, args.data, args.input, args.corpus, stage="mine")
-    if target.nothing_to_do(args.overwrite, "mine"):
+    options = {**dataclasses.asdict(config), "split": args.split if args.data else None}
+    if config.method == "dense":
+        options.update(model=args.model, **encoder_options(args))
+    settings = stage_settings("mine", options, {"data": args.data, "input": args.input, "corpus": args.corpus},
+                              operational=OPERATIONAL)
+    if target.nothing_to_do(args.overwrite, "mine", settings):
         return 0
     encoder = None
     if config.method == "dense":
         from ..models.encoder import Encoder
 
-        encoder = Encoder.from_pretrained(model_or_default(args.model), **encoder_options(args))
+        encoder = Encoder.from_pretrained(model_or_default(args.model), device=device, **encoder_options(args))
     started = time.perf_counter()
     if args.data:
         report = mine_beir(args.data, args.split, output, config, encoder, shard)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
 from ..config import load_config
-from ..outputs import StageOutput, refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from ..io import Shard
 from ..queries.pairs import PairMiningConfig, mine_pairs
 from .common import add_config_flags, flags_from_args
@@ -43,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     target = StageOutput(args.output, shard)
     output = target.path
     refuse_overwriting_inputs(output, args.input, stage="pairs")
-    if target.nothing_to_do(args.overwrite, "pairs"):
+    settings = stage_settings("pairs", {**dataclasses.asdict(config), "format": args.format, "text_unit": args.text_unit},
+                              {"input": args.input})
+    if target.nothing_to_do(args.overwrite, "pairs", settings):
         return 0
     started = time.perf_counter()
     stats = mine_pairs(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,

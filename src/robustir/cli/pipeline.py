@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ..pipeline import STAGES
+from .common import add_device_arg
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="redo this stage even if complete (repeatable): " + ", ".join(STAGES))
     parser.add_argument("--until", metavar="STAGE", choices=STAGES,
                         help="stop after this stage, e.g. --until filter builds the training data only")
+    add_device_arg(parser)  # the config's top-level device: every stage's (a stage section's own, if set, wins)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.work_dir:
         overrides.append(f"work_dir={args.work_dir}")
+    if args.device:
+        overrides.append(f"device={args.device}")
     config = load_pipeline_config(args.config, overrides)
     result = run_pipeline(config, force=args.force, until=args.until)
     stages = ", ".join(f"{name} {state}" for name, state in result.stages.items())

@@ -20,7 +20,7 @@ from .common import add_config_flags, flags_from_args
 # PretrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
 # set in --config or as a key=value override
 FIELDS = ["mode", "model", "data", "data_format", "output", "heads", "max_length", "batch_size", "epochs",
-          "max_steps", "lr", "seed", "save_steps", "chunk_size", "bf16", "gradient_checkpointing"]
+          "max_steps", "lr", "seed", "save_steps", "chunk_size", "bf16", "gradient_checkpointing", "device"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:

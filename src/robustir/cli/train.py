@@ -17,7 +17,7 @@ from .common import add_config_flags, flags_from_args
 # set in --config or as a key=value override
 FIELDS = ["model", "train_data", "eval_data", "loss", "output", "batch_size", "chunk_size", "epochs", "max_steps",
           "lr", "seed", "num_negatives", "mine", "query_max_length", "passage_max_length", "bf16",
-          "gradient_checkpointing"]
+          "gradient_checkpointing", "device"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:

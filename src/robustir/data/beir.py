@@ -153,10 +153,14 @@ def load_qrels_tsv(path: str | Path) -> dict[str, dict[str, int]]:
                                 fix="rows are query-id<TAB>corpus-id<TAB>score")
             qid, doc_id, score_text = (p.strip() for p in parts)
             try:
-                score = int(float(score_text))
+                value = float(score_text)
             except ValueError:
                 raise DataError(path, f"score {score_text!r} is not a number", line=number, field="score",
                                 fix="scores are integers (graded relevance, 0 = not relevant)") from None
+            if not value.is_integer():  # 0.5 must not silently become 0 (not relevant); nan / inf are no grade
+                raise DataError(path, f"score {score_text!r} is not an integer", line=number, field="score",
+                                fix="scores are integers (graded relevance, 0 = not relevant)")
+            score = int(value)
             qrels.setdefault(qid, {})[doc_id] = score
     return qrels
 

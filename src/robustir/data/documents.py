@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 from ..errors import ConfigError, DataError
-from ..io import ResumableJsonlWriter, Shard, atomic_write, open_binary, read_jsonl
+from ..io import ResumableJsonlWriter, Shard, atomic_write, open_binary, read_jsonl, read_lines
 
 __all__ = ["Document", "read_documents", "resolve_format", "DocumentOutput"]
 
@@ -119,7 +119,7 @@ def _read_text_docs(path: Path, unit: str) -> Iterator[tuple[int, Document]]:
     block: list[str] = []
     block_line = 0
     with open_binary(path) as handle:
-        for line_no, raw in enumerate(handle, start=1):
+        for line_no, raw in enumerate(read_lines(handle, path), start=1):
             try:
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -170,8 +170,12 @@ class DocumentOutput:
         if self.done_path.exists() and partial.exists():
             with open(self.done_path, encoding="utf-8") as handle:
                 for line in handle:
-                    if line.endswith("\n"):  # a torn last id means that document was not finished
+                    if not line.endswith("\n"):  # a torn last id means that document was not finished
+                        break
+                    try:
                         self.done.add(json.loads(line))
+                    except json.JSONDecodeError:  # damaged progress: the documents from here on are redone
+                        break
             _drop_unfinished(partial, doc_field, self.done)
         else:
             # No usable progress: start clean (a stale done-file must not skip documents).

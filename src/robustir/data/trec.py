@@ -39,9 +39,13 @@ def read_trec_qrels(path: str | Path) -> Qrels:
     qrels: Qrels = {}
     for number, (qid, _, doc_id, rel) in _rows(path, 4, "qrels"):
         try:
-            qrels.setdefault(qid, {})[doc_id] = int(float(rel))
+            value = float(rel)
         except ValueError:
             raise DataError(path, f"relevance {rel!r} is not a number", line=number, field="rel") from None
+        if not value.is_integer():  # 0.5 must not silently become 0 (not relevant); nan / inf are no grade
+            raise DataError(path, f"relevance {rel!r} is not an integer", line=number, field="rel",
+                            fix="relevance grades are integers (0 = not relevant)")
+        qrels.setdefault(qid, {})[doc_id] = int(value)
     return qrels
 
 

@@ -31,6 +31,7 @@ class EvalConfig(Checked):
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
     show_progress: bool | None = None
+    device: str = "auto"  # where the model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
 
 
 @dataclass
@@ -60,13 +61,14 @@ def _run_from_hits(query_ids: list[str], doc_ids: list[str], scores: np.ndarray,
 
 
 def retrieve_dense(encoder: Encoder, dataset: BeirDataset, config: EvalConfig) -> dict[str, dict[str, float]]:
+    """Encode the corpus and the queries with ``encoder`` (on its device) and search on ``config.device``."""
     query_ids = list(dataset.queries)
     corpus_emb = encoder.encode_corpus(dataset.corpus.texts_for_encoding(), cache_dir=config.cache_dir,
                                        batch_size=config.batch_size, bf16=config.bf16,
                                        show_progress=config.show_progress)
     query_emb = encoder.encode([dataset.queries[q] for q in query_ids], "query", batch_size=config.batch_size,
                                bf16=config.bf16, show_progress=config.show_progress)
-    index = DenseIndex(config.index).index(corpus_emb)
+    index = DenseIndex(config.index, device=config.device).index(corpus_emb)
     extra = 1 if config.ignore_identical_ids else 0
     scores, indices = index.search(query_emb, config.top_k + extra)
     return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, config.top_k)
@@ -84,16 +86,22 @@ def evaluate(model: "Encoder | str", data: "BeirDataset | str | Path", split: st
              config: EvalConfig | None = None, output: str | Path | None = None, **encoder_options) -> EvalResult:
     """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``) on a BEIR folder.
 
-    ``output``: folder for ``metrics.json`` and ``run.trec``.
+    ``output``: folder for ``metrics.json`` and ``run.trec``. A dense model runs on ``config.device`` (an
+    :class:`Encoder` given is moved there); BM25 runs on the CPU whatever the device (which is still checked).
     """
+    from ..device import resolve_device
+
     config = config or EvalConfig()
+    is_bm25 = isinstance(model, str) and model.lower() == "bm25"
+    device = resolve_device(config.device)  # checked before anything loads
     dataset = data if isinstance(data, BeirDataset) else load_beir(data, split)
     start = time.perf_counter()
-    if isinstance(model, str) and model.lower() == "bm25":
+    if is_bm25:
         run = retrieve_bm25(dataset, config)
         system = "bm25"
     else:
-        encoder = model if isinstance(model, Encoder) else Encoder.from_pretrained(model, **encoder_options)
+        encoder = model.to(device) if isinstance(model, Encoder) else \
+            Encoder.from_pretrained(model, device=device, **encoder_options)
         run = retrieve_dense(encoder, dataset, config)
         system = encoder.source or "model"
     metrics = compute_metrics(dataset.qrels, run)

@@ -317,6 +317,9 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
             flush_ready()
             tally.check(final=False, failed_path=stage.failed)
         flush_ready()
+        if report.records == 0 and shard.count == 1:  # an empty file is no training data (a shard may get nothing)
+            raise DataError(input_path, "no records", fix='give a training JSONL with one {"query", "pos", "neg"} '
+                                                          "object per line")
         tally.check(final=True, failed_path=stage.failed)
         finished = True
     finally:

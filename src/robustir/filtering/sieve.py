@@ -92,6 +92,9 @@ class SieveConfig(Checked):
     batch_size: PositiveInt = 64
     """Encoding batch size of the sieve pass."""
     bf16: bool = False
+    device: str = "auto"
+    """Where the brief training and the sieve pass run: auto (the first GPU if there is one, else the CPU), cpu, cuda
+    or cuda:N."""
     batch_records: PositiveInt = 256
     keep_removed: bool = True
     plot: bool = True
@@ -104,6 +107,9 @@ class SieveConfig(Checked):
     def validate(self) -> None:
         if self.num_negatives < 1:
             raise ConfigError(f"sieve: num_negatives must be >= 1, got {self.num_negatives}")
+        if self.model is not None and not self.model.strip():
+            raise ConfigError("sieve: model is empty; name a model folder, or leave it out for the bundled "
+                              "all-MiniLM-L6-v2")
         if self.variant not in ("authors_code", "paper"):
             raise ConfigError(f"sieve: variant must be authors_code or paper, got {self.variant!r}")
         if self.train and self.train_negatives < 1:
@@ -128,7 +134,7 @@ def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Pat
         lr=config.lr, epochs=config.epochs, max_steps=config.max_steps, batch_size=config.train_batch_size,
         warmup_ratio=config.warmup_ratio, query_max_length=config.query_max_length,
         passage_max_length=config.passage_max_length, bf16=config.train_bf16, seed=config.seed,
-        output=str(work_dir / "train"), report=False, save_total_limit=1)
+        output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device)
     result = train(train_config)
     summary = {"model": str(result.model_path), "steps": result.steps, "seconds": round(result.seconds, 1),
                "loss": train_config.loss_options, "lr": config.lr}
@@ -167,10 +173,13 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
     """Run the passage sieve on a training JSONL; write a new file, ``OUT.report.json`` and ``OUT.sieve.png``.
 
     ``encoder`` (an :class:`~robustir.models.encoder.Encoder`) replaces steps 1's model loading entirely (tests,
-    or a model trained elsewhere).
+    or a model trained elsewhere); it is moved to ``config.device``.
     """
+    from ..device import resolve_device
+
     config = config or SieveConfig()
     config.validate()
+    device = resolve_device(config.device)  # checked before anything loads or trains
     input_path, output = check_paths(input_path, output_path, config.overwrite)
     work_dir = Path(config.work_dir) if config.work_dir else output.with_name(output.name + ".sieve-work")
     training: dict = {}
@@ -184,8 +193,10 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
         encoder = Encoder.from_pretrained(model_path, query_max_length=config.query_max_length or 64,
                                           passage_max_length=config.passage_max_length or 256,
                                           capped=[k for k in ("query_max_length", "passage_max_length")
-                                                  if getattr(config, k) is None])
+                                                  if getattr(config, k) is None], device=device)
         training["sieve_model"] = str(model_path)
+    elif hasattr(encoder, "to"):  # an Encoder (a duck-typed test double has no device)
+        encoder = encoder.to(device)
     pool_size = 2 * config.num_negatives
 
     def decide(batch: list[FilterRecord]) -> list[Decision]:

@@ -205,6 +205,9 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
                 batch = []
         if batch:
             flush(batch)
+        if owned == 0 and shard.count == 1:  # an empty file is no training data (a shard may well get nothing)
+            raise DataError(input_path, "no records", fix='give a training JSONL with one {"query", "pos", "neg"} '
+                                                          "object per line")
         writer.finish()
         finished = True
     finally:
@@ -307,10 +310,13 @@ class EmbeddingTeacher:
 class CrossEncoderTeacher:
     """``sentence_transformers.CrossEncoder`` relevance scores (default activation: sigmoid for one label)."""
 
-    def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, bf16: bool = False) -> None:
+    def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, bf16: bool = False,
+                 device: str | None = "auto") -> None:
         from sentence_transformers import CrossEncoder
 
-        self.model = CrossEncoder(path, max_length=max_length, device="cpu" if not _cuda() else None)
+        from ..device import device_string, resolve_device
+
+        self.model = CrossEncoder(path, max_length=max_length, device=device_string(resolve_device(device)))
         if bf16:
             self.model.model.to(dtype=__import__("torch").bfloat16)
         self.batch_size = batch_size
@@ -323,30 +329,29 @@ class CrossEncoderTeacher:
         return np.asarray(scores, dtype=np.float32).reshape(len(queries), -1)[:, 0]
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-encoder"] = "auto", *,
-                 batch_size: int = 64, bf16: bool = False, max_length: int | None = None) -> Teacher:
-    """The teacher in folder ``path`` (None = the bundled MiniLM embedding model)."""
+                 batch_size: int = 64, bf16: bool = False, max_length: int | None = None,
+                 device: str | None = "auto") -> Teacher:
+    """The teacher in folder ``path`` (None = the bundled MiniLM embedding model), on ``device`` (``auto``, ``cpu``,
+    ``cuda``, ``cuda:N``)."""
+    from ..device import resolve_device
     from ..resources import default_model_path
 
     from ..models.encoder import resolve_model_path
 
+    resolve_device(device)  # checked before the model loads
     path = str(resolve_model_path(path or default_model_path(), "teacher"))  # checked: a model folder
     if kind not in ("auto", "embedding", "cross-encoder"):
         raise ConfigError(f"teacher kind must be auto, embedding or cross-encoder, got {kind!r}")
     if kind == "auto":
         kind = "cross-encoder" if _is_cross_encoder(Path(path)) else "embedding"
     if kind == "cross-encoder":
-        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, bf16=bf16)
+        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, bf16=bf16, device=device)
     from ..models.encoder import Encoder
 
     overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}
-    return EmbeddingTeacher(Encoder.from_pretrained(path, **overrides), batch_size=batch_size, bf16=bf16)
+    return EmbeddingTeacher(Encoder.from_pretrained(path, device=device, **overrides), batch_size=batch_size,
+                            bf16=bf16)
 
 
 def _is_cross_encoder(path: Path) -> bool:
@@ -385,6 +390,8 @@ class TeacherFilterConfig(Checked):
     """Teacher token limit (None = the model's own)."""
     bf16: bool = False
     """bfloat16 autocast for encoding."""
+    device: str = "auto"
+    """Where the teacher runs: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N."""
     batch_records: PositiveInt = 256
     keep_removed: bool = True
     """Add the ``removed`` list (text + reason) to each record."""
@@ -397,6 +404,9 @@ class TeacherFilterConfig(Checked):
     def validate(self) -> None:
         if self.absolute_margin is None and self.relative_margin is None:
             raise ConfigError("teacher filter: set absolute_margin and/or relative_margin")
+        if self.model is not None and not self.model.strip():
+            raise ConfigError("teacher filter: model is empty; name a model folder, or leave it out for the bundled "
+                              "all-MiniLM-L6-v2")
         if self.relative_margin is not None and not 0 <= self.relative_margin < 1:
             raise ConfigError(f"relative_margin must be in [0, 1), got {self.relative_margin}")
         if self.suspect_positive_share is not None and not 0 <= self.suspect_positive_share < 1:
@@ -424,7 +434,7 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
     check_paths(input_path, output_path, config.overwrite)  # fail before loading a model
     if teacher is None:
         teacher = load_teacher(config.model, config.kind, batch_size=config.batch_size, bf16=config.bf16,
-                               max_length=config.max_length)
+                               max_length=config.max_length, device=config.device)
 
     def decide(batch: list[FilterRecord]) -> list[Decision]:
         queries: list[str] = []

@@ -4,12 +4,24 @@ Latin-script words use bm25s' default word pattern, English stop words and the S
 (the settings that reproduce the published BEIR BM25 figures). A run of CJK characters has no word
 boundaries, so it becomes its character unigrams and bigrams: a segmenter-free analysis that works
 well for Chinese retrieval and needs no dictionary.
+
+BM25 never touches the GPU. bm25s (0.3.x) imports JAX when it is installed -- ``bm25s/__init__.py`` imports
+``bm25s.selection``, which runs ``import jax.lax`` and a warm-up ``jax.lax.top_k`` at import time -- and JAX's first
+use pre-allocates 75% of a GPU's memory, starving the encoder and the training that share the process. bm25s reads
+no setting that turns this off, and every submodule import runs the package ``__init__`` first, so
+:func:`import_bm25s` imports bm25s with ``jax`` blocked (``sys.modules`` entries of None make ``import jax`` raise
+ImportError, which bm25s catches: its numpy top-k is used), then unblocks it, so other code can still import JAX.
+Retrieval asks for the numpy backend explicitly (``BM25(backend="numpy")``, ``retrieve(backend_selection="numpy")``),
+and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` is set (unless already set) as a safety net for JAX imported by anyone.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,6 +53,32 @@ def split_words(text: str) -> list[str]:
     return tokens
 
 
+_IMPORT_LOCK = threading.Lock()
+_JAX_MODULES = ("jax", "jax.lax")
+
+
+def import_bm25s():
+    """``bm25s``, imported without importing JAX (see the module docstring); later calls return the module."""
+    module = sys.modules.get("bm25s")
+    if module is not None:
+        return module
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    with _IMPORT_LOCK:
+        saved = {name: sys.modules[name] for name in _JAX_MODULES if name in sys.modules}
+        for name in _JAX_MODULES:
+            sys.modules[name] = None  # type: ignore[assignment]  # ``import jax`` -> ImportError
+        try:
+            import bm25s
+            import bm25s.tokenization  # noqa: F401
+        finally:
+            for name in _JAX_MODULES:
+                if name in saved:
+                    sys.modules[name] = saved[name]
+                else:
+                    sys.modules.pop(name, None)
+    return bm25s
+
+
 @dataclass
 class BM25Config(Checked):
     k1: NonNegativeFloat = 1.5
@@ -54,8 +92,8 @@ class BM25Index:
     """``index(texts)`` once, then ``search(queries, k)`` → (scores, row indices), both ``(nq, k)``."""
 
     def __init__(self, config: BM25Config | None = None) -> None:
-        import bm25s
-        from bm25s.tokenization import Tokenizer
+        bm25s = import_bm25s()
+        Tokenizer = bm25s.tokenization.Tokenizer
 
         self.config = config or BM25Config()
         stemmer = None
@@ -65,15 +103,15 @@ class BM25Index:
             stemmer = Stemmer.Stemmer(self.config.stemmer)
         self._tokenizer = Tokenizer(lower=True, splitter=split_words, stopwords=self.config.stopwords or [],
                                     stemmer=stemmer)
-        self._retriever = bm25s.BM25(k1=self.config.k1, b=self.config.b, method=self.config.method)
+        self._retriever = bm25s.BM25(k1=self.config.k1, b=self.config.b, method=self.config.method,
+                                     backend="numpy")
         self.size = 0
 
     def index(self, texts: Sequence[str], show_progress: bool = False) -> "BM25Index":
         ids = self._tokenizer.tokenize(list(texts), update_vocab=True, return_as="ids",
                                        show_progress=show_progress)
         vocab = self._tokenizer.get_vocab_dict()
-        import bm25s
-
+        bm25s = import_bm25s()
         self._retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=show_progress)
         self.size = len(texts)
         return self
@@ -84,8 +122,8 @@ class BM25Index:
         k = min(k, self.size)
         ids = self._tokenizer.tokenize(list(queries), update_vocab=False, return_as="ids",
                                        show_progress=show_progress)
-        import bm25s
-
+        bm25s = import_bm25s()
         tokenized = bm25s.tokenization.Tokenized(ids=ids, vocab=self._tokenizer.get_vocab_dict())
-        indices, scores = self._retriever.retrieve(tokenized, k=k, show_progress=show_progress, n_threads=0)
+        indices, scores = self._retriever.retrieve(tokenized, k=k, show_progress=show_progress, n_threads=0,
+                                                   backend_selection="numpy")
         return np.asarray(scores, dtype=np.float32), np.asarray(indices, dtype=np.int64)

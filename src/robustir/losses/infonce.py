@@ -10,6 +10,9 @@ the global batch, label ``query_offset + i``) and averages the two directions. W
 in-pair contrastive loss (queries = the a-sentences, positives = the b-sentences; paper eq. 2, the
 authors' ``compute_clip_loss``; docs/methods.md#gur-joint-pre-training):
 ``(CE(S, diag) + CE(S^T, diag)) / 2`` over ``S = sim(a, b) / tau``.
+
+Both directions are sums of per-row cross-entropies, evaluated in blocks of ``batch.block_rows`` rows
+(:func:`robustir.losses.base.blocked_sum`): same values and gradients, bounded memory.
 """
 
 from __future__ import annotations
@@ -24,9 +27,13 @@ from robustir.losses.base import (
     ContrastiveLoss,
     LossOutput,
     SIMILARITIES,
+    blocked_sum,
     negative_mask,
-    pairwise_scores,
-    similarity_components,
+    resolve_block_rows,
+    score_operand,
+    score_operands,
+    similarity_means,
+    similarity_sums,
 )
 
 
@@ -60,39 +67,62 @@ class InfoNCELoss(ContrastiveLoss):
         self.similarity = similarity
 
     def forward(self, batch: ContrastiveBatch) -> LossOutput:
-        scores = pairwise_scores(batch.queries, batch.passages, self.similarity)
-        negatives = negative_mask(batch, self.in_batch_negatives)
-        positive_index = batch.positive_index.to(scores.device)
-        logits = scores / self.temperature
-        rows = torch.arange(scores.shape[0], device=scores.device)
-        candidates = negatives.clone()
-        candidates[rows, positive_index] = True
-        logits = logits.masked_fill(~candidates, float("-inf"))
-        nce_q2p = F.cross_entropy(logits, positive_index)
+        queries, passages = score_operands(batch.queries, batch.passages, self.similarity)
+        b = queries.shape[0]
+        positive_index = batch.positive_index.to(queries.device)
+        block = resolve_block_rows(b, passages.shape[0], batch.block_rows)
+        nce_sum, stats = blocked_sum(self._query_block(batch), b, block, (queries, positive_index), (passages,))
+        nce_q2p = nce_sum / b
 
         loss, components = nce_q2p, {}
         if self.symmetric:
-            nce_p2q = self._passage_to_query(batch, positive_index)
+            nce_p2q = self._passage_to_query(batch, passages, positive_index)
             loss = (nce_q2p + nce_p2q) / 2
             components = {"nce_q2p": float(nce_q2p.detach()), "nce_p2q": float(nce_p2q.detach())}
-        positive_logit = logits.detach().gather(1, positive_index.view(-1, 1))
-        # ties count as correct: the positive is (one of) the top-scored candidates
-        top = (positive_logit >= logits.detach().max(dim=1, keepdim=True).values).float()
+        positive_sum, negative_sum, negative_count, top = stats.unbind()
         components = {
             "nce": float(loss.detach()),
             **components,
-            **similarity_components(scores, positive_index, negatives),
-            "accuracy": float(top.mean()),
+            **similarity_means(b, positive_sum, negative_sum, negative_count),
+            "accuracy": float(top) / b,
         }
         return LossOutput(loss, components)
 
-    def _passage_to_query(self, batch: ContrastiveBatch, positive_index: Tensor) -> Tensor:
+    def _query_block(self, batch: ContrastiveBatch):
+        """Rows ``start:end`` of the query->passage term: (summed cross-entropy, detached statistics)."""
+
+        def block(start: int, end: int, rows: Tensor, positive_index: Tensor, passages: Tensor):
+            scores = rows @ passages.T
+            negatives = negative_mask(batch, self.in_batch_negatives, start, end)
+            candidates = negatives.clone()
+            candidates[torch.arange(end - start, device=scores.device), positive_index] = True
+            logits = (scores / self.temperature).masked_fill(~candidates, float("-inf"))
+            nce = F.cross_entropy(logits, positive_index, reduction="sum")
+            with torch.no_grad():
+                positive_logit = logits.detach().gather(1, positive_index.view(-1, 1))
+                # ties count as correct: the positive is (one of) the top-scored candidates
+                top = (positive_logit >= logits.detach().max(dim=1, keepdim=True).values).sum(dtype=torch.float64)
+                stats = torch.stack([*similarity_sums(scores, positive_index, negatives), top])
+            return nce, stats
+
+        return block
+
+    def _passage_to_query(self, batch: ContrastiveBatch, passages: Tensor, positive_index: Tensor) -> Tensor:
         # single-process batches may leave all_queries unset: then the local queries are the global ones
         all_queries = batch.all_queries if batch.all_queries is not None else batch.queries
         offset = batch.query_offset if batch.all_queries is not None else 0
-        logits = pairwise_scores(batch.passages[positive_index], all_queries, self.similarity) / self.temperature
-        labels = offset + torch.arange(logits.shape[0], device=logits.device)
-        return F.cross_entropy(logits, labels)
+        # passages are already in score form (float32, normalised for cosine): index the local positives
+        columns = score_operand(all_queries, self.similarity)
+        rows = passages[positive_index]
+        labels = offset + torch.arange(rows.shape[0], device=rows.device)
+        block = resolve_block_rows(rows.shape[0], columns.shape[0], batch.block_rows)
+
+        def p2q(start: int, end: int, rows: Tensor, labels: Tensor, columns: Tensor):
+            logits = (rows @ columns.T) / self.temperature
+            return F.cross_entropy(logits, labels, reduction="sum"), logits.new_zeros(0, dtype=torch.float64)
+
+        total, _ = blocked_sum(p2q, rows.shape[0], block, (rows, labels), (columns,))
+        return total / rows.shape[0]
 
     def config(self) -> dict:
         return {"name": self.name, "temperature": self.temperature, "in_batch_negatives": self.in_batch_negatives,

@@ -18,6 +18,11 @@ Choices where the paper is silent (docs/methods.md#peg-loss-choices):
 - ``a_n``'s masks use detached similarities; the factor ``t + s_qp`` is detached by default
   (``detach_negative_scale``), the gradient always flows through ``s_qn``;
 - ``a_n`` applies to every negative, in-batch and hard (eq. 3 sums over all N).
+
+Memory-bounded evaluation (:func:`robustir.losses.base.blocked_sum`): the only whole-batch statistic is
+``mean_B(s_qp)`` (giving t and sigma), taken first from the positive-score diagonal alone (no gradient,
+``(B, d)`` work), then eq. 3 runs per block of rows with t and sigma as constants; the positive score,
+``w_q``, ``a_n`` and the masks of a row are computed inside its block, from the block's own score matrix.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ from robustir.losses.base import (
     ContrastiveBatch,
     ContrastiveLoss,
     LossOutput,
-    cosine_scores,
+    blocked_sum,
     negative_mask,
-    similarity_components,
+    resolve_block_rows,
+    score_operands,
+    similarity_means,
+    similarity_sums,
 )
 
 
@@ -74,45 +82,67 @@ class PEGLoss(ContrastiveLoss):
         self.t.fill_(float(value))
 
     def forward(self, batch: ContrastiveBatch) -> LossOutput:
-        scores = cosine_scores(batch)
-        negatives = negative_mask(batch, self.in_batch_negatives)
-        positive_index = batch.positive_index.to(scores.device)
-        rows = torch.arange(scores.shape[0], device=scores.device)
-        s_qp = scores[rows, positive_index]
+        queries, passages = score_operands(batch.queries, batch.passages, "cosine")
+        b = queries.shape[0]
+        device = queries.device
+        positive_index = batch.positive_index.to(device)
 
-        # batch statistics come from the whole global batch and carry no gradient
-        mean_pos = batch.global_mean(s_qp.detach()).detach().to(scores.device)
+        # batch statistics come from the whole global batch and carry no gradient: only the positive scores
+        # (the diagonal of the score matrix) are needed, so they are computed first, without the matrix
+        with torch.no_grad():
+            s_qp_all = (queries * passages[positive_index]).sum(dim=-1)
+        mean_pos = batch.global_mean(s_qp_all).detach().to(device)
         if self.training:
             with torch.no_grad():
-                self.t.copy_(self.alpha * mean_pos + (1 - self.alpha) * self.t.to(scores.device))
-        t = self.t.to(scores.device)
+                self.t.copy_(self.alpha * mean_pos + (1 - self.alpha) * self.t.to(device))
+        # a snapshot: the blocks may be recomputed in the backward pass, after t has moved on
+        t = self.t.detach().to(device).clone()
         sigma = mean_pos - self.beta
 
-        w_q = self.query_weights(s_qp.detach(), sigma)
+        block = resolve_block_rows(b, passages.shape[0], batch.block_rows)
+        loss_sum, stats = blocked_sum(self._block(batch), b, block, (queries, positive_index), (passages, t, sigma))
+        loss = loss_sum / b
 
-        # eq. 5 on detached values: a negative is scaled when the pair is trusted and it outranks the positive
-        s_qp_col = s_qp.detach().unsqueeze(1)
-        scaled = (s_qp_col >= sigma) & (scores.detach() >= s_qp_col) & negatives
-        scale = t + (s_qp.detach() if self.detach_negative_scale else s_qp)
-        a_n = torch.where(scaled, scale.unsqueeze(1), torch.ones_like(scores))
-
-        # a_n is 1 on the positive column (it is never a negative), so eq. 3's numerator stays e^{s_qp/tau}
-        candidates = negatives.clone()
-        candidates[rows, positive_index] = True
-        logits = (a_n * scores / self.temperature).masked_fill(~candidates, float("-inf"))
-        ce = torch.logsumexp(logits, dim=1) - s_qp / self.temperature
-        loss = (w_q * ce).mean()
-
-        n_neg = int(negatives.sum())
+        w_q_sum, scaled_count, positive_sum, negative_sum, negative_count = stats.unbind()
+        n_neg = float(negative_count)
         components = {
             "loss": float(loss.detach()),
             "t": float(t),
             "sigma": float(sigma),
-            "mean_w_q": float(w_q.mean()),
-            "share_scaled_negatives": float(scaled.sum()) / n_neg if n_neg else 0.0,
-            **similarity_components(scores, positive_index, negatives),
+            "mean_w_q": float(w_q_sum) / b,
+            "share_scaled_negatives": float(scaled_count) / n_neg if n_neg else 0.0,
+            **similarity_means(b, positive_sum, negative_sum, negative_count),
         }
         return LossOutput(loss, components)
+
+    def _block(self, batch: ContrastiveBatch):
+        """Eq. 3-5 for rows ``start:end`` given t and sigma: (sum of w_q * ce, detached statistics)."""
+
+        def block(start: int, end: int, rows: Tensor, positive_index: Tensor, passages: Tensor, t: Tensor,
+                  sigma: Tensor):
+            scores = rows @ passages.T
+            negatives = negative_mask(batch, self.in_batch_negatives, start, end)
+            row = torch.arange(end - start, device=scores.device)
+            s_qp = scores[row, positive_index]
+            w_q = self.query_weights(s_qp.detach(), sigma)
+
+            # eq. 5 on detached values: a negative is scaled when the pair is trusted and it outranks the positive
+            s_qp_col = s_qp.detach().unsqueeze(1)
+            scaled = (s_qp_col >= sigma) & (scores.detach() >= s_qp_col) & negatives
+            scale = t + (s_qp.detach() if self.detach_negative_scale else s_qp)
+            a_n = torch.where(scaled, scale.unsqueeze(1), torch.ones_like(scores))
+
+            # a_n is 1 on the positive column (it is never a negative), so eq. 3's numerator stays e^{s_qp/tau}
+            candidates = negatives.clone()
+            candidates[row, positive_index] = True
+            logits = (a_n * scores / self.temperature).masked_fill(~candidates, float("-inf"))
+            ce = torch.logsumexp(logits, dim=1) - s_qp / self.temperature
+            with torch.no_grad():
+                stats = torch.stack([w_q.sum(dtype=torch.float64), scaled.sum(dtype=torch.float64),
+                                     *similarity_sums(scores, positive_index, negatives)])
+            return (w_q * ce).sum(), stats
+
+        return block
 
     @staticmethod
     def query_weights(s_qp: Tensor, sigma: Tensor) -> Tensor:

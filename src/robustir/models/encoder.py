@@ -70,6 +70,21 @@ def check_model_folder(path: Path, what: str = "model") -> Path:
     return path
 
 
+def model_load_errors() -> tuple[type[BaseException], ...]:
+    """What transformers and safetensors raise for a damaged model folder (config, weights or tokenizer unreadable)."""
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, SafetensorError)
+
+
+def cannot_load(path: str | os.PathLike, exc: BaseException, what: str = "model") -> ConfigError:
+    """The one-line error for a model folder that has the files but cannot be loaded."""
+    detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    detail = detail if len(detail) <= 200 else detail[:200] + "..."
+    return ConfigError(f"{what} folder {path} cannot be loaded ({type(exc).__name__}: {detail}); its files look "
+                       "damaged or incomplete: save or download the model again")
+
+
 def looks_local(name: str) -> bool:
     """True when ``name`` can only mean a local path: absolute, ``./``/``~``-relative, more than one ``/`` (a hub
     id is ``name`` or ``owner/name``), or its first component exists here (``runs/model`` when ``runs/`` does)."""
@@ -118,7 +133,13 @@ def max_positions(transformer_config: Any, tokenizer: Any = None) -> int | None:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); the model folder looks damaged: save or download the "
+                          "model again") from None
 
 
 def config_from_folder(path: Path) -> EncoderConfig:
@@ -183,15 +204,22 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ loading / saving
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, capped: Iterable[str] = (),
-                        **overrides) -> "Encoder":
+                        device: str | torch.device | None = None, **overrides) -> "Encoder":
         """Load a HF model folder, a sentence-transformers folder, a robustir folder or a hub id.
 
         ``overrides`` are :class:`EncoderConfig` fields (``pooling="mean"``, ``query_instruction=...``);
         ``None`` values are ignored. A max length above what the model takes is an error when it was given in
         ``overrides`` -- unless its key is in ``capped`` (a default of the caller's) -- and is capped otherwise.
+        ``device``: where the encoder runs (``auto``, ``cpu``, ``cuda``, ``cuda:N``: :func:`robustir.device.
+        resolve_device`, checked before the weights load); None leaves it on the CPU.
         """
         from transformers import AutoModel, AutoTokenizer
 
+        target = None
+        if device is not None:
+            from ..device import resolve_device
+
+            target = resolve_device(device)
         path = resolve_model_path(name_or_path)
         config = config_from_folder(path)
         unknown = set(overrides) - {f.name for f in fields(EncoderConfig)}
@@ -200,8 +228,11 @@ class Encoder(nn.Module):
         config = replace(config, **{key: value for key, value in overrides.items() if value is not None})  # checked
         if config.pooling not in ("cls", "mean"):
             raise ConfigError(f"pooling must be 'cls' or 'mean', got {config.pooling!r}")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        transformer = AutoModel.from_pretrained(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            transformer = AutoModel.from_pretrained(path)
+        except model_load_errors() as exc:
+            raise cannot_load(path, exc) from None
         limit = max_positions(transformer.config, tokenizer)
         for key in ("query_max_length", "passage_max_length"):
             if limit is None or getattr(config, key) <= limit:
@@ -212,7 +243,8 @@ class Encoder(nn.Module):
             logger.info("%s: %s %d capped at the model's limit of %d tokens", name_or_path, key, getattr(config, key),
                         limit)
             config = replace(config, **{key: limit})
-        return cls(transformer, tokenizer, config, source=str(name_or_path))
+        encoder = cls(transformer, tokenizer, config, source=str(name_or_path))
+        return encoder.to(target) if target is not None else encoder
 
     def save(self, path: str | os.PathLike, model_card: str | None = None) -> Path:
         """Save as a sentence-transformers folder that ``SentenceTransformer(path)`` loads as this encoder.
@@ -312,12 +344,13 @@ class Encoder(nn.Module):
         """The transformer to run inference with: itself, or with ``bf16`` a bfloat16 copy.
 
         A full bf16 copy is faster than autocast on CPU (no per-op weight casts: ~1.7x vs ~1.5x over
-        fp32 for MiniLM) at cosine >= 0.9999 to fp32. The copy is rebuilt whenever a weight changed
-        (tensor version counters move on every in-place update, e.g. an optimizer step).
+        fp32 for MiniLM) at cosine >= 0.9999 to fp32; on a GPU the copy lives there too. The copy is rebuilt
+        whenever a weight changed (tensor version counters move on every in-place update, e.g. an optimizer step)
+        and when the encoder moved to another device (``.to`` swaps tensors without moving their counters).
         """
         if not bf16:
             return self.transformer
-        key = (id(self.transformer), tuple(p._version for p in self.transformer.parameters()))
+        key = (id(self.transformer), str(self.device), tuple(p._version for p in self.transformer.parameters()))
         if self._bf16_cache is None or self._bf16_cache[0] != key:
             self._bf16_cache = None  # free the stale copy before making the new one
             import copy

@@ -53,6 +53,7 @@ class MiningConfig(Checked):
     encode_batch_size: PositiveInt = 64
     bf16: bool = False
     cache_dir: str | None = None  # reuse corpus embeddings saved here (dense)
+    device: str = "auto"  # dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 
@@ -134,11 +135,14 @@ class _Retriever:
         else:
             if encoder is None:
                 raise ConfigError("dense mining needs a model (--model)")
-            self.encoder = encoder
+            from ..device import resolve_device
+
+            device = resolve_device(config.device)
+            self.encoder = encoder.to(device) if hasattr(encoder, "to") else encoder
             self.doc_emb = encoder.encode_corpus(texts, cache_dir=config.cache_dir,
                                                  batch_size=config.encode_batch_size, bf16=config.bf16,
                                                  show_progress=True)
-            self.dense = DenseIndex(config.index).index(self.doc_emb)
+            self.dense = DenseIndex(config.index, device=device).index(self.doc_emb)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         if self.config.method == "bm25":

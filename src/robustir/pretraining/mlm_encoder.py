@@ -33,7 +33,12 @@ def load_masked_lm(name_or_path: str | Path, **kwargs: Any) -> nn.Module:
     """``AutoModelForMaskedLM.from_pretrained`` plus a check that the MLM head is usable and tied."""
     from transformers import AutoModelForMaskedLM
 
-    model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
+    from ..models.encoder import cannot_load, model_load_errors
+
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
+    except model_load_errors() as exc:
+        raise cannot_load(name_or_path, exc) from None
     head = mlm_head(model)  # fail early on an architecture we cannot drive
     head_prefix = next(name for name, module in model.named_children() if module is head)
     missing_head = sorted(k for k in info.get("missing_keys", ()) if k.startswith(head_prefix + "."))

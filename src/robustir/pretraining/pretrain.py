@@ -126,6 +126,9 @@ class PretrainConfig(LoopConfig):
     def validate(self) -> None:
         if self.mode not in ("retromae", "gur"):
             raise ConfigError(f"mode must be 'retromae' or 'gur', got {self.mode!r}")
+        if self.model is not None and not self.model.strip():
+            raise ConfigError("model is empty; name a model folder or hub id, or leave it out (null) for the bundled "
+                              "all-MiniLM-L6-v2")
         if not self.data:
             raise ConfigError("data is required: raw text for retromae (JSONL with 'text', BEIR folder, plain text), "
                               "a pairs JSONL from `robustir pairs` for gur")
@@ -310,11 +313,28 @@ def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
     return model
 
 
-def build_collator(config: PretrainConfig, tokenizer: Any) -> Any:
+def checked_max_length(config: PretrainConfig, model: torch.nn.Module) -> int:
+    """Tokens per text: ``max_length`` (an error when above what the model takes, instead of an index error in its
+    position embeddings mid-run), or the mode's default capped at the model's limit."""
+    from ..models.encoder import max_positions
+
+    wanted = config.resolved_max_length()
+    limit = max_positions(model.encoder.config, model.tokenizer)
+    if limit is None or wanted <= limit:
+        return wanted
+    if config.max_length is not None:
+        raise ConfigError(f"max_length = {wanted} is above what model {config.model or default_model_path()} takes "
+                          f"({limit} tokens); use at most {limit}")
+    logger.info("max_length %d (the %s default) capped at the model's limit of %d tokens", wanted, config.mode, limit)
+    return limit
+
+
+def build_collator(config: PretrainConfig, tokenizer: Any, max_length: int | None = None) -> Any:
+    max_length = max_length or config.resolved_max_length()
     if config.mode == "retromae":
         from .retromae import RetroMAECollator
 
-        return RetroMAECollator(tokenizer, max_length=config.resolved_max_length(),
+        return RetroMAECollator(tokenizer, max_length=max_length,
                                 encoder_mlm_probability=config.encoder_mask_ratio,
                                 decoder_mlm_probability=config.decoder_mask_ratio, seed=config.seed)
     from .masking import SpanMasker
@@ -322,7 +342,7 @@ def build_collator(config: PretrainConfig, tokenizer: Any) -> Any:
 
     masker = SpanMasker(mask_ratio=config.mask_ratio,
                         mask_ratio_range=tuple(config.mask_ratio_range) if config.mask_ratio_range else None)
-    return GURCollator(tokenizer, max_length=config.resolved_max_length(), masker=masker, seed=config.seed)
+    return GURCollator(tokenizer, max_length=max_length, masker=masker, seed=config.seed)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -340,6 +360,11 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     checkpoint), as if the job had been interrupted; a later call resumes and ends with the same weights as an
     uninterrupted run.
     """
+    from ..outputs import refuse_run_over_inputs
+
+    refuse_run_over_inputs(config.output, models={"model": config.model, "heads": config.heads},
+                           data={"data": config.data}, rewritten=("model", "checkpoints", "decoder_head", "projection_head"),
+                           stage="pretrain")  # before the loop makes the folder
     loop = TrainingLoop(config, config_file="pretrain_config.json")  # validates the config
     accelerator, out = loop.accelerator, loop.out
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -367,7 +392,7 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     model_path = str(resolve_model_path(config.model or default_model_path()))  # checked: a model folder
     model = build_model(config, model_path)
     tokenizer = model.tokenizer
-    collator = build_collator(config, tokenizer)
+    collator = build_collator(config, tokenizer, checked_max_length(config, model))
     if config.gradient_checkpointing:
         model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 

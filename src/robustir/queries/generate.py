@@ -457,6 +457,9 @@ def generate_queries(input_path: str | Path, output_path: str | Path, backend: L
     if not input_path.exists():
         raise DataError(input_path, "file not found",
                         fix="give a passages JSONL (BEIR corpus.jsonl or robustir chunk output)")
+    if shard.count == 1 and input_path.is_file() and _count_lines(input_path) == 0:  # a shard may well get nothing
+        raise DataError(input_path, "no passages", fix='give a passages JSONL with one {"_id", "title", "text"} '
+                                                       "object per line (BEIR corpus.jsonl or robustir chunk output)")
     tally = FailureTally("generate", "passages", max_failure_rate, endpoint=endpoint_of(backend))
     started = time.monotonic()
     stage = StageOutput(output)

@@ -223,6 +223,10 @@ class _Bench:
 
         self.config = config.resolved()
         self.budget = self.config.budget_obj()
+        if self.config.model:
+            from ..models.encoder import resolve_model_path
+
+            resolve_model_path(self.config.model)  # a clear error now, not after the data is mined
         self.data = Path(self.config.data) if self.config.data else dataset_path("scifact")
         self.out = Path(self.config.output)
         self.out.mkdir(parents=True, exist_ok=True)

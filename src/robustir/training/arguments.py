@@ -40,6 +40,9 @@ class TrainConfig(LoopConfig):
     loss_options: dict = field(default_factory=dict)  # e.g. {temperature: 0.02, beta: 0.2}
     # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
     chunk_size: PositiveInt | None = None  # GradCache: rows per forward chunk (None = no caching)
+    loss_block_rows: PositiveInt | None = None
+    """Query rows per block of the loss's score matrix (exact; bounds memory at huge batches). None = whole batch
+    while it holds at most 2**25 scores, else blocks of that size."""
     epoch_unit: Literal["pairs", "queries"] = "pairs"
     # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
     # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
@@ -56,6 +59,9 @@ class TrainConfig(LoopConfig):
     def validate(self) -> None:
         if self.batch_size < 1 or self.num_negatives < 0:
             raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
+        if self.model is not None and not self.model.strip():
+            raise ConfigError("model is empty; name a model folder or hub id, or leave it out (null) for the bundled "
+                              "all-MiniLM-L6-v2")
         if self.epoch_unit not in ("pairs", "queries"):
             raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {self.epoch_unit!r}")
         super().validate()

@@ -49,6 +49,13 @@ processes yourself (``all_reduce(SUM) / world_size``) to obtain the same gradien
 **not** gathered: each process adds the mean over its own units (its own count), so after DDP's
 averaging the parameters receive the gradient of the mean over processes of the per-process aux means,
 which equals the global mean over all units only when every process has the same count.
+
+Memory-bounded losses: ``block_rows`` (``ContrastiveBatch.block_rows``) makes every loss evaluate its
+``(b, N)`` score matrix in blocks of rows (:func:`robustir.losses.base.blocked_sum`; ``None`` = auto, blocks
+only when the matrix is large), with the same values and gradients. When the loss runs in blocks, the
+duplicate mask is a :class:`robustir.losses.base.RowMask` computed per block too, so nothing of size
+``b x N`` is materialised by the engine or the loss. It composes with GradCache (the loss on the cached
+leaves runs in blocks) and with the cross-process gather (blocks of local rows against the gathered columns).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from robustir.losses.base import AuxLoss, ContrastiveBatch, ContrastiveLoss, LossOutput
+from robustir.losses.base import AuxLoss, ContrastiveBatch, ContrastiveLoss, LossOutput, RowMask, resolve_block_rows
 from robustir.training import distributed
 
 Features = Mapping[str, Any]
@@ -221,6 +228,11 @@ class BatchEngine:
             outside autocast on float32 (or float64) embeddings.
         loss_weight: multiplies the contrastive loss before the model's aux losses (each with its own
             :attr:`AuxLoss.weight`) are added, e.g. GUR's ``alpha``.
+        block_rows: query rows per block of the loss's score matrix (``ContrastiveBatch.block_rows``):
+            ``None`` = auto (the whole batch while ``b x N`` is at most
+            :data:`robustir.losses.base.AUTO_BLOCK_SCORES` scores, else blocks under that budget), an int
+            forces it. Values and gradients do not depend on it; a smaller block trades a recomputation of
+            each block's scores in the backward pass for memory.
     """
 
     def __init__(
@@ -231,9 +243,12 @@ class BatchEngine:
         mask_duplicate_positives: bool = True,
         autocast: ContextFactory | None = None,
         loss_weight: float = 1.0,
+        block_rows: int | None = None,
     ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
+        resolve_block_rows(1, 1, block_rows)  # validates
+        self.block_rows = block_rows
         self.loss = loss
         self.chunk_size = chunk_size
         self.gather_across_processes = gather_across_processes
@@ -283,7 +298,8 @@ class BatchEngine:
         candidate_mask = None
         if passage_ids is not None and self.mask_duplicate_positives:
             candidate_mask = self._duplicate_mask(passage_ids.to(device), b, k, positive_index, gather_fn,
-                                                  None if positive_ids is None else positive_ids.to(device))
+                                                  None if positive_ids is None else positive_ids.to(device),
+                                                  self.block_rows)
 
         return ContrastiveBatch(
             queries=queries,
@@ -294,38 +310,56 @@ class BatchEngine:
             all_queries=all_queries,
             query_offset=rank * b,
             global_mean=distributed.global_mean,
+            block_rows=self.block_rows,
         )
 
     @staticmethod
     def _duplicate_mask(
         passage_ids: Tensor, b: int, k: int, positive_index: Tensor, gather_fn: Callable[[Tensor], Tensor],
-        positive_ids: Tensor | None = None,
-    ) -> Tensor | None:
+        positive_ids: Tensor | None = None, block_rows: int | None = None,
+    ) -> Tensor | RowMask | None:
         """``(b, N)`` mask, False where a column holds row i's positive passage but is not its positive column.
 
         With ``positive_ids`` (``(b, P)``, padded with -1) a column holding *any* known positive of row i's
         query is masked too (a query with several positives can meet another of them in the batch).
+
+        When the loss will run in blocks of rows (``resolve_block_rows(b, N, block_rows) < b``) the mask is a
+        :class:`RowMask` that computes each block's rows on demand (the same rows, exactly), so no ``(b, N)``
+        tensor is built; ``None`` when nothing is masked.
         """
         if passage_ids.shape != (b * (1 + k),):
             raise ValueError(f"passage_ids must have one id per passage row, shape ({b * (1 + k)},), "
                              f"got {tuple(passage_ids.shape)}")
+        if positive_ids is not None and positive_ids.shape[0] != b:
+            raise ValueError(f"positive_ids must have one row per query, shape ({b}, P), "
+                             f"got {tuple(positive_ids.shape)}")
         with torch.no_grad():
             groups = passage_ids.view(b, 1 + k)
             column_ids = [gather_fn(groups[:, 0].contiguous())]
             if k > 0:
                 column_ids.append(gather_fn(groups[:, 1:].reshape(b * k)))
             column_ids_t = torch.cat(column_ids)
-            duplicate = column_ids_t.unsqueeze(0) == groups[:, 0].unsqueeze(1)
-            if positive_ids is not None:
-                if positive_ids.shape[0] != b:
-                    raise ValueError(f"positive_ids must have one row per query, shape ({b}, P), "
-                                     f"got {tuple(positive_ids.shape)}")
-                known = positive_ids.masked_fill(positive_ids < 0, -2)  # padding never matches an id
-                duplicate |= (column_ids_t.view(1, -1, 1) == known.unsqueeze(1)).any(dim=2)
-            duplicate[torch.arange(b, device=duplicate.device), positive_index] = False
-            if not bool(duplicate.any()):
-                return None  # nothing to mask: let the loss take its fast path
-            return ~duplicate
+            own_ids = groups[:, 0]
+            # padding (-1) becomes -2, which matches no id
+            known = None if positive_ids is None else positive_ids.masked_fill(positive_ids < 0, -2)
+
+        def rows(start: int, end: int) -> Tensor:
+            with torch.no_grad():
+                duplicate = column_ids_t.unsqueeze(0) == own_ids[start:end].unsqueeze(1)
+                if known is not None:
+                    for j in range(known.shape[1]):  # one (rows, N) comparison per known positive
+                        duplicate |= column_ids_t.unsqueeze(0) == known[start:end, j:j + 1]
+                duplicate[torch.arange(end - start, device=duplicate.device), positive_index[start:end]] = False
+                return ~duplicate
+
+        n = column_ids_t.shape[0]
+        block = resolve_block_rows(b, n, block_rows)
+        if block >= b:
+            mask = rows(0, b)
+            return None if bool(mask.all()) else mask  # nothing to mask: let the loss take its fast path
+        if all(bool(rows(start, min(start + block, b)).all()) for start in range(0, b, block)):
+            return None
+        return RowMask((b, n), rows)
 
     # ------------------------------------------------------------------ encoding
 

@@ -59,11 +59,14 @@ FINGERPRINT_FORMAT = 1
 #: Configuration fields that never change a run's result, left out of its fingerprint: where the run is written
 #: (``output``), whether it resumes (``resume``), how often it logs and checkpoints and how many checkpoints it keeps
 #: (``logging_steps``, ``save_steps``, ``save_total_limit``), whether it draws the report figures (``report``) and
-#: activation recomputation (``gradient_checkpointing``: same forward, same dropout masks, less memory). A stage adds
+#: activation recomputation (``gradient_checkpointing``: same forward, same dropout masks, less memory) and where the
+#: run computes (``device``: a run may move between machines and resume; the CPU and a GPU draw other dropout masks,
+#: so such a run ends with other weights than one that stayed put, as with any change of hardware) and
+#: ``loss_block_rows`` (the loss over blocks of rows: the same values up to float32 summation order). A stage adds
 #: its own (fine-tuning: ``eval_steps``, ``eval_batch_size``). Everything else counts, ``chunk_size`` included
 #: (GradCache draws other dropout masks than one plain forward). ``epochs`` counts only without ``max_steps``.
 OPERATIONAL_FIELDS = frozenset({"output", "resume", "report", "logging_steps", "save_steps", "save_total_limit",
-                                "gradient_checkpointing"})
+                                "gradient_checkpointing", "device", "loss_block_rows"})
 
 _BLOCK = 1 << 20  # read files in 1 MiB blocks
 _FULL_HASH_LIMIT = 256 << 20  # model files larger than this are hashed by size + sampled blocks

@@ -3,8 +3,13 @@
 
 A stage builds its data, model and loss; :class:`TrainingLoop` does everything else:
 
-* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, bf16 autocast, CPU when no
-  GPU), ``set_seed``;
+* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, bf16 autocast), ``set_seed``.
+  The device is ``config.device`` (:func:`robustir.device.resolve_device`): ``cpu`` forces the CPU
+  (``Accelerator(cpu=True)``); ``auto`` takes the GPU when there is one; ``cuda:N`` in a single process makes GPU N
+  the current device (``torch.cuda.set_device``) before accelerate places the model there. Under ``torchrun`` the
+  launcher decides: each process takes the GPU of its ``LOCAL_RANK``, so ``device`` must be ``auto``, ``cuda`` or
+  ``cpu`` there (``cuda:N`` is a :class:`~robustir.errors.ConfigError`; restrict the GPUs with
+  ``CUDA_VISIBLE_DEVICES`` instead);
 * :meth:`TrainingLoop.open_output`: the run fingerprint (``run_fingerprint.json``: the settings that determine
   the result and a digest of every input, :func:`~robustir.training.checkpoints.run_fingerprint`). An output
   folder holds one run: a folder with checkpoints or a finished model is resumed or reused only when its
@@ -70,6 +75,7 @@ class LoopConfig(Checked):
     max_grad_norm: PositiveFloat | None = 1.0  # clip the gradient norm to this (None = no clipping)
     seed: NonNegativeInt = 42
     bf16: bool = False  # bf16 autocast for training
+    device: str = "auto"  # where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     # output, checkpoints, logging
     output: str = "runs/train"  # run folder: model/, checkpoints, train_log.jsonl, report
@@ -88,6 +94,8 @@ class LoopConfig(Checked):
             raise ConfigError(f"epochs must be > 0, got {self.epochs}")
         if self.logging_steps < 1:
             raise ConfigError("logging_steps must be >= 1")
+        if not str(self.output).strip():  # "" would be the current folder: the run's files would land in it
+            raise ConfigError("output is empty; name the run folder, e.g. output=runs/my-run")
 
 
 @dataclass
@@ -95,6 +103,49 @@ class LoopResult:
     steps: int  # optimizer steps done (all of them, resumed ones included)
     interrupted: bool  # left early on stop_after (a checkpoint holds the state; the stage saves no outputs)
     last: dict[str, float] = field(default_factory=dict)  # the last logged values (averaged over processes)
+
+
+def _launched_distributed() -> bool:
+    """Whether this process was started by a launcher (``torchrun``, ``accelerate launch``) with others."""
+    import os
+
+    return int(os.environ.get("LOCAL_RANK", "-1")) != -1 or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _select_device(spec: str) -> bool:
+    """Check ``spec`` and make its GPU the current one; returns accelerate's ``cpu`` flag (see the module docstring)."""
+    from ..device import resolve_device
+
+    text = str(spec).strip().lower()
+    if _launched_distributed() and text.startswith("cuda:"):
+        resolve_device(spec)  # a malformed spec or a missing GPU says so first
+        raise ConfigError(
+            f"device {spec!r}: under torchrun each process trains on the GPU of its LOCAL_RANK, so a GPU number cannot "
+            "be chosen. Fix: use device auto (or cuda), and choose the GPUs the launcher hands out with "
+            "CUDA_VISIBLE_DEVICES, e.g. CUDA_VISIBLE_DEVICES=2,3 torchrun --nproc_per_node 2 ...")
+    device = resolve_device(spec)
+    if device.type == "cpu":
+        return True
+    if not _launched_distributed():
+        torch.cuda.set_device(device)  # accelerate's single-process device is "cuda": the current GPU
+    return False
+
+
+def _forget_other_accelerator_state(cpu: bool, mixed_precision: str) -> None:
+    """accelerate keeps one state per process and refuses an ``Accelerator`` with another device or precision than
+    the first one's; in a single process (not under a launcher) a new run forgets the earlier run's state instead, so
+    every run in one process (the pipeline's stages, tests) gets its own ``device`` and ``bf16``."""
+    if _launched_distributed():
+        return
+    from accelerate.state import AcceleratorState, PartialState
+
+    if not PartialState._shared_state:
+        return
+    device = PartialState._shared_state.get("device")
+    precision = AcceleratorState._shared_state.get("_mixed_precision")
+    if (device is not None and device.type != ("cpu" if cpu else "cuda")) or \
+            (precision is not None and precision != mixed_precision):
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 class TrainingLoop:
@@ -114,8 +165,10 @@ class TrainingLoop:
         config.validate()
         self.config = config
         self.config_file = config_file
-        self.accelerator = Accelerator(mixed_precision="bf16" if config.bf16 else "no",
-                                       cpu=not torch.cuda.is_available(),
+        cpu = _select_device(config.device)
+        mixed_precision = "bf16" if config.bf16 else "no"
+        _forget_other_accelerator_state(cpu, mixed_precision)
+        self.accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu,
                                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
         self.out = Path(config.output)
         self.out.mkdir(parents=True, exist_ok=True)

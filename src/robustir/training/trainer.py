@@ -37,7 +37,8 @@ from ..data.training_data import TrainingExample, examples_from_beir, load_train
 from ..errors import ConfigError
 from ..io import write_json
 from ..losses import get_loss
-from ..models.encoder import Encoder
+from ..models.encoder import Encoder, max_positions
+from ..outputs import refuse_run_over_inputs
 from ..resources import default_model_path
 from .arguments import DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH, TrainConfig
 from .batch_engine import BatchEngine
@@ -129,8 +130,10 @@ def mine_for_training(examples: list[TrainingExample], beir_root: Path | None, c
         row = {text: f"p{i}" for i, text in enumerate(pool)}
         doc_ids, doc_texts = [row[t] for t in pool], pool
         queries = [MiningQuery(f"q{i}", e.query, [row[p] for p in e.pos]) for i, e in enumerate(examples)]
+    from ..device import device_string
+
     mining = MiningConfig(method=config.mine, num_negatives=config.mine_negatives, range_min=config.mine_range_min,
-                          bf16=config.eval_bf16)
+                          bf16=config.eval_bf16, device=device_string(encoder.device))  # the training device
     logger.info("mining %d hard negatives per query with %s", config.mine_negatives, config.mine)
     report = mine_negatives(queries, doc_ids, doc_texts, output, mining,
                             encoder=encoder if config.mine == "dense" else None)
@@ -214,6 +217,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     over; a finished run re-run with the same settings and inputs returns its result without training
     (``already_complete``).
     """
+    refuse_run_over_inputs(config.output, models={"model": config.model}, data={"training data": config.train_data},
+                           stage="train")  # before the loop makes the folder
     loop = TrainingLoop(config, config_file="training_config.json")
     accelerator, is_main, out = loop.accelerator, loop.is_main, loop.out
     # before the data is prepared: mining caches its negatives in the folder
@@ -228,8 +233,13 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
                                               if getattr(config, k) is None],
                                       query_instruction=config.query_instruction,
                                       passage_instruction=config.passage_instruction)
+    limit = max_positions(encoder.transformer.config, encoder.tokenizer)
+    if config.train_passage_max_length and limit and config.train_passage_max_length > limit:
+        raise ConfigError(f"train_passage_max_length = {config.train_passage_max_length} is above what model "
+                          f"{config.model or default_model_path()} takes ({limit} tokens); use at most {limit}")
     if config.gradient_checkpointing:
         encoder.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    encoder.to(loop.device)  # before dense mining, which encodes the corpus with it (prepare keeps it there)
     examples = prepare_examples(config, encoder, is_main, accelerator.wait_for_everyone)
     loss = get_loss(config.loss, **config.loss_options)
     sampler = GroupSampler(examples, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
@@ -246,7 +256,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     loss.to(accelerator.device)
     start_step = loop.prepare(encoder, total_steps, checkpointed=(loss,))  # the loss's state (PEG's t) too
     model = loop.model
-    engine = BatchEngine(loss, chunk_size=config.chunk_size)
+    engine = BatchEngine(loss, chunk_size=config.chunk_size, block_rows=config.loss_block_rows)
 
     unwrapped: Encoder = loop.unwrapped
     if start_step == 0 and is_main:
@@ -324,10 +334,12 @@ def _finished_result(loop: TrainingLoop) -> TrainResult:
 
 
 def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float]:
+    from ..device import device_string
     from ..evaluation.retrieval import EvalConfig, evaluate
 
     was_training = encoder.training
-    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, bf16=config.eval_bf16))
+    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, bf16=config.eval_bf16,
+                                                          device=device_string(encoder.device)))  # where it trains
     encoder.train(was_training)
     return result.metrics
 
