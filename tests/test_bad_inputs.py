@@ -221,7 +221,7 @@ CASES = [
      "holds no model"),
     ("train-model-typo-not-hub", ["train", "--train-data", "{train}", "--model", "{root}/no-such/model", "--output",
                                   "{out}/t"], 2, "not tried as a Hugging Face hub id"),
-    ("eval-model-relative-typo", ["eval", "--model", "runs/no-such-model", "--data", "{data}"], 2, "does not exist"),
+    ("eval-model-relative-typo", ["eval", "--model", "./runs/no-such-model", "--data", "{data}"], 2, "does not exist"),
     # --- 5. records --------------------------------------------------------------------------------------------
     ("train-nan-score", ["train", "--train-data", "{nan}", "--model", "{tiny}", "--output", "{out}/t"], 2,
      "not a finite number"),
