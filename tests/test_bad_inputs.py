@@ -22,14 +22,7 @@ from robustir.cli.main import main, path_error
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-DOCS = [("d1", "Aspirin", "Aspirin reduces the risk of heart attacks in adults."),
-        ("d2", "Statins", "Statins lower cholesterol and cardiovascular events."),
-        ("d3", "Vitamin D", "Vitamin D supports bone health in older people."),
-        ("d4", "Exercise", "Regular exercise improves sleep quality and mood."),
-        ("d5", "Coffee", "Coffee consumption is linked to alertness and lower fatigue."),
-        ("d6", "Sleep", "Short sleep increases the risk of obesity in children.")]
-QUERIES = [("q1", "does aspirin prevent heart attacks"), ("q2", "do statins reduce cholesterol"),
-           ("q3", "is vitamin d good for bones"), ("q4", "does exercise help sleep")]
+from helpers import DOCS, QUERIES  # noqa: E402  (tests/ is on sys.path)
 
 
 def _beir(folder: Path, *, bom: bool = False, crlf: bool = False) -> Path:

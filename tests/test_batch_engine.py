@@ -504,8 +504,6 @@ def test_rng_snapshot_covers_the_models_devices_too():
 
 # ---------------------------------------------------------------------------------- (e) memory-bounded losses
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from robustir.losses.base import RowMask  # noqa: E402
 
@@ -617,19 +615,7 @@ def test_blocked_bf16_autocast_recomputes_in_float32() -> None:
                 assert torch.allclose(got[name], g, atol=1e-2 * float(g.abs().max()) + 1e-6), name
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (numel) any op produces, forward and backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel, self.shape = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.numel() > self.numel:
-                self.numel, self.shape = t.numel(), tuple(t.shape)
-        return out
+from helpers import LargestTensor  # noqa: E402
 
 
 @pytest.mark.parametrize("chunk_size", [None, 5])

@@ -443,8 +443,6 @@ def test_gradient_step_raises_positive_similarity(make_loss):
 
 from dataclasses import replace  # noqa: E402
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from robustir.losses.base import AUTO_BLOCK_SCORES, RowMask, resolve_block_rows  # noqa: E402
 
@@ -562,19 +560,7 @@ def test_resolve_block_rows() -> None:
             resolve_block_rows(10, 36, bad)
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (numel) any op produces, forward and backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel, self.shape = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.numel() > self.numel:
-                self.numel, self.shape = t.numel(), tuple(t.shape)
-        return out
+from helpers import LargestTensor  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(BLOCK_LOSSES))

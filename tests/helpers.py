@@ -1,0 +1,32 @@
+"""Helpers shared by several test modules (imported as ``from helpers import ...``; tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# a six-document corpus and four queries (query i is about document i) for tiny BEIR folders and training files
+DOCS = [("d1", "Aspirin", "Aspirin reduces the risk of heart attacks in adults."),
+        ("d2", "Statins", "Statins lower cholesterol and cardiovascular events."),
+        ("d3", "Vitamin D", "Vitamin D supports bone health in older people."),
+        ("d4", "Exercise", "Regular exercise improves sleep quality and mood."),
+        ("d5", "Coffee", "Coffee consumption is linked to alertness and lower fatigue."),
+        ("d6", "Sleep", "Short sleep increases the risk of obesity in children.")]
+QUERIES = [("q1", "does aspirin prevent heart attacks"), ("q2", "do statins reduce cholesterol"),
+           ("q3", "is vitamin d good for bones"), ("q4", "does exercise help sleep")]
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor (numel) any op produces, forward and backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel, self.shape = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() > self.numel:
+                self.numel, self.shape = t.numel(), tuple(t.shape)
+        return out
