@@ -7,6 +7,7 @@ file, skips what is already there, and continues.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -75,6 +76,57 @@ def read_lines(handle: Any, path: str | Path) -> Iterator[bytes]:
         raise DataError(path, f"{problem} (after line {number})",
                         fix="a .gz name must hold gzip data: re-compress it (gzip FILE), or drop the .gz from its name"
                         if isinstance(exc, gzip.BadGzipFile) else "re-create or re-download the file") from None
+
+
+_BLOCK = 1 << 20  # read files in 1 MiB blocks
+_FULL_HASH_LIMIT = 256 << 20  # model files larger than this are hashed by size + sampled blocks
+_SAMPLED_BLOCKS = 16
+
+
+def _file_digest(path: Path, sample_large: bool) -> str:
+    """``sha256:<hex>`` of the whole file, streamed; with ``sample_large``, a file over 256 MiB is digested from
+    its size and 16 evenly spaced 1 MiB blocks (first and last included): ``sampled-sha256:<hex>``."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if sample_large and size > _FULL_HASH_LIMIT:
+            digest.update(str(size).encode())
+            last = size - _BLOCK
+            for i in range(_SAMPLED_BLOCKS):
+                handle.seek(last * i // (_SAMPLED_BLOCKS - 1))
+                digest.update(handle.read(_BLOCK))
+            return "sampled-sha256:" + digest.hexdigest()
+        for block in iter(lambda: handle.read(_BLOCK), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def input_digest(paths: str | os.PathLike | Iterable[str | os.PathLike], *, model: bool = False,
+                 skip: tuple[str, ...] = ("README.md",)) -> dict[str, Any]:
+    """Digest of one input: a file, a folder (every file under it but hidden ones and those named in ``skip``,
+    by default a model card ``README.md``) or a list of files and folders. Returns ``{"paths": [...], "files": {name: digest}}``: files are named relative to the
+    folder they were found in (or by their own name).
+
+    ``model=True`` (model and head folders): files over 256 MiB (weights) are digested from their size and 16
+    sampled 1 MiB blocks, so a multi-GB model costs 16 MiB of reading, yet any other model of the same size
+    differs; data files are always hashed whole.
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    files: dict[str, str] = {}
+    for item in items:
+        item = Path(item)
+        if item.is_dir():
+            for file in sorted(item.rglob("*")):
+                relative = file.relative_to(item)
+                if not file.is_file() or any(part.startswith(".") for part in relative.parts) \
+                        or relative.as_posix() in skip:
+                    continue
+                files[relative.as_posix()] = _file_digest(file, model)
+        elif item.is_file():
+            files[item.name] = _file_digest(item, model)
+        else:
+            files[item.name] = "missing"
+    return {"paths": [str(Path(p)) for p in items], "files": files}
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:

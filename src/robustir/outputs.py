@@ -31,7 +31,6 @@ reports into ``OUT.report.json`` (numbers summed where every shard has them, the
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 import shutil
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataError
-from .io import Shard, atomic_write, write_json
+from .io import Shard, atomic_write, input_digest, write_json
 
 __all__ = ["StageOutput", "MergeResult", "check_output_file", "refuse_overwriting_inputs", "refuse_run_over_inputs",
            "stage_settings"]
@@ -111,28 +110,12 @@ def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None
                    operational: tuple[str, ...] = ()) -> dict:
     """What a data stage's output depends on, for :meth:`StageOutput.nothing_to_do`: ``options`` (a config
     dataclass or a dict; ``overwrite``, ``progress``, ``shard`` and the ``operational`` keys -- batch sizes, caches --
-    left out) and the content of each input (sha256 of the file, or of every file of a folder)."""
+    left out) and the content of each input (:func:`~robustir.io.input_digest`: every file, hashed whole)."""
     values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
     skip = {"overwrite", "progress", "shard", *operational}
     values = {k: v for k, v in values.items() if k not in skip}
-    digests = {}
-    for name, item in inputs.items():
-        if item is None:
-            continue
-        path = Path(item)
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
-            part.startswith(".") for part in p.relative_to(path).parts)) if path.is_dir() else [path]
-        digests[name] = {"path": str(item), "sha256": {
-            (p.relative_to(path).as_posix() if path.is_dir() else p.name): _sha256(p) for p in files if p.exists()}}
+    digests = {name: input_digest(item, skip=()) for name, item in inputs.items() if item is not None}
     return json.loads(json.dumps({"stage": stage, "options": values, "inputs": digests}, default=str))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _settings_diff(old: dict, new: dict) -> list[str]:
@@ -147,10 +130,10 @@ def _settings_diff(old: dict, new: dict) -> list[str]:
     for name in dict.fromkeys([*old_inputs, *new_inputs]):
         before, after = old_inputs.get(name), new_inputs.get(name)
         if before is None or after is None:
-            diffs.append(f"input {name}: {'(none)' if before is None else before['path']} -> "
-                         f"{'(none)' if after is None else after['path']}")
-        elif before.get("sha256") != after.get("sha256"):
-            diffs.append(f"input {name} ({after['path']}): its content changed")
+            diffs.append(f"input {name}: {'(none)' if before is None else before['paths'][0]} -> "
+                         f"{'(none)' if after is None else after['paths'][0]}")
+        elif before.get("files") != after.get("files"):
+            diffs.append(f"input {name} ({after['paths'][0]}): its content changed")
     return diffs
 
 

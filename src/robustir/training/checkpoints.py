@@ -31,7 +31,6 @@ runs (:meth:`~robustir.training.loop.TrainingLoop.open_output`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,7 +44,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..io import write_json
+from ..io import input_digest, write_json  # input_digest: part of this module's API (run fingerprints)
 
 __all__ = ["FINGERPRINT_FILE", "OPERATIONAL_FIELDS", "compare_fingerprints", "input_digest", "list_checkpoints",
            "load_checkpoint", "load_state_files", "resume_latest", "run_fingerprint", "save_checkpoint",
@@ -68,9 +67,6 @@ FINGERPRINT_FORMAT = 1
 OPERATIONAL_FIELDS = frozenset({"output", "resume", "report", "logging_steps", "save_steps", "save_total_limit",
                                 "gradient_checkpointing", "device", "loss_block_rows"})
 
-_BLOCK = 1 << 20  # read files in 1 MiB blocks
-_FULL_HASH_LIMIT = 256 << 20  # model files larger than this are hashed by size + sampled blocks
-_SAMPLED_BLOCKS = 16
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -254,51 +250,6 @@ def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int, *, 
 
 
 # ---------------------------------------------------------------------------- run fingerprint
-
-def _file_digest(path: Path, sample_large: bool) -> str:
-    """``sha256:<hex>`` of the whole file, streamed; with ``sample_large``, a file over 256 MiB is digested from
-    its size and 16 evenly spaced 1 MiB blocks (first and last included): ``sampled-sha256:<hex>``."""
-    size = path.stat().st_size
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        if sample_large and size > _FULL_HASH_LIMIT:
-            digest.update(str(size).encode())
-            last = size - _BLOCK
-            for i in range(_SAMPLED_BLOCKS):
-                handle.seek(last * i // (_SAMPLED_BLOCKS - 1))
-                digest.update(handle.read(_BLOCK))
-            return "sampled-sha256:" + digest.hexdigest()
-        for block in iter(lambda: handle.read(_BLOCK), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
-def input_digest(paths: str | os.PathLike | Iterable[str | os.PathLike], *, model: bool = False) -> dict[str, Any]:
-    """Digest of one input: a file, a folder (every file under it but hidden ones and ``README.md``) or a list
-    of files and folders. Returns ``{"paths": [...], "files": {name: digest}}``: files are named relative to the
-    folder they were found in (or by their own name).
-
-    ``model=True`` (model and head folders): files over 256 MiB (weights) are digested from their size and 16
-    sampled 1 MiB blocks, so a multi-GB model costs 16 MiB of reading, yet any other model of the same size
-    differs; data files are always hashed whole.
-    """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    files: dict[str, str] = {}
-    for item in items:
-        item = Path(item)
-        if item.is_dir():
-            for file in sorted(item.rglob("*")):
-                relative = file.relative_to(item)
-                if not file.is_file() or any(part.startswith(".") for part in relative.parts) \
-                        or relative.as_posix() == "README.md":
-                    continue
-                files[relative.as_posix()] = _file_digest(file, model)
-        elif item.is_file():
-            files[item.name] = _file_digest(item, model)
-        else:
-            files[item.name] = "missing"
-    return {"paths": [str(Path(p)) for p in items], "files": files}
-
 
 def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None,
                     operational: Iterable[str] = ()) -> dict[str, Any]:
