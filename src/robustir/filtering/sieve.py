@@ -184,16 +184,14 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
     work_dir = Path(config.work_dir) if config.work_dir else output.with_name(output.name + ".sieve-work")
     training: dict = {}
     if encoder is None:
-        from ..models.encoder import Encoder
+        from ..models.encoder import Encoder, length_options
         from ..resources import default_model_path
 
         model_path = config.model or default_model_path()
         if config.train:
             model_path, training = train_sieve_model(input_path, config, work_dir)
-        encoder = Encoder.from_pretrained(model_path, query_max_length=config.query_max_length or 64,
-                                          passage_max_length=config.passage_max_length or 256,
-                                          capped=[k for k in ("query_max_length", "passage_max_length")
-                                                  if getattr(config, k) is None], device=device)
+        encoder = Encoder.from_pretrained(model_path, **length_options(config.query_max_length,
+                                                                       config.passage_max_length), device=device)
         training["sieve_model"] = str(model_path)
     elif hasattr(encoder, "to"):  # an Encoder (a duck-typed test double has no device)
         encoder = encoder.to(device)

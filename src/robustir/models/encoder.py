@@ -176,6 +176,19 @@ def config_from_folder(path: Path) -> EncoderConfig:
     return config
 
 
+DEFAULT_QUERY_LENGTH, DEFAULT_PASSAGE_LENGTH = 64, 256  # tokens a stage uses when no length is given
+
+
+def length_options(query_max_length: int | None, passage_max_length: int | None) -> dict[str, Any]:
+    """:meth:`Encoder.from_pretrained` keywords for a stage's ``query/passage_max_length`` fields: a given length
+    is used as asked (and refused above the model's limit); None means the stage default (64 / 256 tokens),
+    capped at the model's limit."""
+    return {"query_max_length": query_max_length or DEFAULT_QUERY_LENGTH,
+            "passage_max_length": passage_max_length or DEFAULT_PASSAGE_LENGTH,
+            "capped": [key for key, value in (("query_max_length", query_max_length),
+                                              ("passage_max_length", passage_max_length)) if value is None]}
+
+
 def _st_module_classes() -> tuple[type, type, type]:
     """sentence-transformers' Transformer, Pooling and Normalize classes (6.x module paths; older: ``models``)."""
     try:

@@ -10,9 +10,6 @@ from ..validation import NonNegativeInt, PositiveInt
 from .loop import LoopConfig
 
 
-DEFAULT_QUERY_LENGTH, DEFAULT_PASSAGE_LENGTH = 64, 256  # tokens, when query/passage_max_length are not given
-
-
 @dataclass
 class TrainConfig(LoopConfig):
     """The fine-tuning stage's fields; the training loop's (``batch_size``, ``epochs``, ``max_steps``, ``lr``,

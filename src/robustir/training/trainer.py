@@ -37,10 +37,10 @@ from ..data.training_data import TrainingExample, examples_from_beir, load_train
 from ..errors import ConfigError
 from ..io import write_json
 from ..losses import get_loss
-from ..models.encoder import Encoder, max_positions
+from ..models.encoder import Encoder, length_options, max_positions
 from ..outputs import refuse_run_over_inputs
 from ..resources import default_model_path
-from .arguments import DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH, TrainConfig
+from .arguments import TrainConfig
 from .batch_engine import BatchEngine
 from .checkpoints import input_digest
 from .data import GroupSampler, collate
@@ -227,10 +227,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         return _finished_result(loop)
 
     encoder = Encoder.from_pretrained(config.model or default_model_path(), pooling=config.pooling,
-                                      query_max_length=config.query_max_length or DEFAULT_QUERY_LENGTH,
-                                      passage_max_length=config.passage_max_length or DEFAULT_PASSAGE_LENGTH,
-                                      capped=[k for k in ("query_max_length", "passage_max_length")
-                                              if getattr(config, k) is None],
+                                      **length_options(config.query_max_length, config.passage_max_length),
                                       query_instruction=config.query_instruction,
                                       passage_instruction=config.passage_instruction)
     limit = max_positions(encoder.transformer.config, encoder.tokenizer)
