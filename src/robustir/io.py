@@ -129,6 +129,42 @@ def input_digest(paths: str | os.PathLike | Iterable[str | os.PathLike], *, mode
     return {"paths": [str(Path(p)) for p in items], "files": files}
 
 
+def _show(value: Any, limit: int = 100) -> str:
+    """A value for a message: JSON, long ones cut in the middle (the end of a path tells most)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[:limit // 3] + "..." + text[-(2 * limit // 3):]
+
+
+def describe_changes(old_values: dict, new_values: dict, old_inputs: dict, new_inputs: dict) -> list[str]:
+    """What differs between two records of a run or stage output, one phrase each: settings (``lr: 0.001 ->
+    0.002``, ``(not set)`` when absent on one side) and inputs (``name -> input_digest(...)``: which files changed,
+    went or came). Empty when they are equal."""
+    diffs = []
+    for key in list(old_values) + [k for k in new_values if k not in old_values]:
+        if key not in new_values:
+            diffs.append(f"{key}: {_show(old_values[key])} -> (not set)")
+        elif key not in old_values:
+            diffs.append(f"{key}: (not set) -> {_show(new_values[key])}")
+        elif old_values[key] != new_values[key]:
+            diffs.append(f"{key}: {_show(old_values[key])} -> {_show(new_values[key])}")
+    for name in list(old_inputs) + [k for k in new_inputs if k not in old_inputs]:
+        before, after = old_inputs.get(name), new_inputs.get(name)
+        if before is None or after is None:
+            diffs.append(f"input {name}: {'(none)' if before is None else 'given'} -> "
+                         f"{'(none)' if after is None else 'given'}")
+            continue
+        old_files, new_files = before.get("files", {}), after.get("files", {})
+        changed = [f for f in old_files if f in new_files and old_files[f] != new_files[f]]
+        removed = [f for f in old_files if f not in new_files]
+        added = [f for f in new_files if f not in old_files]
+        if changed or removed or added:
+            parts = ([f"content of {', '.join(changed[:5])} changed"] if changed else []) + \
+                    ([f"{', '.join(removed[:5])} no longer there"] if removed else []) + \
+                    ([f"{', '.join(added[:5])} added"] if added else [])
+            diffs.append(f"input {name} ({', '.join(after.get('paths', []))}): {'; '.join(parts)}")
+    return diffs
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-empty line; bad JSON / UTF-8 raise :class:`DataError`."""
     path = Path(path)

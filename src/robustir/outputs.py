@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataError
-from .io import Shard, atomic_write, input_digest, write_json
+from .io import Shard, atomic_write, describe_changes, input_digest, write_json
 
 __all__ = ["StageOutput", "MergeResult", "check_output_file", "refuse_overwriting_inputs", "refuse_run_over_inputs",
            "stage_settings"]
@@ -116,25 +116,6 @@ def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None
     values = {k: v for k, v in values.items() if k not in skip}
     digests = {name: input_digest(item, skip=()) for name, item in inputs.items() if item is not None}
     return json.loads(json.dumps({"stage": stage, "options": values, "inputs": digests}, default=str))
-
-
-def _settings_diff(old: dict, new: dict) -> list[str]:
-    """What differs between two :func:`stage_settings` records, one phrase each (``num_negatives: 15 -> 5``)."""
-    diffs = []
-    old_options, new_options = old.get("options", {}), new.get("options", {})
-    for key in dict.fromkeys([*old_options, *new_options]):
-        if old_options.get(key, "(not set)") != new_options.get(key, "(not set)"):
-            diffs.append(f"{key}: {json.dumps(old_options.get(key, '(not set)'), ensure_ascii=False)} -> "
-                         f"{json.dumps(new_options.get(key, '(not set)'), ensure_ascii=False)}")
-    old_inputs, new_inputs = old.get("inputs", {}), new.get("inputs", {})
-    for name in dict.fromkeys([*old_inputs, *new_inputs]):
-        before, after = old_inputs.get(name), new_inputs.get(name)
-        if before is None or after is None:
-            diffs.append(f"input {name}: {'(none)' if before is None else before['paths'][0]} -> "
-                         f"{'(none)' if after is None else after['paths'][0]}")
-        elif before.get("files") != after.get("files"):
-            diffs.append(f"input {name} ({after['paths'][0]}): its content changed")
-    return diffs
 
 
 def check_output_file(output: str | Path, what: str = "output") -> None:
@@ -252,7 +233,8 @@ class StageOutput:
                 saved = json.loads(self.settings.read_text(encoding="utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError):
                 saved = None  # a damaged record says nothing: compared as if there were none
-            diffs = _settings_diff(saved, settings) if isinstance(saved, dict) else []
+            diffs = describe_changes(saved.get("options", {}), settings["options"], saved.get("inputs", {}),
+                                     settings["inputs"]) if isinstance(saved, dict) else []
             if diffs:
                 state = "is complete" if self.complete() else "was started (a .partial file)"
                 raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "

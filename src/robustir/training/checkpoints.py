@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..io import input_digest, write_json  # input_digest: part of this module's API (run fingerprints)
+from ..io import describe_changes, input_digest, write_json  # input_digest: part of this module's API (run fingerprints)
 
 __all__ = ["FINGERPRINT_FILE", "OPERATIONAL_FIELDS", "compare_fingerprints", "input_digest", "list_checkpoints",
            "load_checkpoint", "load_state_files", "resume_latest", "run_fingerprint", "save_checkpoint",
@@ -268,40 +268,11 @@ def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | 
             "inputs": dict(inputs or {})}
 
 
-def _show(value: Any, limit: int = 100) -> str:
-    """A value for a message: JSON, long ones cut in the middle (the end of a path tells most)."""
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= limit else text[:limit // 3] + "..." + text[-(2 * limit // 3):]
-
-
 def compare_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """What differs between two fingerprints, one line each (``lr: 0.001 -> 0.002``, ``input train_data: ...``);
     empty when they are equal."""
     diffs = []
     if old.get("config") != new.get("config"):
         diffs.append(f"stage: {old.get('config')} -> {new.get('config')}")
-    old_settings, new_settings = old.get("settings", {}), new.get("settings", {})
-    for key in list(old_settings) + [k for k in new_settings if k not in old_settings]:
-        if key not in new_settings:
-            diffs.append(f"{key}: {_show(old_settings[key])} -> (not set)")
-        elif key not in old_settings:
-            diffs.append(f"{key}: (not set) -> {_show(new_settings[key])}")
-        elif old_settings[key] != new_settings[key]:
-            diffs.append(f"{key}: {_show(old_settings[key])} -> {_show(new_settings[key])}")
-    old_inputs, new_inputs = old.get("inputs", {}), new.get("inputs", {})
-    for name in list(old_inputs) + [k for k in new_inputs if k not in old_inputs]:
-        before, after = old_inputs.get(name), new_inputs.get(name)
-        if before is None or after is None:
-            diffs.append(f"input {name}: {'(none)' if before is None else 'given'} -> "
-                         f"{'(none)' if after is None else 'given'}")
-            continue
-        old_files, new_files = before.get("files", {}), after.get("files", {})
-        changed = [f for f in old_files if f in new_files and old_files[f] != new_files[f]]
-        removed = [f for f in old_files if f not in new_files]
-        added = [f for f in new_files if f not in old_files]
-        if changed or removed or added:
-            parts = ([f"content of {', '.join(changed[:5])} changed"] if changed else []) + \
-                    ([f"{', '.join(removed[:5])} no longer there"] if removed else []) + \
-                    ([f"{', '.join(added[:5])} added"] if added else [])
-            diffs.append(f"input {name} ({', '.join(after.get('paths', []))}): {'; '.join(parts)}")
-    return diffs
+    return diffs + describe_changes(old.get("settings", {}), new.get("settings", {}), old.get("inputs", {}),
+                                    new.get("inputs", {}))
