@@ -1,0 +1,72 @@
+"""``robustir serve``: an OpenAI-compatible embeddings server, with search over an index built by ``robustir index``.
+
+Examples::
+
+    robustir serve --model runs/peg/model                                   # POST /v1/embeddings on 127.0.0.1:8000
+    robustir serve --index runs/index --api-key "$KEY" --port 8080          # + POST /search (the index's model)
+    robustir serve --index runs/index --device cuda --max-batch-size 256    # bf16 on the GPU by default
+
+Clients: ``openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY).embeddings.create(model=NAME,
+input=[...])``; ``extra_body={"input_type": "query"}`` applies the model's query instruction. Routes, limits and error
+codes: :mod:`robustir.serving.app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ..config import load_config
+from ..errors import ConfigError
+
+FIELDS = ["host", "port", "api_key", "served_model_name", "device", "bf16", "max_batch_size", "max_wait_ms", "workers",
+          "encode_batch_size", "max_inputs_per_request", "max_chars_per_input", "max_body_bytes", "max_top_k",
+          "matryoshka_dims"]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    from ..serving.config import ServeConfig
+    from .common import add_config_flags
+
+    parser.add_argument("--model", default=None, help="model folder or hub id (default: the index's model, else the "
+                                                      "bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--index", default=None, help="index folder built by robustir index (enables POST /search)")
+    group = parser.add_argument_group("encoder settings (without --index; an index brings its own)")
+    group.add_argument("--pooling", choices=["cls", "mean"], default=None)
+    group.add_argument("--query-instruction", default=None, help="prefix added to inputs with input_type=query")
+    group.add_argument("--passage-instruction", default=None, help="prefix added to documents")
+    group.add_argument("--query-max-length", type=int, default=None)
+    group.add_argument("--passage-max-length", type=int, default=None)
+    keys = add_config_flags(parser, ServeConfig, FIELDS, extra={"matryoshka_dims": {"metavar": "DIM"}})
+    parser.set_defaults(_flag_keys=keys)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..serving.app import ServeConfig, create_app
+    from ..serving.server import serve
+    from .common import flags_from_args, model_or_default
+
+    config = load_config(ServeConfig, None, None, flags_from_args(args, args._flag_keys)).validate()
+    options = {"pooling": args.pooling, "query_instruction": args.query_instruction,
+               "passage_instruction": args.passage_instruction, "query_max_length": args.query_max_length,
+               "passage_max_length": args.passage_max_length}
+    model = args.model if args.index else model_or_default(args.model)
+    if args.index and model is not None and not model.strip():
+        raise ConfigError("--model is empty; name the model folder, or leave --model out to use the index's model")
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not (config.api_key or _env_key()):
+        logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
+                                            "can use the server", config.host)
+    app = create_app(model, args.index, config, encoder_options=options)
+    index = app.state.index
+    print(f"robustir serve: model {app.state.model_name} ({app.state.encoder.source}), "
+          + (f"index {index.path} ({index.count} documents), " if index is not None else "no index, ")
+          + f"http://{config.host}:{config.port}/v1" + (" (API key required)" if config.api_key or _env_key() else ""),
+          flush=True)
+    serve(app, config.host, config.port)
+    return 0
+
+
+def _env_key() -> str | None:
+    import os
+
+    return os.environ.get("ROBUSTIR_API_KEY") or None

@@ -1,0 +1,37 @@
+"""Serving a trained retriever for retrieval-augmented generation.
+
+* :class:`SearchIndex` (:mod:`robustir.serving.index`): a persistent FAISS + sqlite index with a manifest, built in
+  resumable chunks, with additions and deletions without a rebuild and integrity checks on every open;
+* :func:`create_app` (:mod:`robustir.serving.app`): the FastAPI app of ``robustir serve`` -- OpenAI-compatible
+  ``POST /v1/embeddings``, ``POST /search`` over an index, ``GET /health`` and ``GET /v1/models`` -- with concurrent
+  requests batched together (:class:`MicroBatcher`);
+* :func:`running_server` (:mod:`robustir.serving.server`): run an app with uvicorn in a thread on 127.0.0.1 (tests,
+  notebooks).
+
+Loaded lazily, so ``import robustir.serving`` does not import FastAPI or FAISS.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "SearchIndex": "robustir.serving.index",
+    "IndexConfig": "robustir.serving.index",
+    "Hit": "robustir.serving.index",
+    "IndexReport": "robustir.serving.index",
+    "create_app": "robustir.serving.app",
+    "ServeConfig": "robustir.serving.config",
+    "MicroBatcher": "robustir.serving.batcher",
+    "running_server": "robustir.serving.server",
+    "serve": "robustir.serving.server",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'robustir.serving' has no attribute {name!r}")

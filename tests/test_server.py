@@ -1,0 +1,370 @@
+"""robustir.serving.app (``robustir serve``): OpenAI-compatible embeddings, /search, errors, batching, real clients.
+
+Servers run on 127.0.0.1 with a free port, in a thread (:func:`robustir.serving.running_server`), started and stopped
+inside the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+try:  # the HTTP client the installed openai package uses (httpx2 with openai >= 3, httpx before)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+
+from helpers import QUERIES  # noqa: E402  (tests/ is on sys.path)
+from test_serving_index import write_beir  # noqa: E402
+from robustir.cli.main import main
+from robustir.errors import ConfigError
+from robustir.serving import IndexConfig, MicroBatcher, SearchIndex, ServeConfig, create_app, running_server
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+KEY = "test-key"
+INSTRUCTION = "query: "
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory, tiny_model_dir) -> Path:
+    root = tmp_path_factory.mktemp("serve")
+    beir = write_beir(root / "beir")
+    SearchIndex.build(root / "idx", tiny_model_dir, beir, config=IndexConfig(show_progress=False),
+                      encoder_options={"query_instruction": INSTRUCTION})[0].close()
+    return root / "idx"
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_index):
+    config = ServeConfig(api_key=KEY, max_inputs_per_request=8, max_chars_per_input=500, max_body_bytes=4096,
+                         max_top_k=20, matryoshka_dims=[16])
+    app = create_app(None, tiny_index, config)
+    with running_server(app) as url:
+        yield url, app
+
+
+@pytest.fixture()
+def client(tiny_server):
+    url, _ = tiny_server
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        yield client
+
+
+def embed(client, **body) -> httpx.Response:
+    return client.post("/v1/embeddings", json=body)
+
+
+# ------------------------------------------------------------------------------------------------ embeddings
+
+def test_health_and_models(client, tiny_server):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["dimension"] == 32 and health["index"]["documents"] == 6
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny-bert0" == health["model"]
+    assert client.get("/v1/models/tiny-bert0").json()["id"] == "tiny-bert0"
+
+
+def test_embeddings_float_base64_usage_and_input_type(client, tiny_server):
+    encoder = tiny_server[1].state.encoder
+    texts = ["aspirin and the heart", "sleep in children"]
+    reply = embed(client, input=texts, model="tiny-bert0").json()
+    assert reply["object"] == "list" and reply["model"] == "tiny-bert0"
+    assert [d["index"] for d in reply["data"]] == [0, 1] and reply["data"][0]["object"] == "embedding"
+    vectors = np.array([d["embedding"] for d in reply["data"]], dtype=np.float32)
+    np.testing.assert_allclose(vectors, encoder.encode(texts, "passage"), atol=1e-5)
+    tokens = sum(len(ids) for ids in encoder.tokenizer(texts)["input_ids"])
+    assert reply["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    packed = embed(client, input=texts, encoding_format="base64").json()
+    decoded = np.vstack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in packed["data"]])
+    np.testing.assert_array_equal(decoded, vectors)
+    query = embed(client, input=texts[0], input_type="query").json()
+    np.testing.assert_allclose(query["data"][0]["embedding"], encoder.encode([texts[0]], "query")[0], atol=1e-5)
+    np.testing.assert_allclose(query["data"][0]["embedding"],
+                               encoder.encode([INSTRUCTION + texts[0]], "passage", instruction="")[0], atol=1e-5)
+    assert query["usage"]["prompt_tokens"] == len(encoder.tokenizer(INSTRUCTION + texts[0])["input_ids"])
+    cut = np.array(embed(client, input=texts[0], dimensions=16).json()["data"][0]["embedding"])
+    full = vectors[0]
+    np.testing.assert_allclose(cut, full[:16] / np.linalg.norm(full[:16]), atol=1e-5)
+
+
+@pytest.mark.parametrize("body, status, param, code, message", [
+    ({"input": [[101, 2023]]}, 400, "input[0]", "token_ids_not_supported", "token-id array"),
+    ({"input": [101, 2023]}, 400, "input[0]", "token_ids_not_supported", "token-id array"),
+    ({"input": []}, 400, "input", None, "empty list"),
+    ({"input": ["ok", ""]}, 400, "input[1]", None, "is empty"),
+    ({"input": ["ok", {"text": "x"}]}, 400, "input[1]", None, "must be a string, got an object"),
+    ({"input": ["x"] * 9}, 400, "input", "too_many_inputs", "holds 9 items; at most 8"),
+    ({"input": "y" * 501}, 400, "input", "input_too_long", "501 characters; at most 500"),
+    ({"model": "tiny-bert0"}, 400, "input", None, "'input' is required"),
+    ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format", None, "'float' or 'base64'"),
+    ({"input": "x", "dimensions": 8}, 400, "dimensions", None, "this model supports 16, 32"),
+    ({"input": "x", "dimensions": "16"}, 400, "dimensions", None, "must be an integer"),
+    ({"input": "x", "input_type": "passage"}, 400, "input_type", None, "'query' or 'document'"),
+    ({"input": "x", "temperature": 0}, 400, "temperature", None, "unrecognized request argument"),
+    ({"input": "x", "model": "text-embedding-3-small"}, 404, "model", "model_not_found", "does not exist"),
+    ({"input": "z" * 5000}, 413, None, "request_too_large", "at most 4096"),
+])
+def test_bad_embedding_requests_get_openai_shaped_errors(client, body, status, param, code, message):
+    reply = embed(client, **body)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and error["code"] == code and message in error["message"]
+
+
+def test_malformed_bodies_auth_and_unknown_routes(client, tiny_server):
+    url = tiny_server[0]
+    reply = client.post("/v1/embeddings", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
+    reply = client.post("/v1/embeddings", json=["a list"])
+    assert reply.status_code == 400 and "must be a JSON object" in reply.json()["error"]["message"]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        reply = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, headers=headers)
+        assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    assert httpx.get(f"{url}/health").status_code == 200  # health needs no key and shows no data
+    reply = client.get("/v2/whatever")
+    assert reply.status_code == 404 and "routes: POST /v1/embeddings" in reply.json()["error"]["message"]
+    assert client.get("/v1/embeddings").status_code == 405
+
+
+def test_the_openai_client_gets_errors_it_understands(tiny_server):
+    url = tiny_server[0]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).embeddings.create(model="tiny-bert0",
+                                                                                            input="x")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="the model 'gpt' does not exist") as exc:
+        client.embeddings.create(model="gpt", input="x")
+    assert exc.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError, match="token-id array") as exc:
+        client.embeddings.create(model="tiny-bert0", input=[[1, 2, 3]])
+    assert exc.value.code == "token_ids_not_supported" and exc.value.param == "input[0]"
+    reply = client.embeddings.create(model="tiny-bert0", input=["a", "b"], extra_body={"input_type": "query"})
+    assert len(reply.data) == 2 and len(reply.data[0].embedding) == 32
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+def test_search_returns_what_the_index_returns(client, tiny_index, tiny_server):
+    queries = [q for _, q in QUERIES]
+    index = tiny_server[1].state.index
+    expected = index.search(queries, top_k=3)
+    reply = client.post("/search", json={"query": queries, "top_k": 3}).json()
+    assert [[h["id"] for h in row] for row in reply["hits"]] == [[h.id for h in row] for row in expected]
+    np.testing.assert_allclose([[h["score"] for h in row] for row in reply["hits"]],
+                               [[h.score for h in row] for row in expected], atol=1e-5)
+    single = client.post("/search", json={"query": queries[0], "top_k": 2}).json()["hits"]
+    assert [h["id"] for h in single] == [h.id for h in expected[0][:2]]
+    assert set(single[0]) == {"id", "score", "title", "text", "fields"}
+    filtered = client.post("/search", json={"query": queries[0], "top_k": 5, "filter": {"lang": "de"}}).json()["hits"]
+    assert {h["id"] for h in filtered} == {"d3", "d6"} and all(h["fields"]["lang"] == "de" for h in filtered)
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"top_k": 3}, "query", "'query' is required"),
+    ({"query": "x", "top_k": 0}, "top_k", "from 1 to 20"),
+    ({"query": "x", "top_k": 21}, "top_k", "from 1 to 20"),
+    ({"query": "x", "filter": ["lang"]}, "filter", "must be an object"),
+    ({"query": "x", "filter": {"colour": "red"}}, "filter", "'colour' is in no document"),
+    ({"query": "x", "k": 3}, "k", "unrecognized request argument"),
+])
+def test_bad_search_requests(client, body, param, message):
+    reply = client.post("/search", json=body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == param and message in error["message"]
+
+
+def test_search_without_an_index_is_404_and_models_are_checked_against_the_index(tiny_model_dir, tiny_index,
+                                                                                  minilm_path):
+    app = create_app(tiny_model_dir, None, ServeConfig(max_wait_ms=0))
+    with running_server(app) as url:
+        reply = httpx.post(f"{url}/search", json={"query": "x"})
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "no_index"
+        assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}).status_code == 200  # no key set: open
+    with pytest.raises(ConfigError, match="was built with model .*, not "):
+        create_app(minilm_path, tiny_index)
+    with pytest.raises(ConfigError, match="come from the index's manifest"):
+        create_app(None, tiny_index, encoder_options={"pooling": "mean"})
+
+
+# ------------------------------------------------------------------------------------------------ batching
+
+class FakeEncoder:
+    """encode(texts, kind) -> one row per text (its length, repeated), recording each call."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[list[str], str]] = []
+        self.fail = fail
+
+    def __call__(self, texts: list[str], kind: str):
+        self.calls.append((list(texts), kind))
+        if self.fail:
+            raise RuntimeError("model exploded")
+        return np.array([[len(t)] * 2 for t in texts], dtype=np.float32), [len(t) for t in texts]
+
+
+def run_batcher(fake, requests: list[tuple[list[str], str]], **options):
+    async def scenario():
+        batcher = MicroBatcher(fake, **options)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.embed(t, k) for t, k in requests), return_exceptions=True), batcher
+        finally:
+            await batcher.stop()
+
+    return asyncio.run(scenario())
+
+
+def test_concurrent_requests_are_encoded_together():
+    fake = FakeEncoder()
+    requests = [(["a"], "passage"), (["bb", "ccc"], "passage"), (["dddd"], "passage")]
+    # a full batch goes at once: the very long max_wait is never waited for
+    results, batcher = run_batcher(fake, requests, max_batch_size=4, max_wait_ms=600_000)
+    assert fake.calls == [(["a", "bb", "ccc", "dddd"], "passage")]
+    assert [r[1] for r in results] == [[1], [2, 3], [4]]
+    assert [r[0][:, 0].tolist() for r in results] == [[1.0], [2.0, 3.0], [4.0]]
+    assert batcher.stats.to_dict()["mean_batch"] == 4.0
+
+
+def test_batches_never_split_a_request_and_keep_kinds_apart():
+    fake = FakeEncoder()
+    requests = [(["a", "b"], "passage"), (["c", "d"], "passage"), (["q"], "query"), (["e"], "passage")]
+    results, _ = run_batcher(fake, requests, max_batch_size=3, max_wait_ms=0)
+    assert fake.calls[0] == (["a", "b"], "passage")  # c, d would overflow the batch: they lead the next one
+    assert (["q"], "query") in fake.calls and all(len(texts) <= 3 for texts, _ in fake.calls)
+    assert sorted(t for texts, _ in fake.calls for t in texts) == ["a", "b", "c", "d", "e", "q"]
+    assert [r[1] for r in results] == [[1, 1], [1, 1], [1], [1]]
+
+
+def test_a_failing_batch_fails_its_requests_only():
+    fake = FakeEncoder(fail=True)
+    results, batcher = run_batcher(fake, [(["a"], "passage"), (["b"], "passage")], max_batch_size=8, max_wait_ms=0)
+    assert all(isinstance(r, RuntimeError) and "exploded" in str(r) for r in results)
+
+
+def test_workers_encode_batches_side_by_side():
+    import threading
+
+    both_inside = threading.Barrier(2, timeout=60)  # passes only when two batches run at the same time
+
+    def encode(texts, kind):
+        both_inside.wait()
+        return np.zeros((len(texts), 2), dtype=np.float32), [1] * len(texts)
+
+    results, batcher = run_batcher(encode, [(["a"], "passage"), (["b"], "passage")], max_batch_size=1,
+                                   max_wait_ms=0, workers=2)
+    assert [r[1] for r in results] == [[1], [1]] and batcher.stats.batches == 2
+
+
+def test_many_concurrent_clients_get_their_own_vectors(tiny_server):
+    url, app = tiny_server
+    encoder = app.state.encoder
+    texts = [f"text number {i} about {word}" for i, word in enumerate(["sleep", "coffee", "bones", "heart"] * 4)]
+
+    async def one(client, text):
+        reply = await client.post("/v1/embeddings", json={"input": [text, text + " again"]})
+        return np.array([d["embedding"] for d in reply.json()["data"]], dtype=np.float32)
+
+    async def everyone():
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+            return await asyncio.gather(*(one(client, t) for t in texts))
+
+    before = app.state.batcher.stats.requests
+    results = asyncio.run(everyone())
+    for text, got in zip(texts, results):
+        np.testing.assert_allclose(got, encoder.encode([text, text + " again"], "passage"), atol=1e-5)
+    assert app.state.batcher.stats.requests - before == len(texts)
+
+
+# ------------------------------------------------------------------------------------------------ the real model
+
+@pytest.mark.slow
+def test_real_model_openai_client_matches_sentence_transformers_and_search_matches_eval(tmp_path, minilm_path,
+                                                                                        single_torch_thread):
+    from sentence_transformers import SentenceTransformer
+
+    from robustir.data.trec import read_trec_run
+
+    beir = write_beir(tmp_path / "beir")
+    assert main(["eval", "--model", minilm_path, "--data", str(beir), "--top-k", "6", "--output",
+                 str(tmp_path / "eval")]) == 0
+    run = read_trec_run(tmp_path / "eval" / "run.trec")
+    SearchIndex.build(tmp_path / "idx", minilm_path, beir, config=IndexConfig(show_progress=False))[0].close()
+    texts = ["Aspirin reduces the risk of heart attacks.", "How does sleep affect obesity in children?",
+             "naïve café — ünïcödé text"]
+    reference = SentenceTransformer(minilm_path, device="cpu").encode(texts, normalize_embeddings=True)
+    app = create_app(minilm_path, tmp_path / "idx", ServeConfig(api_key=KEY))
+    with running_server(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        assert client.models.list().data[0].id == "all-MiniLM-L6-v2"
+        as_base64 = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # the client's default: base64
+        as_float = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
+        for reply in (as_base64, as_float):
+            got = np.array([d.embedding for d in reply.data], dtype=np.float32)
+            cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
+            assert cosine.min() >= 0.9999, cosine
+        assert as_base64.usage.prompt_tokens == sum(
+            len(ids) for ids in app.state.encoder.tokenizer(texts, truncation=True, max_length=256)["input_ids"])
+        qids = [q for q, _ in QUERIES]
+        hits = httpx.post(f"{url}/search", json={"query": [t for _, t in QUERIES], "top_k": 6},
+                          headers={"Authorization": f"Bearer {KEY}"}).json()["hits"]
+    for qid, row in zip(qids, hits):
+        expected = sorted(run[qid].items(), key=lambda item: -item[1])
+        assert [h["id"] for h in row] == [d for d, _ in expected]
+        np.testing.assert_allclose([h["score"] for h in row], [s for _, s in expected], atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def test_cli_serve_wires_model_index_and_options(tiny_index, monkeypatch, capsys):
+    started = {}
+    monkeypatch.setattr("robustir.serving.server.serve", lambda app, host, port: started.update(app=app, host=host,
+                                                                                             port=port))
+    assert main(["serve", "--index", str(tiny_index), "--port", "8123", "--api-key", "k", "--max-batch-size", "8",
+                 "--matryoshka-dims", "16", "--device", "cpu"]) == 0
+    assert started["host"] == "127.0.0.1" and started["port"] == 8123
+    assert started["app"].state.batcher.max_batch_size == 8 and started["app"].state.index.count == 6
+    out = capsys.readouterr().out
+    assert "robustir serve: model tiny-bert0" in out and "(6 documents)" in out and "API key required" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "70000"], "port = 70000 is out of range"),
+    (["--index", "nowhere"], "nowhere: no index here"),
+    (["--index", "IDX", "--pooling", "mean"], "come from the index's manifest"),
+    (["--max-batch-size", "0"], "max_batch_size = 0 is out of range"),
+    (["--device", "tpu"], "device 'tpu' is not a device"),
+])
+def test_cli_serve_errors_are_one_message(tiny_index, capsys, argv, message):
+    argv = [str(tiny_index) if a == "IDX" else a for a in argv]
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("robustir serve: error: ") and message in err and "Traceback" not in err
+
+
+def test_cli_serve_help_and_bad_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--help"])
+    assert exc.value.code == 0 and "--max-wait-ms" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", "eighty"])
+    assert exc.value.code == 2 and "invalid int value: 'eighty'" in capsys.readouterr().err
+
+
+def test_port_in_use_is_a_one_line_error(tiny_model_dir):
+    from robustir.serving.server import _bind
+
+    taken = _bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(ConfigError, match=r"cannot listen on 127.0.0.1:\d+ .*choose another --port"):
+            _bind("127.0.0.1", taken.getsockname()[1])
+    finally:
+        taken.close()
