@@ -337,6 +337,24 @@ def test_defaults_above_a_small_model_are_capped_not_refused(tiny_model_dir):
     assert encoder.config.passage_max_length == 128
 
 
+def test_tokenizer_max_length_is_a_hint_not_a_limit(tiny_model_dir, tmp_path):
+    """sentence-transformers writes its training length (e.g. 128) as the tokenizer's model_max_length: a longer
+    length asked for explicitly is still allowed up to the position embeddings; a default is capped at the hint."""
+    import shutil
+
+    from robustir.errors import ConfigError
+    from robustir.models.encoder import Encoder
+
+    folder = tmp_path / "st-trained-at-64"
+    shutil.copytree(tiny_model_dir, folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "model_max_length": 64}))
+    assert Encoder.from_pretrained(folder, passage_max_length=128).config.passage_max_length == 128
+    assert Encoder.from_pretrained(folder).config.passage_max_length == 64
+    with pytest.raises(ConfigError, match="takes \\(128 tokens\\)"):
+        Encoder.from_pretrained(folder, passage_max_length=129)
+
+
 def test_unknown_record_fields_are_warned_once_per_file(tmp_path, caplog):
     from robustir.data.training_data import load_training_data
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from ..config import load_config
 from ..pretraining.pretrain import PretrainConfig
@@ -52,5 +53,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"pre-trained encoder saved to {result.model_path} (heads: {result.heads_path}) after {result.steps} "
               f"steps ({result.seconds / 60:.1f} min){'; last ' + losses if losses else ''}")
+    full = Path(result.model_path).parent / "full"
+    if full.is_dir():  # T5 GUR: the encoder-decoder, to continue pre-training
+        print(f"the whole encoder-decoder is in {full}: continue pre-training with --model {full} "
+              f"--resume-heads {Path(result.model_path).parent}")
     print(f"next: robustir train --model {result.model_path} --train-data ...")
     return 0

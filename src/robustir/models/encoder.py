@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 Pooling = Literal["cls", "mean"]
 TextKind = Literal["query", "passage"]
 CONFIG_NAME = "robustir_config.json"
+#: texts :meth:`Encoder.encode` tokenizes, sorts by length and batches together (bounds tokenizer memory); a caller
+#: that encodes a corpus piece by piece in blocks of this size at multiples of it gets the very same embeddings
+ENCODE_BLOCK = 100_000
 
 
 @dataclass
@@ -120,16 +123,56 @@ def resolve_model_path(name_or_path: str | os.PathLike, what: str = "model") -> 
 
 
 def max_positions(transformer_config: Any, tokenizer: Any = None) -> int | None:
-    """Tokens the model can take (absolute position embeddings), or None when unbounded (relative positions)."""
+    """Tokens the model can take (absolute position embeddings), or None when unbounded (relative positions).
+
+    This is the hard limit: a length above it would index past the position embeddings. The tokenizer's
+    ``model_max_length`` is only a hint (sentence-transformers writes the length it was trained at there, e.g.
+    128 for a model whose positions go to 512): :func:`default_length_limit` applies it to defaults only."""
     positions = getattr(transformer_config, "max_position_embeddings", None)
     if not isinstance(positions, int) or positions <= 0:
         return None
     if getattr(transformer_config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "longformer"):
         positions -= 2  # positions start after the padding index
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and 0 < limit < positions:
-        positions = limit
     return positions
+
+
+def default_length_limit(transformer_config: Any, tokenizer: Any = None) -> int | None:
+    """The cap for a *default* length: the model's positions, or the tokenizer's ``model_max_length`` when lower."""
+    positions = max_positions(transformer_config)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit and (positions is None or limit < positions):
+        return limit
+    return positions
+
+
+#: encoder-decoder families whose encoder robustir runs alone (model_type -> transformers encoder-only class), as
+#: sentence-transformers' own Transformer module does: a T5 folder (full or encoder-only) loads as its encoder
+ENCODER_ONLY_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
+
+
+def is_encoder_decoder(transformer_config: Any) -> bool:
+    """True for an encoder-decoder checkpoint (T5 and the like), read from its config."""
+    return bool(getattr(transformer_config, "is_encoder_decoder", False)) or \
+        getattr(transformer_config, "model_type", "") in ENCODER_ONLY_CLASSES
+
+
+def load_transformer(path: str | os.PathLike) -> nn.Module:
+    """The network behind the embeddings: ``AutoModel`` for an encoder-only model; for an encoder-decoder of the T5
+    family its encoder alone (``T5EncoderModel``: from a full ``T5ForConditionalGeneration`` folder the decoder
+    weights are left out), since ``AutoModel`` would build the whole seq2seq model, whose forward needs decoder
+    inputs. Another encoder-decoder is a :class:`ConfigError`."""
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(path)
+    if not is_encoder_decoder(config):
+        return AutoModel.from_pretrained(path)
+    name = ENCODER_ONLY_CLASSES.get(getattr(config, "model_type", ""))
+    if name is None:
+        raise ConfigError(f"model {path} is an encoder-decoder of type {config.model_type!r}; robustir embeds with "
+                          f"the encoder of the T5 family only ({', '.join(ENCODER_ONLY_CLASSES)}) or with "
+                          "encoder-only models (BERT, RoBERTa, MiniLM, ...)")
+    return getattr(transformers, name).from_pretrained(path)
 
 
 def _read_json(path: Path) -> dict:
@@ -218,7 +261,8 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, capped: Iterable[str] = (),
                         device: str | torch.device | None = None, **overrides) -> "Encoder":
-        """Load a HF model folder, a sentence-transformers folder, a robustir folder or a hub id.
+        """Load a HF model folder, a sentence-transformers folder, a robustir folder or a hub id (a T5-family
+        folder loads as its encoder alone, :func:`load_transformer`).
 
         ``overrides`` are :class:`EncoderConfig` fields (``pooling="mean"``, ``query_instruction=...``);
         ``None`` values are ignored. A max length above what the model takes is an error when it was given in
@@ -226,7 +270,7 @@ class Encoder(nn.Module):
         ``device``: where the encoder runs (``auto``, ``cpu``, ``cuda``, ``cuda:N``: :func:`robustir.device.
         resolve_device`, checked before the weights load); None leaves it on the CPU.
         """
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         target = None
         if device is not None:
@@ -243,14 +287,18 @@ class Encoder(nn.Module):
             raise ConfigError(f"pooling must be 'cls' or 'mean', got {config.pooling!r}")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
-            transformer = AutoModel.from_pretrained(path)
+            transformer = load_transformer(path)  # a T5 folder: its encoder alone
+        except ConfigError:  # an architecture robustir cannot embed with: its own message, not "damaged"
+            raise
         except model_load_errors() as exc:
             raise cannot_load(path, exc) from None
-        limit = max_positions(transformer.config, tokenizer)
+        hard, soft = max_positions(transformer.config), default_length_limit(transformer.config, tokenizer)
         for key in ("query_max_length", "passage_max_length"):
+            asked = overrides.get(key) is not None and key not in capped  # asked for: say so; a default: cap it
+            limit = hard if asked else soft
             if limit is None or getattr(config, key) <= limit:
                 continue
-            if overrides.get(key) is not None and key not in capped:  # asked for: say so; a default: cap it
+            if asked:
                 raise ConfigError(f"{key} = {getattr(config, key)} is above what model {name_or_path} takes "
                                   f"({limit} tokens); use at most {limit}")
             logger.info("%s: %s %d capped at the model's limit of %d tokens", name_or_path, key, getattr(config, key),
@@ -395,7 +443,7 @@ class Encoder(nn.Module):
         prefix = self.config.instruction(kind) if instruction is None else instruction
         limit = max_length or self.config.max_length(kind)
         show = n >= 2000 if show_progress is None else show_progress
-        block = 100_000  # bound tokenizer memory on very large inputs
+        block = ENCODE_BLOCK  # bound tokenizer memory on very large inputs
         bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {kind}s", disable=not show,
                    unit="batch")
         device = self.device
@@ -430,14 +478,7 @@ class Encoder(nn.Module):
         and texts were encoded before (the key hashes all three)."""
         if cache_dir is None:
             return self.encode(passages, "passage", **kwargs)
-        digest = hashlib.sha256()
-        for text in passages:
-            digest.update(text.encode("utf-8", "surrogatepass"))
-            digest.update(b"\0")
-        settings = {k: kwargs.get(k) for k in ("max_length", "instruction", "bf16")}
-        key = f"{self.fingerprint()}-{digest.hexdigest()[:16]}-" + hashlib.sha256(
-            json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-        cache = Path(cache_dir) / f"{key}.npy"
+        cache = self.corpus_cache_file(passages, cache_dir, **kwargs)
         if cache.exists():
             logger.info("reusing cached corpus embeddings %s", cache)
             return np.load(cache, allow_pickle=False)
@@ -447,3 +488,15 @@ class Encoder(nn.Module):
         np.save(tmp, emb)
         os.replace(tmp, cache)
         return emb
+
+    def corpus_cache_file(self, passages: Iterable[str], cache_dir: str | os.PathLike, **kwargs) -> Path:
+        """Where :meth:`encode_corpus` keeps the embeddings of ``passages`` (read once, in order, to hash them)
+        encoded with ``kwargs``: ``cache_dir/<model>-<texts>-<settings>.npy``."""
+        digest = hashlib.sha256()
+        for text in passages:
+            digest.update(text.encode("utf-8", "surrogatepass"))
+            digest.update(b"\0")
+        settings = {k: kwargs.get(k) for k in ("max_length", "instruction", "bf16")}
+        key = f"{self.fingerprint()}-{digest.hexdigest()[:16]}-" + hashlib.sha256(
+            json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+        return Path(cache_dir) / f"{key}.npy"

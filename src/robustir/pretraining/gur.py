@@ -1,7 +1,8 @@
 """GUR: joint span-masked language modelling and in-pair contrastive learning (docs/methods.md#gur-joint-pre-training).
 
 Xue et al., "Generate to Understand for Representation" (shared/papers/gur-generate-to-understand.txt).
-The authors train a T5 encoder-decoder; here the recipe is adapted to an encoder-only BERT masked LM:
+The authors train a T5 encoder-decoder (that form: :mod:`robustir.pretraining.t5_gur`, chosen by pre-training for a
+T5-family model); here the recipe is adapted to an encoder-only BERT masked LM:
 
 * every sentence of a mined pair (a, b) is span-masked (:class:`~robustir.pretraining.masking.SpanMasker`) and
   the masked tokens are predicted by the MLM head (the T5 span-infilling objective's BERT analogue);
@@ -49,13 +50,28 @@ from robustir.pretraining.mlm_encoder import (
     pool,
 )
 
-__all__ = ["GURCollator", "GURModel", "ProjectionHead"]
+__all__ = ["GURCollator", "GURModel", "ProjectionHead", "interleaved_texts", "pair_texts",
+           "read_projection_head", "write_projection_head"]
 
 PROJECTION_HEAD_FORMAT = "robustir.gur.projection_head"
 #: name of the MLM loss among the batch engine's components (and in the pre-training log)
 MLM_LOSS_NAME = "mlm_loss"
 _WEIGHTS_NAME = "model.safetensors"
 _CONFIG_NAME = "config.json"
+
+
+def pair_texts(example: Any) -> tuple[str, str]:
+    """The two sentences of one GUR example: ``(a, b)`` / ``[a, b]`` or ``{"a": ..., "b": ...}``."""
+    if isinstance(example, Mapping):
+        return str(example["a"]), str(example["b"])
+    if isinstance(example, (tuple, list)) and len(example) == 2:
+        return str(example[0]), str(example[1])
+    raise ValueError(f"GUR examples are (a, b) pairs or {{'a': ..., 'b': ...}}, got {type(example).__name__}")
+
+
+def interleaved_texts(examples: Sequence[Any]) -> list[str]:
+    """The rows of a GUR batch, interleaved ``[a1, b1, a2, b2, ...]`` as the authors' loader flattens them."""
+    return [text for example in examples for text in pair_texts(example)]
 
 
 class GURCollator:
@@ -95,16 +111,8 @@ class GURCollator:
         """Restart the mask generator (e.g. per data-loader worker or when resuming)."""
         self.rng = np.random.default_rng(seed)
 
-    @staticmethod
-    def _pair(example: Any) -> tuple[str, str]:
-        if isinstance(example, Mapping):
-            return str(example["a"]), str(example["b"])
-        if isinstance(example, (tuple, list)) and len(example) == 2:
-            return str(example[0]), str(example[1])
-        raise ValueError(f"GUR examples are (a, b) pairs or {{'a': ..., 'b': ...}}, got {type(example).__name__}")
-
     def __call__(self, examples: Sequence[Any]) -> dict[str, Tensor]:
-        texts = [text for ex in examples for text in self._pair(ex)]  # interleaved a1, b1, a2, b2, ...
+        texts = interleaved_texts(examples)
         encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)
         rows = [np.asarray(ids, dtype=np.int64) for ids in encoded["input_ids"]]
         width = max(len(r) for r in rows)
@@ -206,29 +214,12 @@ class GURModel(MaskedLMPretrainModel):
         ``model_kwargs`` go to ``AutoModelForMaskedLM.from_pretrained``.
         """
         encoder = load_masked_lm(encoder_path, **(model_kwargs or {}))
-        settings: dict[str, Any] = {}
-        state = None
-        if projection_head_path is not None:
-            path = Path(projection_head_path)
-            config_file = path / _CONFIG_NAME
-            if not config_file.is_file():
-                raise ConfigError(f"{path}: no {_CONFIG_NAME}; expected a folder written by GURModel.save_pretrained")
-            saved = json.loads(config_file.read_text())
-            if saved.get("format") != PROJECTION_HEAD_FORMAT:
-                raise ConfigError(f"{config_file}: not a GUR projection head (format={saved.get('format')!r})")
-            settings = {k: saved[k] for k in ("pooling", "projection", "projection_dim", "similarity",
-                                             "temperature", "alpha", "mlm_weight")}
-            if saved["projection"]:
-                from safetensors.torch import load_file
-
-                state = load_file(str(path / _WEIGHTS_NAME))
+        settings, state = ({}, None) if projection_head_path is None else read_projection_head(
+            projection_head_path, int(encoder.config.hidden_size), encoder_decoder=False)
         settings.update(options)
         settings.setdefault("tokenizer", load_tokenizer(encoder_path))
         model = cls(encoder, **settings)
-        if state is not None:
-            if model.projection is None or model.projection_dim != settings.get("projection_dim"):
-                raise ConfigError("the saved projection head does not match the requested projection settings")
-            model.projection.load_state_dict(state)
+        load_projection_state(model, settings, state)
         return model
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -307,24 +298,91 @@ class GURModel(MaskedLMPretrainModel):
         root = Path(save_dir)
         self.save_encoder(root / "encoder", tokenizer=tokenizer, max_seq_length=max_seq_length,
                           encoder_config=encoder_config, model_card=model_card)
-        head_dir = root / "projection_head"
-        head_dir.mkdir(parents=True, exist_ok=True)
-        if self.projection is not None:
-            from safetensors.torch import save_file
-
-            state = {k: v.detach().contiguous().cpu() for k, v in self.projection.state_dict().items()}
-            save_file(state, str(head_dir / _WEIGHTS_NAME))
-        config = {
-            "format": PROJECTION_HEAD_FORMAT,
-            "format_version": 1,
-            "hidden_size": int(self.encoder.config.hidden_size),
-            "projection": self.projection is not None,
-            "projection_dim": self.projection_dim,
-            "pooling": self.pooling,
-            "similarity": self.similarity,
-            "temperature": self.temperature,
-            "alpha": self.alpha,
-            "mlm_weight": self.mlm_weight,
-        }
-        (head_dir / _CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        write_projection_head(root / "projection_head", self, int(self.encoder.config.hidden_size),
+                              encoder_decoder=False)
         return root
+
+
+# ---------------------------------------------------------------------------- the projection head folder
+# (shared by GURModel and robustir.pretraining.t5_gur.T5GURModel)
+
+_HEAD_SETTINGS = ("pooling", "projection", "projection_dim", "similarity", "temperature", "alpha", "mlm_weight")
+
+
+def write_projection_head(folder: str | Path, model: Any, hidden_size: int, *, encoder_decoder: bool) -> Path:
+    """``folder/config.json`` (the GUR settings of ``model``) and, with a head, ``folder/model.safetensors``."""
+    head_dir = Path(folder)
+    head_dir.mkdir(parents=True, exist_ok=True)
+    if model.projection is not None:
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().contiguous().cpu() for k, v in model.projection.state_dict().items()}
+        save_file(state, str(head_dir / _WEIGHTS_NAME))
+    config = {
+        "format": PROJECTION_HEAD_FORMAT,
+        "format_version": 1,
+        "hidden_size": int(hidden_size),
+        "encoder_decoder": bool(encoder_decoder),
+        "projection": model.projection is not None,
+        "projection_dim": model.projection_dim,
+        "pooling": model.pooling,
+        "similarity": model.similarity,
+        "temperature": model.temperature,
+        "alpha": model.alpha,
+        "mlm_weight": model.mlm_weight,
+    }
+    (head_dir / _CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    return head_dir
+
+
+def read_projection_head(folder: str | Path, hidden_size: int, *, encoder_decoder: bool
+                         ) -> tuple[dict[str, Any], dict[str, Tensor] | None]:
+    """The saved settings and head weights (``None`` without a head) of a folder :func:`write_projection_head`
+    wrote (or of the run folder that holds it as ``projection_head/``), checked against the model they are to
+    continue: its hidden size and architecture."""
+    path = Path(folder)
+    if (path / "projection_head").is_dir():
+        path = path / "projection_head"
+    config_file = path / _CONFIG_NAME
+    if not config_file.is_file():
+        raise ConfigError(f"{path}: no {_CONFIG_NAME}; expected a projection_head folder written by a GUR "
+                          "pre-training run")
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{config_file}: not valid JSON ({exc}); write the head folder again") from None
+    if not isinstance(saved, dict) or saved.get("format") != PROJECTION_HEAD_FORMAT:
+        raise ConfigError(f"{config_file}: not a GUR projection head (format="
+                          f"{saved.get('format') if isinstance(saved, dict) else None!r})")
+    missing = [k for k in _HEAD_SETTINGS if k not in saved]
+    if missing:
+        raise ConfigError(f"{config_file}: field(s) {missing} missing; write the head folder again")
+    if int(saved.get("hidden_size", hidden_size)) != int(hidden_size):
+        raise ConfigError(f"{config_file}: the head was trained on a model of hidden size {saved['hidden_size']}, "
+                          f"this model has {hidden_size}: continue with the model the head was saved with")
+    if bool(saved.get("encoder_decoder", False)) != bool(encoder_decoder):
+        kinds = {True: "an encoder-decoder (T5)", False: "an encoder-only"}
+        raise ConfigError(f"{config_file}: the head belongs to {kinds[bool(saved.get('encoder_decoder', False))]} "
+                          f"GUR run, this model is {kinds[bool(encoder_decoder)]} one: continue with its own model")
+    state = None
+    if saved["projection"]:
+        from safetensors.torch import load_file
+
+        weights = path / _WEIGHTS_NAME
+        if not weights.is_file():
+            raise ConfigError(f"{path}: the config says the run had a projection head, but {_WEIGHTS_NAME} is "
+                              "missing; copy the whole projection_head folder")
+        state = load_file(str(weights))
+    return {k: saved[k] for k in _HEAD_SETTINGS}, state
+
+
+def load_projection_state(model: Any, settings: dict[str, Any], state: dict[str, Tensor] | None) -> None:
+    """Put saved head weights into ``model.projection`` (refused when the requested head differs)."""
+    if state is None:
+        return
+    if model.projection is None or model.projection_dim != settings.get("projection_dim"):
+        raise ConfigError("the saved projection head does not match the requested projection settings "
+                          f"(saved: projection_dim {settings.get('projection_dim')}; asked: projection "
+                          f"{model.projection is not None}, projection_dim {model.projection_dim}); leave them unset "
+                          "to continue with the saved head")
+    model.projection.load_state_dict(state)

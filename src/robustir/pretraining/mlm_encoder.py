@@ -108,6 +108,11 @@ class MaskedLMPretrainModel(nn.Module):
         self.tokenizer = tokenizer
 
     @property
+    def backbone(self) -> nn.Module:
+        """The Hugging Face model being trained (here the masked LM; T5 GUR: the seq2seq model)."""
+        return self.encoder
+
+    @property
     def head(self) -> nn.Module:
         """The encoder's MLM head (a property, not a second registration, so state_dict has no duplicates)."""
         return mlm_head(self.encoder)

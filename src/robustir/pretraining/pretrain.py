@@ -28,9 +28,17 @@ Data (``data``):
 * ``mode="gur"``: sentence pairs - JSONL from ``robustir pairs`` (``{"query": a, "pos": [b, ...]}``, the
   first positive is the partner) or ``{"a": ..., "b": ...}``.
 
+Models: RetroMAE and the encoder-only GUR (:class:`~robustir.pretraining.gur.GURModel`) take a BERT-family model;
+GUR with a T5-family model (``config.is_encoder_decoder``: t5, mt5, umt5) is the paper's architecture
+(:class:`~robustir.pretraining.t5_gur.T5GURModel`: T5 span corruption decoded by the decoder, the contrastive term
+on the mean-pooled encoder through a 128-d projection head). Both GUR forms run through the same batch engine step.
+
 Output folder::
 
-    model/                   the encoder alone: HF + sentence-transformers folder (``robustir train --model``)
+    model/                   the encoder alone: HF + sentence-transformers folder (``robustir train --model``;
+                             T5 GUR: the T5 encoder + mean pooling + normalisation)
+    full/                    T5 GUR only: the whole T5ForConditionalGeneration (continue with ``model=output/full``
+                             and ``heads=output``)
     decoder_head/            RetroMAE's enhanced decoder (continue with ``heads=output``)
     projection_head/         GUR's projection head config (+ weights when ``projection``)
     checkpoints/step-N/      model incl. head, optimizer, scheduler, RNG states (safetensors + JSON,
@@ -91,8 +99,9 @@ class PretrainConfig(LoopConfig):
     model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
     heads: str | None = None  # decoder_head / projection_head folder (or a pre-training output) to continue from
     # the sentence vector both methods train and the saved encoder uses: "cls" (both papers) or "mean"
-    # (keep a mean-pooled model such as all-MiniLM-L6-v2 mean-pooled)
-    pooling: Literal["cls", "mean"] = "cls"
+    # (keep a mean-pooled model such as all-MiniLM-L6-v2 mean-pooled); None = the heads folder's when continuing,
+    # else cls for an encoder-only model and mean for a T5 model (no [CLS] token there)
+    pooling: Literal["cls", "mean"] | None = None
     # data
     data: str = ""  # retromae: raw text (JSONL "text", BEIR, plain text); gur: pairs JSONL
     data_format: Literal["auto", "jsonl", "beir", "text", "pairs"] = "auto"
@@ -106,8 +115,10 @@ class PretrainConfig(LoopConfig):
     # GUR (docs/methods.md#gur-joint-pre-training)
     mask_ratio: MaskRatio = 0.15  # paper
     mask_ratio_range: list[float] | None = None  # [0.10, 0.29] = the authors' code (ratio drawn per sentence)
-    projection: bool = False
-    projection_dim: PositiveInt | None = None
+    # GUR's non-linear projection head on the pooled vector; None = the heads folder's when continuing, else off
+    # for an encoder-only model and on for a T5 model (the paper's)
+    projection: bool | None = None
+    projection_dim: PositiveInt | None = None  # None: 128 for a T5 model (the paper's vector dim), else hidden size
     similarity: Literal["cosine", "dot"] = "cosine"
     temperature: PositiveFloat = 0.1
     alpha: NonNegativeFloat = 1.0  # weight of the contrastive loss
@@ -295,19 +306,33 @@ def _heads_folder(path: str, mode: str) -> Path:
 
 
 def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
+    """RetroMAE, the encoder-only GUR, or GUR on T5 (an encoder-decoder model folder, ``mode: gur``)."""
+    from .t5_gur import is_seq2seq_model
+
     heads = _heads_folder(config.heads, config.mode) if config.heads else None
+    seq2seq = is_seq2seq_model(model_path)
     if config.mode == "retromae":
         from .retromae import RetroMAEModel
 
+        if seq2seq:
+            raise ConfigError(f"model {model_path} is an encoder-decoder (T5 family); RetroMAE pre-trains an "
+                              "encoder-only model (BERT, RoBERTa, MiniLM, ...): use one, or mode gur for T5")
         model = RetroMAEModel.from_pretrained(model_path, heads, encoder_loss_weight=config.encoder_loss_weight,
                                               decoder_loss_weight=config.decoder_loss_weight, pooling=config.pooling)
     else:
-        from .gur import GURModel
+        # unset (None) settings: the heads folder's when continuing, else the architecture's defaults
+        options = {key: value for key, value in (("pooling", config.pooling), ("projection", config.projection),
+                                                 ("projection_dim", config.projection_dim)) if value is not None}
+        options.update(similarity=config.similarity, temperature=config.temperature, alpha=config.alpha,
+                       mlm_weight=config.mlm_weight)
+        if seq2seq:
+            from .t5_gur import T5GURModel
 
-        model = GURModel.from_pretrained(
-            model_path, heads, pooling=config.pooling, projection=config.projection,
-            projection_dim=config.projection_dim, similarity=config.similarity, temperature=config.temperature,
-            alpha=config.alpha, mlm_weight=config.mlm_weight)
+            model = T5GURModel.from_pretrained(model_path, heads, **options)
+        else:
+            from .gur import GURModel
+
+            model = GURModel.from_pretrained(model_path, heads, **options)
     if model.tokenizer is None:
         raise ConfigError(f"{model_path}: no tokenizer in the model folder")
     return model
@@ -316,10 +341,11 @@ def build_model(config: PretrainConfig, model_path: str) -> torch.nn.Module:
 def checked_max_length(config: PretrainConfig, model: torch.nn.Module) -> int:
     """Tokens per text: ``max_length`` (an error when above what the model takes, instead of an index error in its
     position embeddings mid-run), or the mode's default capped at the model's limit."""
-    from ..models.encoder import max_positions
+    from ..models.encoder import default_length_limit, max_positions
 
     wanted = config.resolved_max_length()
-    limit = max_positions(model.encoder.config, model.tokenizer)
+    limit = (max_positions(model.backbone.config) if config.max_length is not None  # None for T5 (relative positions)
+             else default_length_limit(model.backbone.config, model.tokenizer))
     if limit is None or wanted <= limit:
         return wanted
     if config.max_length is not None:
@@ -329,7 +355,9 @@ def checked_max_length(config: PretrainConfig, model: torch.nn.Module) -> int:
     return limit
 
 
-def build_collator(config: PretrainConfig, tokenizer: Any, max_length: int | None = None) -> Any:
+def build_collator(config: PretrainConfig, tokenizer: Any, max_length: int | None = None, *,
+                   seq2seq: bool = False) -> Any:
+    """The mode's collator; ``seq2seq``: GUR on T5 (sentinel span corruption, decoder targets)."""
     max_length = max_length or config.resolved_max_length()
     if config.mode == "retromae":
         from .retromae import RetroMAECollator
@@ -342,6 +370,10 @@ def build_collator(config: PretrainConfig, tokenizer: Any, max_length: int | Non
 
     masker = SpanMasker(mask_ratio=config.mask_ratio,
                         mask_ratio_range=tuple(config.mask_ratio_range) if config.mask_ratio_range else None)
+    if seq2seq:
+        from .t5_gur import T5GURCollator
+
+        return T5GURCollator(tokenizer, max_length=max_length, masker=masker, seed=config.seed)
     return GURCollator(tokenizer, max_length=max_length, masker=masker, seed=config.seed)
 
 
@@ -363,7 +395,8 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     from ..outputs import refuse_run_over_inputs
 
     refuse_run_over_inputs(config.output, models={"model": config.model, "heads": config.heads},
-                           data={"data": config.data}, rewritten=("model", "checkpoints", "decoder_head", "projection_head"),
+                           data={"data": config.data},
+                           rewritten=("model", "checkpoints", "decoder_head", "projection_head", "full"),
                            stage="pretrain")  # before the loop makes the folder
     loop = TrainingLoop(config, config_file="pretrain_config.json")  # validates the config
     accelerator, out = loop.accelerator, loop.out
@@ -392,9 +425,12 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
     model_path = str(resolve_model_path(config.model or default_model_path()))  # checked: a model folder
     model = build_model(config, model_path)
     tokenizer = model.tokenizer
-    collator = build_collator(config, tokenizer, checked_max_length(config, model))
+    from .t5_gur import T5GURModel
+
+    collator = build_collator(config, tokenizer, checked_max_length(config, model),
+                              seq2seq=isinstance(model, T5GURModel))
     if config.gradient_checkpointing:
-        model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     start_step = loop.prepare(model, total_steps)
     prepared, unwrapped = loop.model, loop.unwrapped
@@ -431,7 +467,7 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
 
 
 #: what pre-training writes into its output folder besides the loop's files (deleted when a run starts over)
-OUTPUTS = ("model", "decoder_head", "projection_head", ".final.tmp", "pretrain_report.png")
+OUTPUTS = ("model", "decoder_head", "projection_head", "full", ".final.tmp", "pretrain_report.png")
 
 
 def pretrain_inputs(config: PretrainConfig) -> dict[str, dict]:
@@ -486,10 +522,11 @@ def _head_name(mode: str) -> str:
 
 
 def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str, out: Path, steps: int) -> None:
-    """Write ``out/model`` (encoder as a sentence-transformers folder) and the head folder, replacing old ones.
+    """Write ``out/model`` (encoder as a sentence-transformers folder) and the head folder, replacing old ones;
+    T5 GUR also ``out/full`` (the whole encoder-decoder).
 
     The encoder keeps its MLM head weights (continued MLM-style pre-training needs them; ``AutoModel`` and
-    sentence-transformers ignore them). Pooling: ``config.pooling`` (the vector both methods trained);
+    sentence-transformers ignore them). Pooling: the model's (the vector both methods trained);
     normalisation, instructions and lengths come from the base model's folder.
     """
     from ..models.encoder import config_from_folder, resolve_model_path
@@ -497,23 +534,31 @@ def save_outputs(model: torch.nn.Module, config: PretrainConfig, base_model: str
     tmp = out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     encoder_config = config_from_folder(resolve_model_path(base_model))
-    encoder_config.pooling = config.pooling
-    positions = int(getattr(model.encoder.config, "max_position_embeddings", 512))
-    encoder_config.passage_max_length = min(encoder_config.passage_max_length, positions)
-    encoder_config.query_max_length = min(encoder_config.query_max_length, positions)
-    card = _model_card(config, base_model, steps, encoder_config.pooling)
+    encoder_config.pooling = model.pooling
+    positions = getattr(model.backbone.config, "max_position_embeddings", None)  # None: relative positions (T5)
+    if isinstance(positions, int) and positions > 0:
+        encoder_config.passage_max_length = min(encoder_config.passage_max_length, positions)
+        encoder_config.query_max_length = min(encoder_config.query_max_length, positions)
+    card = _model_card(config, base_model, steps, encoder_config.pooling, seq2seq=hasattr(model, "t5"))
     model.save_pretrained(tmp, encoder_config=encoder_config, model_card=card)  # tmp/encoder + tmp/<head>, once
     write_json(tmp / "encoder" / "pretrain_config.json", to_dict(config))
     head = _head_name(config.mode)
-    for name, source in (("model", tmp / "encoder"), (head, tmp / head)):
+    folders = [("model", tmp / "encoder"), (head, tmp / head)] + ([("full", tmp / "full")]
+                                                                   if (tmp / "full").is_dir() else [])
+    for name, source in folders:
         shutil.rmtree(out / name, ignore_errors=True)
         os.replace(source, out / name)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _model_card(config: PretrainConfig, base_model: str, steps: int, pooling: str) -> str:
+def _model_card(config: PretrainConfig, base_model: str, steps: int, pooling: str, *, seq2seq: bool = False) -> str:
     method = {"retromae": "RetroMAE (Xiao et al., EMNLP 2022): masked auto-encoder with an enhanced decoder",
               "gur": "GUR (Xue et al.): span-masked LM + in-pair contrastive learning on LCS-mined pairs"}[config.mode]
+    continue_with = f"`heads=` the sibling `{_head_name(config.mode)}` folder"
+    if seq2seq:
+        method = ("GUR (Xue et al.) on T5: span corruption reconstructed by the decoder + in-pair contrastive "
+                  "learning on the encoder (the encoder alone is saved here)")
+        continue_with = "`model=` the sibling `full` folder (encoder + decoder) and `heads=` the run folder"
     return f"""---
 library_name: sentence-transformers
 tags: [sentence-transformers, feature-extraction, robustir, pre-training, {config.mode}]
@@ -526,7 +571,7 @@ tags: [sentence-transformers, feature-extraction, robustir, pre-training, {confi
 - **Data:** `{config.data}`; {steps} steps of {config.batch_size} {'texts' if config.mode == 'retromae' else 'pairs'} per process,
   max length {config.resolved_max_length()}, lr {config.lr}, seed {config.seed}.
 - **Pooling:** {pooling}. This is a starting point for fine-tuning (`robustir train --model THIS_FOLDER`), not a
-  finished retriever. Continue pre-training with `heads=` the sibling `{_head_name(config.mode)}` folder.
+  finished retriever. Continue pre-training with {continue_with}.
 
 Full configuration: `pretrain_config.json`.
 """
