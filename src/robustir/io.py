@@ -167,11 +167,20 @@ def describe_changes(old_values: dict, new_values: dict, old_inputs: dict, new_i
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-empty line; bad JSON / UTF-8 raise :class:`DataError`."""
+    for number, _, _, obj in read_jsonl_at(path):
+        yield number, obj
+
+
+def read_jsonl_at(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
+    """:func:`read_jsonl` with where each line lies: ``(line_number, byte offset, byte length, object)``, offsets
+    into the decompressed bytes of a ``.gz`` file, so a reader can index a file once and seek back to a record."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
+    offset = 0
     with open_binary(path) as handle:
         for number, raw in enumerate(read_lines(handle, path), start=1):
+            start, offset = offset, offset + len(raw)
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is allowed
             except UnicodeDecodeError as exc:
@@ -187,7 +196,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             if not isinstance(obj, dict):
                 raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", line=number,
                                 fix="each line must hold one JSON object such as {\"query\": ...}")
-            yield number, obj
+            yield number, start, len(raw), obj
 
 
 class ResumableJsonlWriter:

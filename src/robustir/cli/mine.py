@@ -6,6 +6,9 @@ Examples::
     robustir mine --input train.jsonl --corpus corpus.jsonl --method dense --bf16 --cache-dir runs/cache \\
         --num-negatives 15 --range-min 3 --relative-margin 0.05 --output runs/mined.jsonl
     robustir mine --input pairs.jsonl --output mined.jsonl --shard 2/4     # then: robustir merge --output mined.jsonl
+    # a corpus of millions: embeddings cached on disk and searched 100k rows at a time (docs/scale.md)
+    robustir mine --input train.jsonl --corpus corpus.jsonl --method dense --cache-dir runs/cache \\
+        --corpus-chunk 100000 --output runs/mined.jsonl
 
 Without ``--corpus`` a training JSONL is mined against every ``pos``/``neg`` text in the file (FlagEmbedding
 convention). Positives -- by id and by identical text -- and the query itself are never returned.
@@ -28,10 +31,10 @@ from .common import add_config_flags, add_encoder_args, encoder_options, flags_f
 # MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size, --bf16 and
 # --device are the shared encoder flags (encode_batch_size, bf16, device)
 FIELDS = ["method", "num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
-          "relative_margin", "sampling", "seed", "cache_dir", "index.kind", "query_batch_size"]
+          "relative_margin", "sampling", "seed", "cache_dir", "corpus_chunk", "index.kind", "query_batch_size"]
 
 # options that do not change the mined file (left out of OUT.settings.json, so changing them never forces a redo)
-OPERATIONAL = ("query_batch_size", "encode_batch_size", "cache_dir", "device")
+OPERATIONAL = ("query_batch_size", "encode_batch_size", "cache_dir", "corpus_chunk", "device")
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -236,7 +236,7 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
             decisions.append(Decision(reasons, scores, pos_cos))
         return decisions
 
-    def on_finish(report: FilterReport, collected: dict[str, list[float]]) -> None:
+    def on_finish(report: FilterReport, collected: dict) -> None:
         cap = config.max_reported_similarities
         similarities = {"positive": collected["positive"][:cap], "kept": collected["kept"][:cap],
                         "removed": collected.get(f"removed:{REASON_SIEVE}", [])[:cap]}

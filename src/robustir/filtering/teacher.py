@@ -43,6 +43,7 @@ from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl
 from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..negatives.margins import margin_reason
+from ..negatives.score_stats import ScoreStats
 from ..validation import Checked, NonNegativeFloat, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,9 @@ class FilterReport:
                 f"records lost at least one, {self.queries_left_without_negatives} have none left -> {self.output}")
 
 
-def score_stats(values: Sequence[float]) -> dict:
+def score_stats(values: Sequence[float] | ScoreStats) -> dict:
+    if isinstance(values, ScoreStats):
+        return values.summary()
     if not len(values):
         return {"count": 0}
     arr = np.asarray(values, dtype=np.float64)
@@ -164,7 +167,8 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
     """Stream ``input_path`` through ``decide`` (a batch of records -> one :class:`Decision` each) into a new file.
 
     ``on_finish(report, collected)`` may add to the report before it is written; ``collected`` holds the raw
-    score lists ``positive``, ``kept`` and ``removed:<reason>``.
+    scores ``positive``, ``kept`` and ``removed:<reason>`` (:class:`~robustir.negatives.score_stats.ScoreStats`:
+    every score up to a million, then a uniform sample -- memory stays bounded however long the input).
     """
     from tqdm.auto import tqdm
 
@@ -174,7 +178,7 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
     report = FilterReport(method=method, input=str(input_path), output=str(output), config=config)
     reasons: Counter[str] = Counter()
     histogram: Counter[int] = Counter()
-    collected: dict[str, list[float]] = {"positive": [], "kept": []}
+    collected: dict[str, ScoreStats] = {"positive": ScoreStats(), "kept": ScoreStats()}
     writer = ResumableJsonlWriter(output, key_field=None)
     already = writer.count  # records are written in input order: skip that many owned records
     bar = tqdm(desc=method, unit="record", disable=not progress)
@@ -227,7 +231,7 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
 
 
 def _apply(record: FilterRecord, decision: Decision, keep_removed: bool, report: FilterReport,
-           reasons: Counter, histogram: Counter, collected: dict[str, list[float]]) -> dict:
+           reasons: Counter, histogram: Counter, collected: dict[str, ScoreStats]) -> dict:
     out = dict(record.data)
     n = len(record.neg)
     if len(decision.reasons) != n:
@@ -243,7 +247,7 @@ def _apply(record: FilterRecord, decision: Decision, keep_removed: bool, report:
         entry: dict = {"text": text, "reason": reason}
         if score is not None:
             entry["score"] = round(float(score), 6)
-            collected.setdefault(f"removed:{reason}", []).append(score)
+            collected.setdefault(f"removed:{reason}", ScoreStats()).append(score)
         removed.append(entry)
     if decision.positive_score is not None:
         collected["positive"].append(decision.positive_score)

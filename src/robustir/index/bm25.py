@@ -22,8 +22,9 @@ import os
 import re
 import sys
 import threading
+from array import array
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -116,6 +117,22 @@ class BM25Index:
         self.size = len(texts)
         return self
 
+    def index_chunks(self, chunks: Iterable[Sequence[str]], show_progress: bool = False) -> "BM25Index":
+        """:meth:`index` over texts that come a chunk at a time (read from a file, say): the same index (same
+        vocabulary ids, statistics and scores -- bm25s's own builder runs on the same token ids), but the token ids
+        wait in one int32 array (4 bytes a token) instead of a Python list per document (about 36 bytes a token),
+        and no more than one chunk of texts is held at a time. The index itself is as large as with :meth:`index`
+        (about 8 bytes per distinct term of each document, plus the vocabulary)."""
+        ids = _TokenIds()
+        for chunk in chunks:
+            for doc in self._tokenizer.streaming_tokenize(list(chunk), update_vocab=True):
+                ids.append(doc)
+        bm25s = import_bm25s()
+        self._retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=self._tokenizer.get_vocab_dict()),
+                              show_progress=show_progress)
+        self.size = len(ids)
+        return self
+
     def search(self, queries: Sequence[str], k: int = 100, show_progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         if self.size == 0:
             raise RuntimeError("BM25Index.search called before index()")
@@ -127,3 +144,25 @@ class BM25Index:
         indices, scores = self._retriever.retrieve(tokenized, k=k, show_progress=show_progress, n_threads=0,
                                                    backend_selection="numpy")
         return np.asarray(scores, dtype=np.float32), np.asarray(indices, dtype=np.int64)
+
+
+class _TokenIds:
+    """The token ids of every document in one int32 array, handed to bm25s's index builder, which iterates over the
+    documents (three times) and asks for their number: each document is a fresh list when its turn comes."""
+
+    def __init__(self) -> None:
+        self._flat = array("i")
+        self._ends = array("q")
+
+    def append(self, doc: list[int]) -> None:
+        self._flat.extend(doc)
+        self._ends.append(len(self._flat))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = 0
+        for end in self._ends:
+            yield self._flat[start:end].tolist()
+            start = end
