@@ -150,6 +150,9 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         sections = [a for a in args if dataclasses.is_dataclass(a)]
         if isinstance(value, dict) and len(sections) == 1:
             return from_dict(sections[0], value, where=where)  # a section: its own error names the key path
+        lists = [a for a in args if typing.get_origin(a) in (list, tuple)]
+        if isinstance(value, (list, tuple)) and len(lists) == 1:
+            return _coerce(lists[0], value, where)  # e.g. a list of sections: its items' errors name their path
         for arg in args:
             try:
                 return _coerce(arg, value, where)
@@ -166,6 +169,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         (inner, *_) = typing.get_args(hint) or (Any,)
+        if dataclasses.is_dataclass(inner):  # a list of sections: name the item, train_data[1].weight
+            return [_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return [_coerce(inner, v, where) for v in value]
     if hint is bool:
         if isinstance(value, bool):

@@ -226,6 +226,8 @@ def _argparse_kind(hint: Any, where: str) -> dict[str, Any]:
     hint = _without_none(hint)
     if hint is bool:
         return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and str in typing.get_args(hint):
+        return {"type": str}  # text or a richer form (train_data: a path, or sources in a config file)
     origin = typing.get_origin(hint)
     if origin in (list, tuple):
         args = typing.get_args(hint)

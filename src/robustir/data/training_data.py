@@ -158,19 +158,27 @@ def training_files(path: str | Path) -> list[Path]:
     return [path]
 
 
-def iter_training_examples(path: str | Path, stats: dict | None = None) -> Iterator[TrainingExample]:
-    """Stream validated examples from a file or folder. ``stats`` (if given) counts read / skipped records."""
+def iter_training_records(path: str | Path, stats: dict | None = None,
+                          files: list[Path] | None = None) -> Iterator[tuple[int, int, TrainingExample]]:
+    """Stream ``(file index, line, example)`` of the validated examples of a file or folder (``files``: its
+    :func:`training_files`, when already listed). ``stats`` (if given) counts read / skipped records."""
     stats = stats if stats is not None else {}
     stats.setdefault("read", 0)
     stats.setdefault("skipped_empty", 0)
-    for file in training_files(path):
+    for index, file in enumerate(files if files is not None else training_files(path)):
         for line, obj in read_jsonl(file):
             stats["read"] += 1
             example = parse_example(obj, file, line)
             if example is None:
                 stats["skipped_empty"] += 1
                 continue
-            yield example
+            yield index, line, example
+
+
+def iter_training_examples(path: str | Path, stats: dict | None = None) -> Iterator[TrainingExample]:
+    """Stream validated examples from a file or folder. ``stats`` (if given) counts read / skipped records."""
+    for _, _, example in iter_training_records(path, stats):
+        yield example
 
 
 def load_training_data(path: str | Path) -> tuple[list[TrainingExample], dict]:

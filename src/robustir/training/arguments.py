@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Literal
 
 from ..errors import ConfigError
-from ..validation import NonNegativeInt, PositiveInt
+from ..validation import Checked, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .loop import LoopConfig
+
+
+@dataclass
+class TrainSource(Checked):
+    """One source of a training mixture: ``train_data`` given as a list of these (YAML: a list of mappings).
+
+    Every global batch comes from one source; which one is a seeded function of (seed, step) following the weights
+    (docs/methods.md, "Training data at scale and mixtures")."""
+
+    path: str = ""  # training JSONL file or folder, or a BEIR folder (its train_split)
+    name: str | None = None  # shown in the log and the report; None = the file or folder name without .jsonl/.gz
+    weight: PositiveFloat | None = None  # share of the steps; None on every source = proportional to their sizes
+    query_instruction: str | None = None  # None: the model's for task retrieval, none for symmetric and title
+    passage_instruction: str | None = None  # None: the model's for task retrieval, none for symmetric and title
+    task: Literal["retrieval", "symmetric", "title"] = "retrieval"
+    # retrieval: query -> passage; symmetric: both directions of every pair (e.g. paraphrases); title: title -> passage
+    in_batch_negatives: bool = True  # False: a row's loss sees its own hard negatives only (needs num_negatives >= 1)
+
+    @property
+    def label(self) -> str:
+        """The source's name: ``name``, else its file or folder name without ``.jsonl`` / ``.gz``."""
+        if self.name:
+            return self.name
+        base = Path(self.path.rstrip("/\\")).name
+        for suffix in (".gz", ".jsonl", ".json"):
+            base = base.removesuffix(suffix)
+        return base or "train"
 
 
 @dataclass
@@ -26,7 +54,12 @@ class TrainConfig(LoopConfig):
     query_instruction: str | None = None
     passage_instruction: str | None = None
     # data
-    train_data: str = ""  # training JSONL (file or folder) or a BEIR folder with a train split
+    train_data: str | list[TrainSource] = ""
+    """Training JSONL (file or folder) or a BEIR folder with a train split; or, in a config file, a list of sources
+    (a mixture): [{path, weight, name, task, query_instruction, passage_instruction, in_batch_negatives}, ...]."""
+    data_cache: str | None = None
+    """Folder of the training data converted to Arrow (memory-mapped, reused while the files are unchanged);
+    None = <output>/data-cache."""
     train_split: str = "train"
     mine: Literal["bm25", "dense", "none"] = "bm25"  # mine negatives for examples without any; none = in-batch only
     mine_negatives: PositiveInt = 20  # negatives kept per query by mining (training samples from these)
@@ -43,6 +76,16 @@ class TrainConfig(LoopConfig):
     epoch_unit: Literal["pairs", "queries"] = "pairs"
     # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
     # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
+    # input pipeline (robustir.training.input_pipeline): the batches, hence the result, are the same in every setting
+    prefetch_batches: Annotated[int, Range(ge=0, le=64)] = 2
+    """Batches sampled and tokenised ahead of the step that uses them, in the background; 0 = on the main thread
+    when the step needs them (the step waits for the CPU)."""
+    dataloader_workers: Annotated[int, Range(ge=0, le=64)] = 0
+    """Processes that make the batches (torch DataLoader workers); 0 = one background thread (the tokenizer runs
+    without the GIL). Needs prefetch_batches >= 1."""
+    pad_to_multiple_of: Annotated[int, Range(ge=1, le=128)] | None = None
+    """Pad each batch's token length up to a multiple of this; None = 8 on a GPU (tensor cores), 1 (the longest
+    text in the batch) on the CPU. The same values up to float summation order."""
     # report
     probe_size: NonNegativeInt = 256  # examples used for the similarity-distribution figure
     # evaluation
@@ -61,4 +104,57 @@ class TrainConfig(LoopConfig):
                               "all-MiniLM-L6-v2")
         if self.epoch_unit not in ("pairs", "queries"):
             raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {self.epoch_unit!r}")
+        if isinstance(self.train_data, list):
+            self._validate_sources()
+        if self.dataloader_workers and not self.prefetch_batches:
+            raise ConfigError(f"dataloader_workers = {self.dataloader_workers} needs prefetch_batches >= 1 (workers "
+                              "make batches ahead); set prefetch_batches, or dataloader_workers 0")
         super().validate()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_data, (list, tuple)):  # the Python API may pass mappings
+            from ..config import from_dict
+
+            self.train_data = [from_dict(TrainSource, s, where=f"train_data[{i}]") if isinstance(s, dict) else s
+                               for i, s in enumerate(self.train_data)]
+            self._validate_sources()  # a bad mixture fails when the config loads, not when training starts
+        super().__post_init__()
+
+    @property
+    def sources(self) -> list[TrainSource]:
+        """``train_data`` as a list of sources (a plain path is one retrieval source)."""
+        if isinstance(self.train_data, list):
+            return list(self.train_data)
+        return [TrainSource(path=self.train_data)] if self.train_data else []
+
+    def _validate_sources(self) -> None:
+        sources = self.train_data
+        if not sources:
+            raise ConfigError("train_data is an empty list; name a training file or folder, or list sources as "
+                              "[{path: ..., weight: ...}, ...]")
+        for i, source in enumerate(sources):
+            if not isinstance(source, TrainSource):
+                raise ConfigError(f"train_data[{i}]: expected a source mapping such as {{path: data.jsonl}}, got "
+                                  f"{source!r}")
+            if not str(source.path).strip():
+                raise ConfigError(f"train_data[{i}]: path is required (a training JSONL file or folder, or a BEIR "
+                                  "folder)")
+        labels = [s.label for s in sources]
+        twice = sorted({n for n in labels if labels.count(n) > 1})
+        if twice:
+            raise ConfigError(f"train_data: the sources need distinct names, and {', '.join(map(repr, twice))} is "
+                              "used more than once. Fix: give each source its own name: ...")
+        weighted = [s.weight is not None for s in sources]
+        if any(weighted) and not all(weighted):
+            missing = [s.label for s in sources if s.weight is None]
+            raise ConfigError(f"train_data: source(s) {', '.join(map(repr, missing))} have no weight while others "
+                              "have one. Fix: give every source a weight, or none (shares proportional to size)")
+        strict = [s.label for s in sources if not s.in_batch_negatives]
+        if strict and self.num_negatives == 0:
+            raise ConfigError(f"train_data: source(s) {', '.join(map(repr, strict))} have in_batch_negatives false "
+                              "and num_negatives is 0, so their rows would have no negative at all. Fix: set "
+                              "num_negatives >= 1, or in_batch_negatives true")
+        if strict and self.loss_options.get("symmetric"):
+            raise ConfigError(f"train_data: source(s) {', '.join(map(repr, strict))} have in_batch_negatives false, "
+                              "but loss_options.symmetric needs in-batch negatives (the passage->query term has no "
+                              "other negatives). Fix: drop symmetric, or set in_batch_negatives true on those sources")

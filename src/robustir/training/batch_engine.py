@@ -268,8 +268,13 @@ class BatchEngine:
         num_hard_negatives: int,
         passage_ids: Tensor | None = None,
         positive_ids: Tensor | None = None,
+        in_batch_negatives: bool = True,
     ) -> ContrastiveBatch:
-        """Build the :class:`ContrastiveBatch` from local ``(b, d)`` queries and ``(b*(1+k), d)`` grouped passages."""
+        """Build the :class:`ContrastiveBatch` from local ``(b, d)`` queries and ``(b*(1+k), d)`` grouped passages.
+
+        ``in_batch_negatives=False`` (a training source that asks for it): the candidate mask keeps only each row's
+        positive and its own hard negatives, so every loss sees no other column (the same mask every loss already
+        honours; no loss needs a variant)."""
         b, d = queries.shape
         k = num_hard_negatives
         if passages.shape[0] != b * (1 + k):
@@ -300,6 +305,9 @@ class BatchEngine:
             candidate_mask = self._duplicate_mask(passage_ids.to(device), b, k, positive_index, gather_fn,
                                                   None if positive_ids is None else positive_ids.to(device),
                                                   self.block_rows)
+        if not in_batch_negatives:
+            candidate_mask = self._own_columns_mask(b, all_passages.shape[0], positive_index, hard_negative_index,
+                                                    candidate_mask, self.block_rows)
 
         return ContrastiveBatch(
             queries=queries,
@@ -361,6 +369,25 @@ class BatchEngine:
             return None
         return RowMask((b, n), rows)
 
+    @staticmethod
+    def _own_columns_mask(b: int, n: int, positive_index: Tensor, hard_negative_index: Tensor | None,
+                          within: Tensor | RowMask | None, block_rows: int | None) -> Tensor | RowMask:
+        """``(b, N)`` mask keeping only row i's positive and hard-negative columns (and of those, what ``within``
+        keeps); a :class:`RowMask` when the loss runs in blocks of rows."""
+
+        def rows(start: int, end: int) -> Tensor:
+            with torch.no_grad():
+                device = positive_index.device
+                mask = torch.zeros(end - start, n, dtype=torch.bool, device=device)
+                mask[torch.arange(end - start, device=device), positive_index[start:end]] = True
+                if hard_negative_index is not None:
+                    mask.scatter_(1, hard_negative_index[start:end], True)
+                if within is not None:
+                    mask &= within[start:end].to(device=device, dtype=torch.bool)
+                return mask
+
+        return rows(0, b) if resolve_block_rows(b, n, block_rows) >= b else RowMask((b, n), rows)
+
     # ------------------------------------------------------------------ encoding
 
     def _autocast(self) -> AbstractContextManager:
@@ -371,10 +398,10 @@ class BatchEngine:
             return _model_output(model(features))
 
     def _loss(self, queries: Tensor, passages: Tensor, k: int, passage_ids: Tensor | None,
-              positive_ids: Tensor | None = None) -> LossOutput:
+              positive_ids: Tensor | None = None, in_batch_negatives: bool = True) -> LossOutput:
         queries, passages = _loss_precision(queries), _loss_precision(passages)
         with _no_autocast(queries.device.type):
-            return self.loss(self.build_batch(queries, passages, k, passage_ids, positive_ids))
+            return self.loss(self.build_batch(queries, passages, k, passage_ids, positive_ids, in_batch_negatives))
 
     def _with_aux(self, out: LossOutput, aux: Mapping[str, AuxLoss], means: Sequence[Tensor]) -> LossOutput:
         """``loss_weight * contrastive + sum(weight * aux mean)``; the aux means join the components."""
@@ -402,6 +429,7 @@ class BatchEngine:
         backward: bool = True,
         no_sync: ContextFactory | None = None,
         positive_ids: Tensor | None = None,
+        in_batch_negatives: bool = True,
     ) -> LossOutput:
         """Encode, compute the loss once and (by default) back-propagate it into ``model``'s parameters.
 
@@ -419,6 +447,8 @@ class BatchEngine:
                 duplicates of a row's positive among its negatives.
             positive_ids: optional ``(b, P)`` ids of every known positive of each row's query (-1 pads);
                 with ``passage_ids``, columns holding any of them are masked for that row.
+            in_batch_negatives: False masks every column but each row's positive and own hard negatives (a
+                training source with ``in_batch_negatives: false``).
             backward: run the backward pass here and return a detached loss. With ``False`` the
                 returned loss carries a graph and the caller calls ``.backward()`` on it (possibly
                 scaled); in cached mode that backward triggers the chunk replay.
@@ -444,14 +474,14 @@ class BatchEngine:
             queries, query_aux = self._encode(model, query_features)
             passages, passage_aux = self._encode(model, passage_features)
             aux = _sum_aux([query_aux, passage_aux])
-            out = self._loss(queries, passages, num_hard_negatives, passage_ids, positive_ids)
+            out = self._loss(queries, passages, num_hard_negatives, passage_ids, positive_ids, in_batch_negatives)
             out = self._with_aux(out, aux, [_aux_mean(a) for a in aux.values()])
             if backward:
                 out.loss.backward()
                 return LossOutput(out.loss.detach(), out.components)
             return out
         return self._cached_step(model, query_features, passage_features, num_hard_negatives,
-                                 passage_ids, backward, no_sync, positive_ids)
+                                 passage_ids, backward, no_sync, positive_ids, in_batch_negatives)
 
     def _cached_step(
         self,
@@ -463,6 +493,7 @@ class BatchEngine:
         backward: bool,
         no_sync: ContextFactory | None,
         positive_ids: Tensor | None = None,
+        in_batch_negatives: bool = True,
     ) -> LossOutput:
         assert self.chunk_size is not None
         query_chunks = _split_features(query_features, self.chunk_size)
@@ -522,12 +553,12 @@ class BatchEngine:
 
         if backward:
             # Step 2 at the top level, then the replay (GradCache order; DDP-friendly).
-            out = self._with_aux(self._loss(query_reps, passage_reps, k, passage_ids, positive_ids), aux,
-                                 list(aux_means.unbind()))
+            out = self._with_aux(self._loss(query_reps, passage_reps, k, passage_ids, positive_ids,
+                                            in_batch_negatives), aux, list(aux_means.unbind()))
             out.loss.backward()
             replay(query_reps.grad, passage_reps.grad, aux_means.grad)
             return LossOutput(out.loss.detach(), out.components)
         # Deferred: the caller's backward reaches _ReplayOnBackward, which runs step 3 (scaled).
         queries, passages, means_out = _ReplayOnBackward.apply(replay, query_reps, passage_reps, aux_means)
-        return self._with_aux(self._loss(queries, passages, k, passage_ids, positive_ids), aux,
-                              list(means_out.unbind()))
+        return self._with_aux(self._loss(queries, passages, k, passage_ids, positive_ids, in_batch_negatives),
+                              aux, list(means_out.unbind()))

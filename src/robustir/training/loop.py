@@ -30,6 +30,9 @@ A stage builds its data, model and loss; :class:`TrainingLoop` does everything e
   ``grad_norm``, the throughput, then the step's values averaged over the processes), and checkpoints every
   ``save_steps`` steps, at the end and on ``stop_after`` (leave as if interrupted; the next run resumes and ends
   with the same weights). Checkpoints record ``examples_per_process`` and ``total_steps`` next to the step.
+  With ``batches`` (an :class:`~robustir.training.input_pipeline.InputPipeline`, fine-tuning's) the step's batch is
+  made ahead in the background and handed to ``step_fn``; the loop logs the time it waited for it
+  (``data_wait_seconds``, ``data_wait_share``) and closes the pipeline however it leaves.
 
 The fields the loop reads are :class:`LoopConfig`, the base of :class:`~robustir.training.arguments.TrainConfig`
 and :class:`~robustir.pretraining.pretrain.PretrainConfig`, so each is declared (and documented) once.
@@ -53,6 +56,7 @@ from ..io import write_json
 from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from .checkpoints import (FINGERPRINT_FILE, compare_fingerprints, list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
+from .input_pipeline import InputPipeline
 from .optim import adamw_with_linear_schedule
 
 __all__ = ["LoopConfig", "LoopResult", "TrainingLoop"]
@@ -103,6 +107,12 @@ class LoopResult:
     steps: int  # optimizer steps done (all of them, resumed ones included)
     interrupted: bool  # left early on stop_after (a checkpoint holds the state; the stage saves no outputs)
     last: dict[str, float] = field(default_factory=dict)  # the last logged values (averaged over processes)
+    step_seconds: float = 0.0  # wall time of the steps run by this call (data, forward, backward, optimizer)
+    data_wait_seconds: float = 0.0  # of which blocked waiting for the next batch (only with ``batches``)
+
+    @property
+    def data_wait_share(self) -> float:
+        return self.data_wait_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
 
 
 def _launched_distributed() -> bool:
@@ -361,17 +371,25 @@ class TrainingLoop:
             with open(self.log_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
 
-    def run(self, step_fn: Callable[[int], Mapping[str, Any]], *, save_steps: int, desc: str,
+    def run(self, step_fn: Callable[..., Mapping[str, Any]], *, save_steps: int, desc: str,
             throughput_key: str = "examples_per_s", epoch: Callable[[int], float | None] | None = None,
-            stop_after: int | None = None, after_step: Callable[[int], None] | None = None) -> LoopResult:
+            stop_after: int | None = None, after_step: Callable[[int], None] | None = None,
+            batches: InputPipeline | None = None) -> LoopResult:
         """Run the steps from :attr:`start_step` to :attr:`total_steps`.
 
         ``step_fn(step)`` (0-based) does one step's forward and backward on this process and returns its log
-        values (floats or scalar tensors; read only on logging steps). Logged as ``throughput_key``: examples per
+        values (floats or scalar tensors, averaged over the processes; or text, such as the step's training
+        source, logged as it is; read only on logging steps). Logged as ``throughput_key``: examples per
         second over all processes (``batch_size`` x processes per step). ``epoch(done)``: the ``epoch`` field of
         the log line after ``done`` steps (None or absent: no field). ``after_step(done)``: called on every
         process after each step's log line and before its checkpoint (e.g. a periodic evaluation, which may
         :meth:`log`). ``stop_after``: leave after that many steps, with a checkpoint, as if interrupted.
+
+        ``batches``: an :class:`~robustir.training.input_pipeline.InputPipeline` (not started) making each step's
+        batch, in the background; the loop starts it at :attr:`start_step`, calls ``step_fn(step, batch)``, and
+        closes it when it leaves, by an error too. The time blocked in ``batches.get`` is logged with each line as
+        ``data_wait_seconds`` (over the steps since the previous line, this process) and ``data_wait_share`` (of
+        their wall time), and summed in the result.
         """
         from tqdm.auto import tqdm
 
@@ -386,31 +404,53 @@ class TrainingLoop:
                    dynamic_ncols=True)
         self._log_handle = open(self.log_path, "a", encoding="utf-8") if self.is_main else None
         last: dict[str, float] = {}
+        step_seconds = wait_seconds = 0.0  # the whole call
+        line_seconds = line_wait = 0.0  # since the previous log line
         try:
+            if batches is not None:
+                batches.start(self.start_step, total_steps)
             for step in range(self.start_step, total_steps):
                 tick = time.perf_counter()
-                outputs = step_fn(step)
+                if batches is not None:
+                    batch = batches.get(step)
+                    waited = time.perf_counter() - tick
+                    outputs = step_fn(step, batch)
+                    del batch
+                else:
+                    waited = 0.0
+                    outputs = step_fn(step)
                 grad_norm = None
                 if config.max_grad_norm:
                     grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+                took = time.perf_counter() - tick
+                step_seconds, wait_seconds = step_seconds + took, wait_seconds + waited
+                line_seconds, line_wait = line_seconds + took, line_wait + waited
                 done = step + 1
                 if done % config.logging_steps == 0 or done == total_steps:
-                    values = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in outputs.items()}
+                    # text values (the step's training source) are logged as they are, numbers averaged
+                    values = {k: v if isinstance(v, str) else float(v.detach()) if torch.is_tensor(v) else float(v)
+                              for k, v in outputs.items()}
                     if world > 1:  # per-process means: average them
-                        stacked = accelerator.reduce(torch.tensor(list(values.values()), device=accelerator.device),
-                                                     reduction="mean")
-                        values = dict(zip(values, stacked.tolist()))
+                        numbers = [k for k, v in values.items() if not isinstance(v, str)]
+                        stacked = accelerator.reduce(torch.tensor([values[k] for k in numbers],
+                                                                  device=accelerator.device), reduction="mean")
+                        values.update(zip(numbers, stacked.tolist()))
                     last = values
                     record: dict[str, Any] = {"step": done}
                     epoch_value = epoch(done) if epoch is not None else None
                     if epoch_value is not None:
                         record["epoch"] = epoch_value
                     record.update({"lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                                   throughput_key: examples_per_step / (time.perf_counter() - tick), **values})
+                                   throughput_key: examples_per_step / (time.perf_counter() - tick)})
+                    if batches is not None:
+                        record.update({"data_wait_seconds": round(line_wait, 6),
+                                       "data_wait_share": round(line_wait / line_seconds, 6) if line_seconds else 0.0})
+                    record.update(values)
                     self.log(record)
+                    line_seconds = line_wait = 0.0
                     if self.is_main and "loss" in values:
                         bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
                 if after_step is not None:
@@ -424,13 +464,18 @@ class TrainingLoop:
                 bar.update(1)
                 if interrupted:
                     accelerator.end_training()
-                    return LoopResult(done, True, last)
+                    return LoopResult(done, True, last, step_seconds, wait_seconds)
         finally:
+            if batches is not None:
+                batches.close()
             bar.close()
             if self._log_handle is not None:
                 self._log_handle.close()
                 self._log_handle = None
-        return LoopResult(total_steps, False, last)
+        if batches is not None and step_seconds:
+            logger.info("waited %.1f s for training batches in %.1f s of steps (%.1f%%)", wait_seconds, step_seconds,
+                        100 * wait_seconds / step_seconds)
+        return LoopResult(total_steps, False, last, step_seconds, wait_seconds)
 
     def finish(self) -> None:
         """After the stage saved its outputs (on the main process): mark the run complete in its fingerprint (a

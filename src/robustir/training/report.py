@@ -1,5 +1,7 @@
 """Training report: loss curves, loss statistics (PEG's t / sigma / w_q, CCR's terms) and the
-similarity distributions of positives, hard negatives and in-batch negatives at start and end."""
+similarity distributions of positives, hard negatives and in-batch negatives at start and end; with a mixture of
+training sources, the loss per source (``report.json``: ``per_source: {name: {steps, mean_loss}}``, over the logged
+steps)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,16 @@ def _smooth(values: list[float], weight: float = 0.8) -> list[float]:
         last = value if last is None else weight * last + (1 - weight) * value
         out.append(last)
     return out
+
+
+def per_source_losses(steps: list[dict]) -> dict[str, dict[str, float]]:
+    """``{source: {"steps": logged steps, "mean_loss": their mean loss}}`` from the log lines of a mixture run
+    (each names its step's ``source``); empty for a run on one source."""
+    sums: dict[str, list[float]] = {}
+    for record in steps:
+        if "source" in record and "loss" in record:
+            sums.setdefault(record["source"], []).append(float(record["loss"]))
+    return {name: {"steps": len(losses), "mean_loss": sum(losses) / len(losses)} for name, losses in sums.items()}
 
 
 def write_training_report(output: str | Path) -> Path:
@@ -89,6 +101,15 @@ def write_training_report(output: str | Path) -> Path:
             f"<tr><td>{name}</td>" + "".join(f"<td>{100 * m[k]:.2f}</td>" for k in keys) + "</tr>"
             for name, m in (("base", metrics.get("base") or {}), ("trained", metrics["model"])) if m)
         table = f"<table border=1 cellpadding=4><tr><th>model</th>{head}</tr>{body}</table>"
+    per_source = per_source_losses(steps)
+    if per_source:
+        rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{v['steps']}</td><td>{v['mean_loss']:.4f}</td></tr>"
+                       for name, v in per_source.items())
+        table += ("<h2>Loss per training source (logged steps)</h2><table border=1 cellpadding=4>"
+                  f"<tr><th>source</th><th>steps</th><th>mean loss</th></tr>{rows}</table>")
+    from ..io import write_json
+
+    write_json(out / "report.json", {"steps": len(steps), "per_source": per_source})
     config = (out / "training_config.json").read_text() if (out / "training_config.json").exists() else "{}"
     image = base64.b64encode(png.read_bytes()).decode()
     (out / "report.html").write_text(

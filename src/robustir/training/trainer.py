@@ -14,11 +14,15 @@ Output folder::
     run_fingerprint.json   the settings and input digests of the run the folder holds (resume and reuse check)
     checkpoints/step-N/    model, optimizer, scheduler, loss state such as PEG's t, RNG states (safetensors +
                            JSON, robustir.training.checkpoints) + trainer_state.json
-    train_log.jsonl        one line per logged step: step, epoch, lr, grad_norm, pairs_per_s, loss components
+    train_log.jsonl        one line per logged step: step, epoch, lr, grad_norm, pairs_per_s, data_wait_seconds and
+                           data_wait_share (time blocked waiting for the batch), loss components
                            (and eval_* lines with eval_steps)
     similarities.json      cosine similarities of a fixed probe set at start and end
     report.png/.html       loss curves, PEG/CCR statistics, similarity distributions
+    report.json            with a mixture of sources: per_source {name: {steps, mean_loss}}
     eval_metrics.json      metrics on eval_data (base model too with eval_base)
+    data-cache/            the training data converted to Arrow (robustir.data.arrow_store), by content; kept
+                           when a run starts over (``data_cache`` puts it elsewhere)
 """
 
 from __future__ import annotations
@@ -27,33 +31,39 @@ import json
 import logging
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..config import to_dict
-from ..data.training_data import TrainingExample, examples_from_beir, load_training_data, training_files
+from ..data.arrow_store import convert_examples, convert_training_files
+from ..data.training_data import TrainingExample, examples_from_beir, training_files
 from ..errors import ConfigError
 from ..io import write_json
 from ..losses import get_loss
 from ..models.encoder import Encoder, length_options, max_positions
 from ..outputs import refuse_run_over_inputs
 from ..resources import default_model_path
-from .arguments import TrainConfig
+from .arguments import TrainConfig, TrainSource
 from .batch_engine import BatchEngine
 from .checkpoints import input_digest
-from .data import GroupSampler, collate
+from .data import Collator, GroupSampler, SamplerSource, StepBatches
+from .input_pipeline import InputPipeline
 from .loop import TrainingLoop
 
 logger = logging.getLogger(__name__)
 
 #: what fine-tuning writes into its output folder besides the loop's files (deleted when a run starts over)
 OUTPUTS = ("model", "mined-*.jsonl", "similarities.json", "base_metrics.json", "eval_metrics.json", "report.png",
-           "report.html")
+           "report.html", "report.json")
 #: TrainConfig fields besides the loop's that do not change the result (left out of the run fingerprint):
-#: evaluating more or less often (in eval mode, no randomness drawn) and its encoding batch size
-OPERATIONAL = ("eval_steps", "eval_batch_size")
+#: evaluating more or less often (in eval mode, no randomness drawn) and its encoding batch size; how the batches
+#: are made (the same batch for a step in every setting) and the padding multiple (the same values up to float
+#: summation order, as loss_block_rows)
+OPERATIONAL = ("eval_steps", "eval_batch_size", "prefetch_batches", "dataloader_workers", "pad_to_multiple_of",
+               "data_cache")  # where the Arrow conversion is cached: by content, so it never changes the data
 
 
 @dataclass
@@ -64,6 +74,8 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)
     base_metrics: dict[str, float] = field(default_factory=dict)
     already_complete: bool = False  # the output folder held this finished run already: nothing trained or written
+    data_wait_seconds: float = 0.0  # time the steps of this call waited for their batch (this process)
+    data_wait_share: float = 0.0  # of the steps' wall time
 
 
 # ---------------------------------------------------------------------------- data preparation
@@ -81,41 +93,101 @@ def train_inputs(config: TrainConfig) -> dict[str, dict]:
     from ..models.encoder import resolve_model_path
 
     _require_train_data(config)
-    source = Path(config.train_data)
-    if source.is_dir() and (source / "qrels").is_dir():
-        files = [next((source / n for n in names if (source / n).exists()), source / names[0])
+    inputs = {"model": input_digest(resolve_model_path(config.model or default_model_path()), model=True)}
+    for source in config.sources:
+        inputs[_input_name(config, source)] = input_digest(_source_files(Path(source.path), config.train_split))
+    return inputs
+
+
+def _is_beir(path: Path) -> bool:
+    return path.is_dir() and (path / "qrels").is_dir()
+
+
+def _source_files(path: Path, split: str) -> list[Path]:
+    """The files a training source reads: its JSONL files, or a BEIR folder's corpus, queries and qrels split."""
+    if _is_beir(path):
+        files = [next((path / n for n in names if (path / n).exists()), path / names[0])
                  for names in (("corpus.jsonl", "corpus.jsonl.gz"), ("queries.jsonl", "queries.jsonl.gz"))]
-        files.append(source / "qrels" / f"{config.train_split}.tsv")
-    else:
-        files = training_files(source)
-    return {"model": input_digest(resolve_model_path(config.model or default_model_path()), model=True),
-            "train_data": input_digest(files)}
+        return [*files, path / "qrels" / f"{split}.tsv"]
+    return training_files(path)
 
 
-def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait) -> list[TrainingExample]:
-    """Load training examples; mine hard negatives when they come without (cached in the output folder)."""
-    source = Path(config.train_data)
+def _input_name(config: TrainConfig, source: TrainSource) -> str:
+    """The source's name among the run fingerprint's inputs: ``train_data`` (one path), ``train_data/<name>``."""
+    return f"train_data/{source.label}" if isinstance(config.train_data, list) else "train_data"
+
+
+def data_cache(config: TrainConfig) -> Path:
+    """Where the training data's Arrow conversions are cached (``data_cache``, default ``<output>/data-cache``)."""
+    return Path(config.data_cache) if config.data_cache else Path(config.output) / "data-cache"
+
+
+def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
+                     inputs: dict[str, dict] | None = None) -> list[SamplerSource]:
+    """The training sources as memory-mapped Arrow rows (:class:`~robustir.data.arrow_store.TrainingRows`),
+    converted once and cached by content (:func:`data_cache`); hard negatives mined for a source that comes
+    without any (cached in the output folder as ``mined-<method>[-<source>].jsonl``, then converted the same way).
+
+    The main process converts and mines, the others open what it wrote. ``inputs``: the run fingerprint's digests
+    (:func:`train_inputs`), so the files are not hashed twice."""
     _require_train_data(config)
-    is_beir = source.is_dir() and (source / "qrels").is_dir()
-    if is_beir:
-        examples = examples_from_beir(source, config.train_split)
-    else:
-        examples, stats = load_training_data(source)
-        if stats["skipped_empty"]:
-            logger.warning("skipped %d training record(s) with an empty query or positive", stats["skipped_empty"])
-    need_mining = config.num_negatives > 0 and config.mine != "none" and not any(e.neg for e in examples)
-    if not need_mining:
+    cache, mixture = data_cache(config), isinstance(config.train_data, list)
+    prepared, mined_any = [], False
+    for spec in config.sources:
+        path = Path(spec.path)
+        digest = (inputs or {}).get(_input_name(config, spec))
+        if _is_beir(path):
+            digest = digest or input_digest(_source_files(path, config.train_split))
+            rows = _on_main(is_main, wait, lambda convert: convert_examples(
+                lambda: examples_from_beir(path, config.train_split), cache, digest=digest, kind="beir",
+                key_extra={"split": config.train_split}, describe=f"{path} ({config.train_split} split)",
+                convert=convert))
+        else:
+            rows = _on_main(is_main, wait, lambda convert: convert_training_files(path, cache, digest=digest,
+                                                                                 convert=convert))
+        if rows.stats.get("skipped_empty"):
+            logger.warning("%sskipped %d training record(s) with an empty query or positive",
+                           f"{spec.label}: " if mixture else "", rows.stats["skipped_empty"])
+        if config.num_negatives > 0 and config.mine != "none" and not rows.num_negatives:
+            mined_any = True
+            mined = Path(config.output) / (f"mined-{config.mine}-{spec.label}.jsonl" if mixture
+                                           else f"mined-{config.mine}.jsonl")
+            if is_main and not mined.exists():
+                mine_for_training(rows, path if _is_beir(path) else None, config, encoder, mined)
+            wait()
+            rows = _on_main(is_main, wait, lambda convert: convert_training_files(mined, cache, convert=convert))
+        prepared.append(SamplerSource(rows, name=spec.label, weight=spec.weight, task=spec.task,
+                                      query_instruction=spec.query_instruction,
+                                      passage_instruction=spec.passage_instruction,
+                                      in_batch_negatives=spec.in_batch_negatives))
+    if not mined_any:
         config.mine = "none"  # recorded in the model card: negatives came with the data (or in-batch only)
-        return examples
-    mined = Path(config.output) / f"mined-{config.mine}.jsonl"
-    if is_main and not mined.exists():
-        mine_for_training(examples, source if is_beir else None, config, encoder, mined)
+    return prepared
+
+
+def _on_main(is_main: bool, wait, make):
+    """``make(convert=True)`` on the main process, then ``make(convert=False)`` (open what it wrote) on the others."""
+    rows = make(True) if is_main else None
     wait()
-    mined_examples, _ = load_training_data(mined)
-    return mined_examples
+    return rows if rows is not None else make(False)
 
 
-def mine_for_training(examples: list[TrainingExample], beir_root: Path | None, config: TrainConfig,
+class _AllRows(Sequence):
+    """The rows of every source, one after the other (for the similarity probe's sample)."""
+
+    def __init__(self, sources: list[SamplerSource]) -> None:
+        self.parts = [s.rows for s in sources]
+        self.starts = np.cumsum([0] + [len(r) for r in self.parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, index: int) -> TrainingExample:  # type: ignore[override]
+        part = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return self.parts[part][index - int(self.starts[part])]
+
+
+def mine_for_training(examples: Sequence[TrainingExample], beir_root: Path | None, config: TrainConfig,
                       encoder: Encoder, output: Path) -> None:
     from ..data.beir import load_corpus
     from ..negatives.mining import MiningConfig, MiningQuery, mine_negatives
@@ -142,7 +214,7 @@ def mine_for_training(examples: list[TrainingExample], beir_root: Path | None, c
 
 # ---------------------------------------------------------------------------- probe for the report
 
-def similarity_probe(encoder: Encoder, examples: list[TrainingExample], size: int, seed: int,
+def similarity_probe(encoder: Encoder, examples: Sequence[TrainingExample], size: int, seed: int,
                      bf16: bool) -> dict[str, list[float]]:
     """Cosine similarities of a fixed sample: positives, hard negatives, in-batch (other queries') positives."""
     rng = random.Random(seed)
@@ -159,6 +231,18 @@ def similarity_probe(encoder: Encoder, examples: list[TrainingExample], size: in
 
 
 # ---------------------------------------------------------------------------- model card
+
+def _describe_data(config: TrainConfig) -> str:
+    if not isinstance(config.train_data, list):
+        return f"`{config.train_data}`"
+    parts = []
+    for s in config.sources:
+        options = [f"weight {s.weight:g}" if s.weight is not None else None, s.task if s.task != "retrieval" else None,
+                   "no in-batch negatives" if not s.in_batch_negatives else None]
+        shown = ", ".join(o for o in options if o)
+        parts.append(f"`{s.label}` (`{s.path}`{', ' + shown if shown else ''})")
+    return "a mixture of " + ", ".join(parts)
+
 
 def _model_card(config: TrainConfig, encoder: Encoder, loss_config: dict, steps: int, examples: int,
                 metrics: dict, base_metrics: dict) -> str:
@@ -178,7 +262,7 @@ pipeline_tag: sentence-similarity
 # Retrieval embedding model trained with robustir
 
 - **Base model:** `{config.model or 'all-MiniLM-L6-v2 (bundled)'}`
-- **Training data:** `{config.train_data}` (split `{config.train_split}` for BEIR folders), {examples} examples;
+- **Training data:** {_describe_data(config)} (split `{config.train_split}` for BEIR folders), {examples} examples;
   hard negatives: {'as given in the data (or in-batch only)' if config.mine == 'none' else f'mined with {config.mine} ({config.mine_negatives} per query, skipping the top {config.mine_range_min})'};
   {config.num_negatives} hard negative(s) per query per step.
 - **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
@@ -217,12 +301,14 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     over; a finished run re-run with the same settings and inputs returns its result without training
     (``already_complete``).
     """
-    refuse_run_over_inputs(config.output, models={"model": config.model}, data={"training data": config.train_data},
+    refuse_run_over_inputs(config.output, models={"model": config.model},
+                           data={f"training data {s.label}": s.path for s in config.sources},
                            stage="train")  # before the loop makes the folder
     loop = TrainingLoop(config, config_file="training_config.json")
     accelerator, is_main, out = loop.accelerator, loop.is_main, loop.out
     # before the data is prepared: mining caches its negatives in the folder
-    state = loop.open_output(train_inputs(config), outputs=OUTPUTS, finished=("model",), operational=OPERATIONAL)
+    inputs = train_inputs(config)
+    state = loop.open_output(inputs, outputs=OUTPUTS, finished=("model",), operational=OPERATIONAL)
     if state == "complete":
         return _finished_result(loop)
 
@@ -237,9 +323,10 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     if config.gradient_checkpointing:
         encoder.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     encoder.to(loop.device)  # before dense mining, which encodes the corpus with it (prepare keeps it there)
-    examples = prepare_examples(config, encoder, is_main, accelerator.wait_for_everyone)
+    sources = prepare_examples(config, encoder, is_main, accelerator.wait_for_everyone, inputs)
+    examples = sources[0].rows if len(sources) == 1 else _AllRows(sources)  # memory-mapped rows, read by index
     loss = get_loss(config.loss, **config.loss_options)
-    sampler = GroupSampler(examples, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
+    sampler = GroupSampler(sources, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
                            epoch_unit=config.epoch_unit)
     total_steps = config.max_steps or max(1, math.ceil(config.epochs * sampler.steps_per_epoch))
 
@@ -266,17 +353,29 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     if (out / "base_metrics.json").exists():
         base_metrics = json.loads((out / "base_metrics.json").read_text())
 
-    def step(index: int) -> dict:
-        groups = sampler.batch(index, accelerator.process_index)
-        q, p, ids, positive_ids = collate(groups, unwrapped, unwrapped.config.query_max_length,
-                                          config.train_passage_max_length or unwrapped.config.passage_max_length)
+    # sampling and tokenisation of the coming steps run in the background (input_pipeline); the batch of a step
+    # depends on (seed, epoch, step, rank) only
+    on_gpu = accelerator.device.type == "cuda"
+    collator = Collator.for_encoder(unwrapped, unwrapped.config.query_max_length,
+                                    config.train_passage_max_length or unwrapped.config.passage_max_length,
+                                    pad_to_multiple_of=config.pad_to_multiple_of or (8 if on_gpu else None))
+    batches = InputPipeline(StepBatches(sampler, collator, accelerator.process_index),
+                            prefetch=config.prefetch_batches, workers=config.dataloader_workers, pin_memory=on_gpu)
+
+    def step(index: int, batch) -> dict:
+        q, p, ids, positive_ids = batch
         # on the model's device before the engine sees them: GradCache's RNG snapshot (RandContext) records
         # the generator of the devices its input tensors live on, so CPU inputs would replay GPU dropout
         # with other masks
-        q = {k: v.to(accelerator.device) for k, v in q.items()}
-        p = {k: v.to(accelerator.device) for k, v in p.items()}
-        output = engine.step(model, q, p, config.num_negatives, passage_ids=ids, positive_ids=positive_ids)
-        return {"loss": output.loss, **output.components}
+        q = {k: v.to(accelerator.device, non_blocking=True) for k, v in q.items()}
+        p = {k: v.to(accelerator.device, non_blocking=True) for k, v in p.items()}
+        source = sampler.source_of(index)  # every global batch comes from one source
+        output = engine.step(model, q, p, config.num_negatives, passage_ids=ids, positive_ids=positive_ids,
+                             in_batch_negatives=source.in_batch_negatives)
+        values = {"loss": output.loss, **output.components}
+        if sampler.mixture:
+            values["source"] = source.name  # per-source loss in the log and the report
+        return values
 
     def evaluate_now(done: int) -> None:
         if not (config.eval_steps and done % config.eval_steps == 0 and done < total_steps):
@@ -291,9 +390,11 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     loss.train()
     run = loop.run(step, save_steps=config.save_steps or sampler.steps_per_epoch, desc=f"train ({config.loss})",
                    throughput_key="pairs_per_s", epoch=lambda done: (done - 1) / sampler.steps_per_epoch,
-                   stop_after=stop_after, after_step=evaluate_now if eval_dataset is not None else None)
+                   stop_after=stop_after, after_step=evaluate_now if eval_dataset is not None else None,
+                   batches=batches)
+    waiting = {"data_wait_seconds": run.data_wait_seconds, "data_wait_share": run.data_wait_share}
     if run.interrupted:
-        return TrainResult(out / "model", run.steps, loop.seconds, {}, base_metrics)
+        return TrainResult(out / "model", run.steps, loop.seconds, {}, base_metrics, **waiting)
 
     metrics: dict[str, float] = {}
     model_path = out / "model"
@@ -312,7 +413,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
 
             write_training_report(out)
     loop.finish()
-    return TrainResult(model_path, total_steps, loop.seconds, metrics, base_metrics)
+    return TrainResult(model_path, total_steps, loop.seconds, metrics, base_metrics, **waiting)
 
 
 def _finished_result(loop: TrainingLoop) -> TrainResult:
