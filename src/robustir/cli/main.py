@@ -20,6 +20,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "demo": ("demo", "evaluate the bundled model and BM25 on the bundled dataset"),
     "eval": ("evaluate", "evaluate a model (or bm25) on a BEIR folder"),
     "rerank-eval": ("rerank_eval", "MAP/MRR over given candidate lists (C-MTEB reranking style)"),
+    "classify": ("classify", "zero-shot / few-shot classification by nearest label embedding (GUR)"),
     "encode": ("encode", "encode a corpus or queries into an embedding file"),
     "chunk": ("chunk", "split raw documents into passages"),
     "generate": ("generate", "generate queries for passages with an LLM"),
@@ -31,6 +32,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "pretrain": ("pretrain", "retrieval-oriented pre-training (RetroMAE, GUR)"),
     "run": ("pipeline", "the whole pipeline from one config"),
     "noise-bench": ("noise_bench", "planted-noise benchmark: each method's NDCG@10 against noise kind and rate"),
+    "index": ("index", "encode a corpus into a persistent search index (FAISS + sqlite), add and delete documents"),
+    "serve": ("serve", "OpenAI-compatible embeddings and search server (FastAPI)"),
 }
 
 
