@@ -238,6 +238,23 @@ def test_bench_runs_the_grid_writes_table_and_plot_and_resumes_without_redoing(t
     assert len([json.loads(line) for line in open(out / "results.jsonl")]) == 9  # both variants are kept
 
 
+def test_table_compares_a_cell_with_the_clean_runs_of_its_own_seeds(tmp_path):
+    from robustir.robustness.bench import write_table
+
+    def row(kind, rate, seed, ndcg):
+        return {"kind": kind, "rate": rate, "method": "infonce", "seed": seed, "metrics": {"ndcg@10": ndcg}}
+
+    rows = [row("clean", 0.0, 1, 0.70), row("clean", 0.0, 2, 0.60), row("clean", 0.0, 3, 0.62),
+            row("fp-random", 0.4, 1, 0.65), row("fp-random", 0.4, 2, 0.57), row("fp-random", 0.4, 3, 0.59),
+            row("fp-random", 0.2, 1, 0.69)]  # one seed: its change is against clean seed 1 (70.00), not the mean
+    text = write_table(rows, tmp_path / "t.md")
+    line = next(x for x in text.splitlines() if x.startswith("| infonce"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "64.00 ± 5.29"
+    assert cells[2] == "69.00 (-1.00)"  # the unpaired figure would be +4.33
+    assert cells[3].startswith("60.33 ± 4.16") and cells[3].endswith("(-3.67)")
+
+
 def test_bench_config_typos_fail_at_load():
     from robustir.config import load_config
     from robustir.robustness.bench import NoiseBenchConfig

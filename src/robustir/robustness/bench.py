@@ -406,10 +406,21 @@ def _mean_std(values: list[float]) -> str:
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {statistics.stdev(values):.2f}"
 
 
-def _ndcg(rows: list[dict], kind: str, rate: float, method: str) -> list[float]:
+def _ndcg_by_seed(rows: list[dict], kind: str, rate: float, method: str) -> dict[int, float]:
     wanted = "clean" if rate == 0 else kind
-    return [100 * r["metrics"]["ndcg@10"] for r in rows
-            if r["kind"] == wanted and r["rate"] == rate and r["method"] == method]
+    return {r["seed"]: 100 * r["metrics"]["ndcg@10"] for r in rows
+            if r["kind"] == wanted and r["rate"] == rate and r["method"] == method}
+
+
+def _ndcg(rows: list[dict], kind: str, rate: float, method: str) -> list[float]:
+    return list(_ndcg_by_seed(rows, kind, rate, method).values())
+
+
+def paired_change(noisy: dict[int, float], clean: dict[int, float]) -> float | None:
+    """Mean change from clean to noisy over the seeds that have both (a cell run with fewer seeds than the clean
+    column is compared with the clean runs of *its* seeds, not with the mean of every clean seed)."""
+    seeds = sorted(set(noisy) & set(clean))
+    return statistics.mean(noisy[s] - clean[s] for s in seeds) if seeds else None
 
 
 def write_table(rows: list[dict], path: Path, kinds: list[str] | None = None) -> str:
@@ -421,16 +432,17 @@ def write_table(rows: list[dict], path: Path, kinds: list[str] | None = None) ->
     lines = ["| method | clean | " + " | ".join(f"{k} {_rate_tag(rate)}%" for k, rate in columns) + " |",
              "|---|---:|" + "---:|" * len(columns)]
     for method in methods:
-        clean = _ndcg(rows, kinds[0] if kinds else "", 0.0, method)
-        cells = [_mean_std(clean)]
+        clean = _ndcg_by_seed(rows, kinds[0] if kinds else "", 0.0, method)
+        cells = [_mean_std(list(clean.values()))]
         for kind, rate in columns:
-            values = _ndcg(rows, kind, rate, method)
-            delta = f" ({statistics.mean(values) - statistics.mean(clean):+.2f})" if values and clean else ""
-            cells.append(_mean_std(values) + delta)
+            values = _ndcg_by_seed(rows, kind, rate, method)
+            change = paired_change(values, clean)
+            delta = f" ({change:+.2f})" if change is not None else ""
+            cells.append(_mean_std(list(values.values())) + delta)
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("NDCG@10 on the evaluation split, mean ± std over seeds; (±x) = change against the same method "
-                 "on clean data.")
+    lines.append("NDCG@10 on the evaluation split, mean ± std over seeds (a value without ± is one seed); (±x) = "
+                 "change against the same method on clean data with the same seeds (mean of the per-seed changes).")
     filt = [r for r in rows if r.get("filter")]
     if filt:
         lines += ["", "| filter run | kind | rate | seed | removed neg. | FN precision | FN recall | removed pos. | "
