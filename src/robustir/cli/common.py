@@ -86,6 +86,18 @@ def flags_from_args(args: argparse.Namespace, names: dict[str, str]) -> dict:
     return flags
 
 
+
+def config_with_encoder_flags(cls: type, args: argparse.Namespace, batch_field: str = "batch_size") -> Any:
+    """A stage's config from its generated flags plus the shared encoder flags of :func:`add_encoder_args`
+    (``--batch-size`` into ``batch_field``, ``--bf16``, and ``--device`` when given)."""
+    from ..config import load_config
+
+    flags = flags_from_args(args, args._flag_keys)
+    flags.update({batch_field: args.batch_size, "bf16": args.bf16})
+    if args.device is not None:
+        flags["device"] = args.device
+    return load_config(cls, None, None, flags)
+
 # ------------------------------------------------------------------------------------------ generated flags
 
 def add_config_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, fields: Iterable[str], *,

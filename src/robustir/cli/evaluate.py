@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import load_config
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
-from .common import (add_config_flags, add_encoder_args, data_or_default, encoder_options, flags_from_args,
+from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, data_or_default, encoder_options,
                      model_or_default)
 
 # EvalConfig fields with a flag (help from the dataclass); --batch-size, --bf16 and --device are the shared encoder
@@ -25,11 +24,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> EvalConfig:
-    flags = flags_from_args(args, args._flag_keys)
-    flags.update(batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
-    if args.device is not None:
-        flags["device"] = args.device
-    return load_config(EvalConfig, None, None, flags)
+    return config_with_encoder_flags(EvalConfig, args)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import load_config
 from ..errors import ConfigError
 from ..serving.index import IndexConfig, SearchIndex, read_id_list
-from .common import add_config_flags, add_encoder_args, encoder_options, flags_from_args, model_or_default
+from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
+                     model_or_default)
 
 # IndexConfig fields with a flag (help from the dataclass); --batch-size, --bf16 and --device are the shared encoder
 # flags
@@ -48,11 +48,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def index_config(args: argparse.Namespace) -> IndexConfig:
-    flags = flags_from_args(args, args._flag_keys)
-    flags.update(batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
-    if args.device is not None:
-        flags["device"] = args.device
-    return load_config(IndexConfig, None, None, flags)
+    return config_with_encoder_flags(IndexConfig, args)
 
 
 def run(args: argparse.Namespace) -> int:

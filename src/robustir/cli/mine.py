@@ -21,12 +21,12 @@ import argparse
 import dataclasses
 import time
 
-from ..config import load_config
 from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from ..errors import ConfigError
 from ..io import Shard
 from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
-from .common import add_config_flags, add_encoder_args, encoder_options, flags_from_args, model_or_default
+from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
+                     model_or_default)
 
 # MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size, --bf16 and
 # --device are the shared encoder flags (encode_batch_size, bf16, device)
@@ -55,11 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def mining_config(args: argparse.Namespace) -> MiningConfig:
     """The :class:`MiningConfig` the flags describe (validated)."""
-    flags = flags_from_args(args, args._flag_keys)
-    flags.update(encode_batch_size=args.batch_size, bf16=args.bf16)  # the shared encoder flags
-    if args.device is not None:
-        flags["device"] = args.device
-    config = load_config(MiningConfig, None, None, flags)
+    config = config_with_encoder_flags(MiningConfig, args, batch_field="encode_batch_size")
     config.validate()
     return config
 
