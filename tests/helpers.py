@@ -30,3 +30,24 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.numel() > self.numel:
                 self.numel, self.shape = t.numel(), tuple(t.shape)
         return out
+
+
+def multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp: bool, world: int):
+    """One :class:`BatchEngine` step of a pre-training model inside an initialised process group, as multi-process
+    pre-training runs it: through DDP (as accelerate prepares it in ``robustir.pretraining.pretrain``), or on the bare
+    model with its gradients all-reduced by hand. Returns the step's output and its loss averaged over the processes
+    (float64)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    if use_ddp:
+        out = engine.step(nn.parallel.DistributedDataParallel(model, find_unused_parameters=True), a_rows, b_rows, 0)
+    else:
+        out = engine.step(model, a_rows, b_rows, 0)
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad /= world
+    value = out.loss.detach().clone().double()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return out, value / world

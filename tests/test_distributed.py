@@ -8,9 +8,7 @@ the gradient of the global mean loss, which is what the single process computes.
 
 from __future__ import annotations
 
-import copy
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +19,8 @@ from torch import Tensor, nn
 from robustir.losses import get_loss
 from robustir.training import distributed
 from robustir.training.batch_engine import BatchEngine
+
+from helpers import multiprocess_engine_step  # tests/ is on sys.path
 
 WORLD = 2
 B_PER_RANK, K = 3, 2
@@ -222,18 +222,8 @@ def _gur_worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None
         for label, chunk_size, use_ddp in GUR_MODES:
             model = gur_model(model_dir)
             engine = BatchEngine(model.contrastive_loss(), chunk_size=chunk_size, loss_weight=model.alpha)
-            if use_ddp:  # as accelerate prepares it in robustir.pretraining.pretrain
-                out = engine.step(nn.parallel.DistributedDataParallel(model, find_unused_parameters=True),
-                                  a_rows, b_rows, 0)
-            else:
-                out = engine.step(model, a_rows, b_rows, 0)
-                for p in model.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                        p.grad /= WORLD
-            value = out.loss.detach().clone().double()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
-            results[label] = {"loss": value / WORLD, "mlm_loss": out.components["mlm_loss"],
+            out, loss = multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp, WORLD)
+            results[label] = {"loss": loss, "mlm_loss": out.components["mlm_loss"],
                               "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
         torch.save(results, os.path.join(out_dir, f"gur-rank{rank}.pt"))
     finally:

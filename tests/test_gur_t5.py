@@ -14,11 +14,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import Tensor, nn
+from torch import Tensor
 
 from robustir.errors import ConfigError
 from robustir.pretraining.masking import SpanMasker, maskable_positions
 from robustir.pretraining.t5_gur import T5GURCollator, T5GURModel, fill_spans, sentinel_token_ids, span_corrupt
+
+from helpers import multiprocess_engine_step  # tests/ is on sys.path
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -398,18 +400,8 @@ def _worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None:
         for label, chunk_size, use_ddp in MODES:
             model = t5_model(model_dir)
             engine = BatchEngine(model.contrastive_loss(), chunk_size=chunk_size, loss_weight=model.alpha)
-            if use_ddp:  # as accelerate prepares it in robustir.pretraining.pretrain
-                out = engine.step(nn.parallel.DistributedDataParallel(model, find_unused_parameters=True),
-                                  a_rows, b_rows, 0)
-            else:
-                out = engine.step(model, a_rows, b_rows, 0)
-                for p in model.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                        p.grad /= WORLD
-            value = out.loss.detach().clone().double()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
-            results[label] = {"loss": value / WORLD, "mlm_loss": out.components["mlm_loss"],
+            out, loss = multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp, WORLD)
+            results[label] = {"loss": loss, "mlm_loss": out.components["mlm_loss"],
                               "cl_loss": out.components["nce"],
                               "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
         torch.save(results, os.path.join(out_dir, f"t5-rank{rank}.pt"))
