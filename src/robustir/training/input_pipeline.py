@@ -45,13 +45,9 @@ _JOIN_SECONDS = 60.0  # how long close() waits for a thread still making a batch
 
 def pin(value: Any) -> Any:
     """``value`` with every CPU tensor in it (dicts, lists, tuples) in page-locked memory."""
-    if torch.is_tensor(value):
-        return value.pin_memory()
-    if isinstance(value, dict):
-        return {k: pin(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(pin(v) for v in value)
-    return value
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda leaf: leaf.pin_memory() if torch.is_tensor(leaf) else leaf, value)
 
 
 class _Steps(torch.utils.data.Dataset):
