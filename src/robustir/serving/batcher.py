@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -42,15 +42,12 @@ class BatchStats:
     texts: int = 0
     requests: int = 0
     largest: int = 0
-    sizes: list[int] = field(default_factory=list)  # texts per batch, the last 1000
 
     def record(self, texts: int, requests: int) -> None:
         self.batches += 1
         self.texts += texts
         self.requests += requests
         self.largest = max(self.largest, texts)
-        self.sizes.append(texts)
-        del self.sizes[:-1000]
 
     def to_dict(self) -> dict:
         return {"batches": self.batches, "texts": self.texts, "requests": self.requests, "largest_batch": self.largest,
