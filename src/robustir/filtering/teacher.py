@@ -114,17 +114,6 @@ class FilterReport:
                 f"records lost at least one, {self.queries_left_without_negatives} have none left -> {self.output}")
 
 
-def score_stats(values: Sequence[float] | ScoreStats) -> dict:
-    if isinstance(values, ScoreStats):
-        return values.summary()
-    if not len(values):
-        return {"count": 0}
-    arr = np.asarray(values, dtype=np.float64)
-    return {"count": int(arr.size), "mean": float(arr.mean()), "min": float(arr.min()),
-            "p25": float(np.percentile(arr, 25)), "median": float(np.median(arr)),
-            "p75": float(np.percentile(arr, 75)), "max": float(arr.max())}
-
-
 def parse_record(path: Path, line: int, obj: dict) -> FilterRecord:
     """Validate ``query`` (str), ``pos`` (non-empty list of str) and ``neg`` (list of str, may be absent)."""
     query, pos, neg = check_record(obj, path, line)
@@ -219,8 +208,8 @@ def run_filter(input_path: str | Path, output_path: str | Path, decide: Callable
         bar.close()
     report.removed_by_reason = dict(sorted(reasons.items()))
     report.removed_per_query = {str(k): histogram[k] for k in sorted(histogram)}
-    report.scores = {"positive": score_stats(collected["positive"]), "kept": score_stats(collected["kept"]),
-                     **{k: score_stats(v) for k, v in collected.items() if k.startswith("removed:")}}
+    report.scores = {"positive": collected["positive"].summary(), "kept": collected["kept"].summary(),
+                     **{k: v.summary() for k, v in collected.items() if k.startswith("removed:")}}
     report.elapsed_s = round(time.monotonic() - started, 3)
     if on_finish is not None:
         on_finish(report, collected)
