@@ -178,10 +178,10 @@ def main() -> None:
         out = work / f"{name.split(',')[1].strip().replace(' ', '-')}.jsonl"
         cfg.overwrite, cfg.progress, cfg.batch_size = True, False, 64
         start = time.perf_counter()
-        teacher_filter(noisy, out, cfg, teacher=EmbeddingTeacher(base, batch_size=64, bf16=args.bf16))
+        teacher_filter(noisy, out, cfg, teacher=EmbeddingTeacher(base, batch_size=64, precision="bf16" if args.bf16 else "fp32"))
         record(name, out, time.perf_counter() - start)
 
-    sieve_common = dict(num_negatives=wanted, overwrite=True, progress=False, bf16=args.bf16,
+    sieve_common = dict(num_negatives=wanted, overwrite=True, progress=False, precision="bf16" if args.bf16 else "fp32",
                         passage_max_length=args.max_length, query_max_length=64)
     start = time.perf_counter()
     sieve_negatives(noisy, work / "sieve-untrained.jsonl", SieveConfig(train=False, **sieve_common), encoder=base)

@@ -53,7 +53,8 @@ def side_robustir(args: argparse.Namespace) -> dict:
                                           passage_max_length=args.max_length)
     rss_loaded = _rss_mb()
     config = MiningConfig(method=args.method, num_negatives=args.num_negatives, range_max=args.range_max,
-                          encode_batch_size=args.batch_size, bf16=args.bf16)
+                          encode_batch_size=args.batch_size,
+                          precision="bf16" if args.bf16 else "fp32")  # the same precision as the ST side
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         report = mine_negatives(queries, dataset.corpus.ids, dataset.corpus.texts_for_encoding(),

@@ -11,6 +11,10 @@ The baseline is what a first attempt looks like: a ``def`` endpoint (FastAPI run
 concurrent requests run ``encode`` side by side) that encodes the request's texts with ``normalize_embeddings=True``.
 
     python bench/serve.py [--clients 32] [--requests 160] [--texts 4] [--rounds 4] [--robustir-args=--bf16]
+    python bench/serve.py --robustir-args="--workers 1" --vs-robustir-args="--workers 2"   # two robustir settings
+
+With ``--vs-robustir-args`` the "baseline" side is a second ``robustir serve`` with those flags instead of the naive
+server (the same alternating rounds), to compare two settings of robustir under the same load.
     python bench/serve.py --baseline-server --port 8001 --model M     # (used by the script itself)
 """
 
@@ -156,6 +160,9 @@ def main() -> None:
     parser.add_argument("--robustir-args", default="",
                         help="extra flags for robustir serve, e.g. --robustir-args=--bf16 (with '=': the value starts "
                              "with -)")
+    parser.add_argument("--vs-robustir-args", default=None,
+                        help="make the baseline a second robustir serve with these flags, e.g. "
+                             "--vs-robustir-args='--workers 2'")
     parser.add_argument("--output", default=None, help="write the figures as JSON here")
     parser.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
@@ -183,6 +190,10 @@ def main() -> None:
                      "--port", str(ports["robustir"]), "--served-model-name", "m", *shlex.split(args.robustir_args)],
         "baseline": [sys.executable, __file__, "--baseline-server", "--model", model, "--port", str(ports["baseline"])],
     }
+    if args.vs_robustir_args is not None:
+        commands["baseline"] = [sys.executable, "-m", "robustir.cli.main", "serve", "--model", model, "--device", "cpu",
+                                "--port", str(ports["baseline"]), "--served-model-name", "m",
+                                *shlex.split(args.vs_robustir_args)]
     processes = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                  for name, cmd in commands.items()}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
@@ -225,7 +236,8 @@ def main() -> None:
     p99_ratio = best["robustir"]["p99_ms"] / best["baseline"]["p99_ms"]
     print()
     print(f"{args.clients} clients x {args.requests} requests x {args.texts} texts, best of {args.rounds} rounds; "
-          f"robustir serve {' '.join(commands['robustir'][5:])}")
+          f"robustir serve {' '.join(commands['robustir'][5:])}; baseline: "
+          f"{' '.join(commands['baseline'][5:]) if args.vs_robustir_args is not None else 'naive FastAPI + ST'}")
     efficiency = {name: statistics.median(r["texts_per_cpu_s"] for r in rows) for name, rows in results.items()}
     print(f"{'server':10s} {'texts/s':>9s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'texts/CPU-s':>12s}")
     for name, row in best.items():

@@ -9,7 +9,7 @@ BEIR train split's BM25-mined negatives (robustir.robustness.sidebyside.material
 (query, positive) pair once per epoch with k negatives drawn from its pool. sentence-transformers runs
 its own SentenceTransformerTrainer with MultipleNegativesRankingLoss and the NO_DUPLICATES batch sampler;
 robustir runs `robustir train` with no loss options beyond --robustir-options. Same optimizer steps, batch,
-lr schedule, weight decay, gradient clipping, lengths, bf16 and seed; the same evaluation code scores
+lr schedule, weight decay, gradient clipping, lengths, precision and seed; the same evaluation code scores
 both. Finished runs are kept in <output>/results.jsonl and never redone.
 """
 

@@ -61,3 +61,17 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Unit tests see a CPU without native bf16, so ``precision: auto`` means fp32 on every machine CI may get (an AVX2
+# laptop or an AMX server) and numeric comparisons do not depend on the CPU. Set for the whole session (fixtures of
+# any scope, and the servers and training runs tests start as subprocesses, inherit it); tests of the rule mock the
+# seam themselves, and ``slow`` tests on the real model use the real detection (the fixture below).
+os.environ.setdefault("ROBUSTIR_CPU_BF16", "0")
+
+
+@pytest.fixture(autouse=True)
+def _slow_tests_detect_bf16(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is not None:
+        monkeypatch.delenv("ROBUSTIR_CPU_BF16", raising=False)
+    yield

@@ -171,7 +171,7 @@ def test_flags_reach_the_config(capsys):
     args = build_parser(only="classify").parse_args(["classify", "--data", "d.jsonl", "--labels", "l.txt", "--shots",
                                                      "3", "--prompt", "topic: ", "--no-bf16", "seed=7"])
     config = build_config(args)
-    assert (config.shots, config.prompt, config.seed, config.bf16, config.label_prompt) == (3, "topic: ", 7, False, None)
+    assert (config.shots, config.prompt, config.seed, config.precision, config.label_prompt) == (3, "topic: ", 7, "fp32", None)
     assert main(["classify", "--data", "d.jsonl", "--labels", "l.txt", "--shots", "-1"]) == 2
     assert "shots" in capsys.readouterr().err
 

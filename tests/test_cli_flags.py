@@ -118,11 +118,11 @@ def test_precedence_defaults_file_flags_overrides(tmp_path):
 HELP_FLAGS = {
     "train": ["--model", "--train-data", "--eval-data", "--loss {infonce,peg,ccr}", "--batch-size", "--chunk-size",
               "--epochs", "--max-steps", "--lr", "--seed", "--num-negatives", "--mine {bm25,dense,none}", "--no-mine",
-              "--query-max-length", "--passage-max-length", "--bf16, --no-bf16", "--gradient-checkpointing",
+              "--query-max-length", "--passage-max-length", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing",
               "--device"],
     "pretrain": ["--mode {retromae,gur}", "--model", "--data", "--data-format", "--output", "--resume-heads PATH",
                  "--max-length", "--batch-size", "--epochs", "--max-steps", "--lr", "--seed", "--save-steps",
-                 "--bf16, --no-bf16", "--gradient-checkpointing", "--device"],
+                 "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing", "--device"],
     "generate": ["--input", "--output", "--base-url", "--model", "--api-key-env", "--backend {openai,hf}",
                  "--num-queries", "--prompt-template", "--prompt-template-zh", "--language {auto,en,zh}",
                  "--concurrency", "--rpm", "--temperature", "--max-tokens", "--timeout", "--max-retries",
@@ -133,18 +133,18 @@ HELP_FLAGS = {
                "--teacher-kind {auto,embedding,cross-encoder}", "--absolute-margin", "--relative-margin",
                "--suspect-positive-share", "--max-length", "--num-negatives", "--train, --no-train",
                "--strict, --no-strict", "--variant {authors_code,paper}", "--beta", "--temperature", "--lr",
-               "--max-steps", "--work-dir", "--batch-size", "--bf16, --no-bf16", "--device"],
+               "--max-steps", "--work-dir", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
     "mine": ["--data", "--split", "--input", "--corpus", "--method {bm25,dense}", "--num-negatives", "--range-min",
              "--range-max", "--max-score", "--min-score", "--absolute-margin", "--relative-margin",
              "--sampling {top,random}", "--seed", "--cache-dir", "--corpus-chunk", "--index {flat,ivf,hnsw}",
              "--query-batch-size",
-             "--shard", "--overwrite", "--batch-size", "--bf16", "--device"],
+             "--shard", "--overwrite", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
     "pairs": ["--format", "--text-unit", "--seed", "--repeat", "--window", "--min-weight", "--title, --no-title",
               "--lcs, --no-lcs", "--shard", "--overwrite"],
     "noise-bench": ["--data", "--model", "--preset {cpu,gpu}", "--kinds {chunk-fn,", "--rates RATES [RATES ...]",
                     "--methods {infonce,", "--seeds SEEDS [SEEDS ...]", "--output", "--eval-split"],
     "eval": ["--data", "--split", "--output", "--top-k", "--index {flat,ivf,hnsw}", "--nprobe",
-             "--ignore-identical-ids, --no-ignore-identical-ids", "--cache-dir", "--batch-size", "--bf16", "--device"],
+             "--ignore-identical-ids, --no-ignore-identical-ids", "--cache-dir", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
     "chunk": ["--format", "--text-unit", "--max-tokens", "--overlap", "--min-tokens", "--tokenizer", "--shard"],
 }
 
@@ -171,9 +171,9 @@ def test_train_flags_reach_the_config(tmp_path):
     cfg = tmp_path / "t.yaml"
     cfg.write_text("bf16: true\nlr: 1.0e-5\nmine: dense\n")
     config = build_config(_args(["train", "--config", str(cfg), "--lr", "3e-5", "--no-mine", "--chunk-size", "4"]))
-    assert (config.lr, config.mine, config.chunk_size, config.bf16) == (3e-5, "none", 4, True)
+    assert (config.lr, config.mine, config.chunk_size, config.precision) == (3e-5, "none", 4, "bf16")  # bf16: true
     config = build_config(_args(["train", "--config", str(cfg), "--no-bf16", "--mine", "bm25", "lr=4e-5"]))
-    assert (config.bf16, config.mine, config.lr) == (False, "bm25", 4e-5)
+    assert (config.precision, config.mine, config.lr) == ("fp32", "bm25", 4e-5)  # --no-bf16
 
 
 def test_pretrain_flags_reach_the_config():
@@ -213,8 +213,8 @@ def test_filter_flags_reach_each_methods_config(tmp_path):
     config = build_config(_args(["filter", "--method", "teacher", *io, "--model", "t", "--teacher-kind",
                                  "cross-encoder", "--relative-margin", "0.1", "--bf16", "--batch-size", "8"]))
     assert isinstance(config, TeacherFilterConfig)
-    assert (config.model, config.kind, config.relative_margin, config.bf16, config.batch_size) == \
-        ("t", "cross-encoder", 0.1, True, 8)
+    assert (config.model, config.kind, config.relative_margin, config.precision, config.batch_size) == \
+        ("t", "cross-encoder", 0.1, "bf16", 8)
     config = build_config(_args(["filter", "--method", "sieve", *io, "--no-train", "--strict", "--num-negatives", "3",
                                  "--lr", "1e-6", "--no-progress", "beta=0.5"]))
     assert isinstance(config, SieveConfig)
@@ -228,7 +228,7 @@ def test_mine_flags_reach_the_config():
     config = mining_config(_args(["mine", "--data", "d", "--output", "o", "--index", "hnsw", "--num-negatives", "5",
                                   "--relative-margin", "0.05", "--batch-size", "8", "--bf16"]))
     assert (config.index.kind, config.num_negatives, config.relative_margin) == ("hnsw", 5, 0.05)
-    assert (config.encode_batch_size, config.bf16, config.method, config.range_max) == (8, True, "bm25", 100)
+    assert (config.encode_batch_size, config.precision, config.method, config.range_max) == (8, "bf16", "bm25", 100)
 
 
 def test_pairs_flags_reach_the_config():
@@ -259,6 +259,7 @@ def test_eval_and_chunk_flags_reach_the_config():
     config = eval_config(_args(["eval", "--top-k", "10", "--index", "ivf", "--nprobe", "4", "--ignore-identical-ids",
                                 "--batch-size", "16"]))
     assert (config.top_k, config.index.kind, config.index.nprobe, config.ignore_identical_ids, config.batch_size,
-            config.bf16) == (10, "ivf", 4, True, 16, False)
+            config.precision) == (10, "ivf", 4, True, 16, "auto")
+    assert eval_config(_args(["eval", "--precision", "fp16"])).precision == "fp16"
     config = chunk_config(_args(["chunk", "--input", "i", "--output", "o", "--max-tokens", "10", "--tokenizer", "tok"]))
     assert (config.max_tokens, config.overlap, config.min_tokens, config.tokenizer) == (10, 1, 32, "tok")

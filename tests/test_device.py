@@ -237,7 +237,7 @@ def test_encoder_moves_to_the_device_and_bf16_follows(tiny_model_dir):
     fp32 = encoder.encode(["a cat", "heart attacks"], "query")
     bf16 = encoder.encode(["a cat", "heart attacks"], "query", bf16=True)
     assert np.allclose(fp32, bf16, atol=0.05)
-    cached = encoder._bf16_cache
+    cached = encoder._half_cache
     assert cached is not None and str(encoder.device) in cached[0]  # the copy is keyed by the device it lives on
     with pytest.raises(ConfigError, match="is not a device"):
         Encoder.from_pretrained(tiny_model_dir, device="gpu0")

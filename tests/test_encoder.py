@@ -105,13 +105,13 @@ def test_training_forward_matches_encode(tiny_model_dir):
 def test_bf16_copy_follows_weight_updates(tiny_model_dir):
     enc = Encoder.from_pretrained(tiny_model_dir)
     first = enc.encode(TEXTS, bf16=True)
-    copy_before = enc._bf16_cache[1]
-    assert enc.encode(TEXTS, bf16=True) is not None and enc._bf16_cache[1] is copy_before  # reused
+    copy_before = enc._half_cache[1]
+    assert enc.encode(TEXTS, bf16=True) is not None and enc._half_cache[1] is copy_before  # reused
     assert not any("bf16" in k for k in enc.state_dict())  # the copy is not part of the model
     with torch.no_grad():
         for p in enc.transformer.parameters():
             p.mul_(1.5)
     second = enc.encode(TEXTS, bf16=True)
-    assert enc._bf16_cache[1] is not copy_before
+    assert enc._half_cache[1] is not copy_before
     assert not np.allclose(first, second, atol=1e-3)
     np.testing.assert_allclose(second, enc.encode(TEXTS), atol=0.05)

@@ -41,8 +41,7 @@ def scifact_slice(tmp_path_factory) -> Path:
 
 def test_eval_cli_real_model_and_bm25(scifact_slice, tmp_path, capsys):
     out = tmp_path / "eval"
-    assert cli_main(["eval", "--data", str(scifact_slice), "--output", str(out), "--passage-max-length", "128",
-                     "--bf16"]) == 0
+    assert cli_main(["eval", "--data", str(scifact_slice), "--output", str(out), "--passage-max-length", "128"]) == 0
     table = capsys.readouterr().out
     assert "ndcg@10" in table
     metrics = json.loads((out / "metrics.json").read_text())

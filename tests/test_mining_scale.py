@@ -303,7 +303,7 @@ def test_corpus_embeddings_share_the_encoder_cache_and_resume(tmp_path, tiny_mod
         documents.add(text)
     documents.finish()
     config = MiningConfig(method="dense", cache_dir=str(tmp_path / "cache"), encode_batch_size=4)
-    reference = encoder.encode_corpus(texts, cache_dir=tmp_path / "other", batch_size=4, bf16=False)
+    reference = encoder.encode_corpus(texts, cache_dir=tmp_path / "other", batch_size=4, precision="fp32")
 
     calls = []
     real_encode = Encoder.encode
@@ -327,7 +327,7 @@ def test_corpus_embeddings_share_the_encoder_cache_and_resume(tmp_path, tiny_mod
     cached = list((tmp_path / "cache").glob("*.npy"))
     assert len(cached) == 1 and cached[0].name == next((tmp_path / "other").glob("*.npy")).name  # one key
     calls.clear()
-    assert np.array_equal(encoder.encode_corpus(texts, cache_dir=tmp_path / "cache", batch_size=4, bf16=False),
+    assert np.array_equal(encoder.encode_corpus(texts, cache_dir=tmp_path / "cache", batch_size=4, precision="fp32"),
                           reference)
     assert np.array_equal(corpus_embeddings(encoder, documents, config, tmp_path).load(), reference)
     assert not calls  # both read the one cached file

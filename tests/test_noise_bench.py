@@ -143,7 +143,7 @@ def test_side_by_side_trains_both_sides_on_the_same_rows_and_steps(tiny_model_di
     from robustir.robustness import sidebyside
     from robustir.robustness.sidebyside import Budget, materialize_rows, write_rows
 
-    budget = Budget(batch_size=4, num_negatives=2, pool=4, epochs=1.0, bf16=False, query_max_length=16,
+    budget = Budget(batch_size=4, num_negatives=2, pool=4, epochs=1.0, precision="fp32", query_max_length=16,
                     train_passage_max_length=24, passage_max_length=32)
     rows_path = write_rows(materialize_rows(_examples(10), 2, 1.0, seed=1), tmp_path / "rows.jsonl")
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
@@ -201,7 +201,7 @@ def test_bench_runs_the_grid_writes_table_and_plot_and_resumes_without_redoing(t
     monkeypatch.setattr(bench, "train_robustir", counting_train)
     config = NoiseBenchConfig(data=str(data), model=tiny_model_dir, kinds=["chunk-fn", "fp-random"],
                               rates=[0.0, 0.5], methods=["infonce", "teacher"], seeds=[1], output=str(tmp_path / "out"),
-                              budget={"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0, "bf16": False,
+                              budget={"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0, "precision": "fp32",
                                       "query_max_length": 16, "train_passage_max_length": 32,
                                       "passage_max_length": 32})
     rows = run_noise_bench(config)
@@ -291,7 +291,7 @@ def test_bench_llm_judge_method_against_a_local_fake_endpoint(tiny_model_dir, tm
                                   methods=["llm"], seeds=[2], output=str(tmp_path / "out"), plots=False,
                                   llm={"base_url": server.url, "model": "fake-judge"},
                                   budget={"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0,
-                                          "bf16": False, "query_max_length": 16, "train_passage_max_length": 32,
+                                          "precision": "fp32", "query_max_length": 16, "train_passage_max_length": 32,
                                           "passage_max_length": 32})
         (row,) = run_noise_bench(config)
         assert server.count > 0

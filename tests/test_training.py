@@ -198,7 +198,7 @@ def test_loop_fields_are_declared_once():
 
     loop_fields = {f.name: f for f in fields(LoopConfig)}
     assert {"batch_size", "epochs", "max_steps", "lr", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
-            "bf16", "gradient_checkpointing", "output", "save_steps", "save_total_limit", "logging_steps", "resume",
+            "precision", "gradient_checkpointing", "output", "save_steps", "save_total_limit", "logging_steps", "resume",
             "report"} <= set(loop_fields)
     assert set(loop_fields) <= {f.name for f in fields(TrainConfig)} & {f.name for f in fields(PretrainConfig)}
     redeclared = {}

@@ -111,6 +111,7 @@ def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    data = precision_aliases(data, fields, where)
     unknown = [k for k in data if k not in fields]
     if unknown:
         hints = []
@@ -135,6 +136,24 @@ def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
         raise exc.under(where.removeprefix("config").lstrip(".")) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def precision_aliases(data: dict, fields: dict, where: str) -> dict:
+    """The older switches ``bf16`` / ``eval_bf16`` / ``train_bf16`` as the ``precision`` fields that replaced them:
+    true = ``bf16``, false = ``fp32`` (:func:`robustir.precision.legacy_bf16`). Giving both is an error."""
+    from .precision import legacy_bf16
+
+    out = data
+    for key in [k for k in data if isinstance(k, str) and k.endswith("bf16") and k not in fields]:
+        target = key[:-len("bf16")] + "precision"
+        if target not in fields:
+            continue
+        if target in data:
+            raise ConfigError(f"{where}: {key} and {target} are both given; {key} is the older spelling of "
+                              f"{target}: keep only {target}")
+        value = _coerce(bool, data[key], f"{where}.{key}")
+        out = {(target if k == key else k): (legacy_bf16(value) if k == key else v) for k, v in out.items()}
+    return out
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
@@ -210,9 +229,31 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     data: dict = {}
     if path:
         data = read_config_file(path)
-    merged = _deep_merge(data, flags or {})
-    apply_overrides(merged, overrides)
+    # each layer's older ``bf16`` switches become ``precision`` first, so a higher layer's --no-bf16 (precision) wins
+    # over a file's ``bf16: true`` instead of meeting it as a second spelling
+    layers = [_aliases_deep(cls, layer, where) for layer, where in
+              ((data, f"config file {path}" if path else "config"), (flags or {}, "flags"),
+               (apply_overrides({}, overrides), "overrides"))]
+    merged = _deep_merge(_deep_merge(layers[0], layers[1]), layers[2])
     return from_dict(cls, merged)
+
+
+def _aliases_deep(cls: type, data: Any, where: str) -> Any:
+    """:func:`precision_aliases` on ``data`` and, recursively, on its sections of dataclass type."""
+    if not isinstance(data, dict) or not dataclasses.is_dataclass(cls):
+        return data
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    data = precision_aliases(data, fields, where)
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for key, value in data.items():
+        if key in fields and isinstance(value, dict):
+            hint = hints[key]
+            options = [hint, *typing.get_args(hint)]
+            section = next((a for a in options if dataclasses.is_dataclass(a)), None)
+            if section is not None:
+                out[key] = _aliases_deep(section, value, f"{where}.{key}")
+    return out
 
 
 def _deep_merge(low: dict, high: dict) -> dict:

@@ -52,6 +52,7 @@ from .config import load_config
 from .data.chunking import ChunkConfig
 from .errors import ConfigError
 from .io import atomic_write, write_json
+from .precision import Precision
 from .queries.generate import GenerateConfig
 from .filtering.llm_judge import JudgeConfig
 from .negatives.mining import MiningConfig
@@ -106,7 +107,7 @@ class EvalStage(Checked):
     base: bool = True  # evaluate the base model too
     pretrained: bool = True  # and the pre-trained-only model, when there is one
     batch_size: PositiveInt = 64
-    bf16: bool = False
+    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
     query_max_length: PositiveInt | None = None  # None = the model's own settings
     passage_max_length: PositiveInt | None = None
 
@@ -435,7 +436,7 @@ def _evaluate(model_path: str, config: PipelineConfig, data: Path, target: Path)
 
     options = {"query_max_length": config.eval.query_max_length, "passage_max_length": config.eval.passage_max_length}
     result = evaluate(model_path, data, config.eval.split,
-                      EvalConfig(batch_size=config.eval.batch_size, bf16=config.eval.bf16, device=config.device),
+                      EvalConfig(batch_size=config.eval.batch_size, precision=config.eval.precision, device=config.device),
                       **options)
     write_json(target, result.metrics)
     return result.metrics

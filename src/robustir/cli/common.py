@@ -36,8 +36,21 @@ def add_encoder_args(parser: argparse.ArgumentParser, model_required: bool = Fal
     group.add_argument("--query-max-length", type=int, default=None)
     group.add_argument("--passage-max-length", type=int, default=None)
     group.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
-    group.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX and on GPUs)")
+    add_precision_arg(group)
     add_device_arg(group)
+
+
+def add_precision_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, dest: str = "precision",
+                      generated: bool = False) -> None:
+    """``--precision`` (unless ``generated`` from a config field already) and the older ``--bf16`` / ``--no-bf16``,
+    aliases of ``--precision bf16`` / ``--precision fp32``; all default to None (the config's, ``auto``)."""
+    from ..precision import PRECISION_HELP, PRECISIONS
+
+    if not generated:
+        parser.add_argument("--precision", dest=dest, choices=PRECISIONS, default=None,
+                            help=f"{PRECISION_HELP} (default: auto)")
+    parser.add_argument("--bf16", dest=dest, action="store_const", const="bf16", help="alias of --precision bf16")
+    parser.add_argument("--no-bf16", dest=dest, action="store_const", const="fp32", help="alias of --precision fp32")
 
 
 def add_device_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -89,13 +102,14 @@ def flags_from_args(args: argparse.Namespace, names: dict[str, str]) -> dict:
 
 def config_with_encoder_flags(cls: type, args: argparse.Namespace, batch_field: str = "batch_size") -> Any:
     """A stage's config from its generated flags plus the shared encoder flags of :func:`add_encoder_args`
-    (``--batch-size`` into ``batch_field``, ``--bf16``, and ``--device`` when given)."""
+    (``--batch-size`` into ``batch_field``, and ``--precision`` / ``--device`` when given)."""
     from ..config import load_config
 
     flags = flags_from_args(args, args._flag_keys)
-    flags.update({batch_field: args.batch_size, "bf16": args.bf16})
-    if args.device is not None:
-        flags["device"] = args.device
+    flags[batch_field] = args.batch_size
+    for name in ("precision", "device"):
+        if getattr(args, name) is not None:
+            flags[name] = getattr(args, name)
     return load_config(cls, None, None, flags)
 
 # ------------------------------------------------------------------------------------------ generated flags

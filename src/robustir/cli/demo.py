@@ -8,12 +8,14 @@ from pathlib import Path
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
 from ..resources import dataset_path, default_model_path
-from .common import add_device_arg
+from .common import add_device_arg, add_precision_arg
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="runs/demo", help="folder for metrics and runs")
-    parser.add_argument("--fp32", action="store_true", help="encode in float32 instead of bf16 autocast")
+    add_precision_arg(parser)
+    parser.add_argument("--fp32", dest="precision", action="store_const", const="fp32",
+                        help="alias of --precision fp32")
     add_device_arg(parser)
 
 
@@ -21,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     data = dataset_path("scifact")
     out = Path(args.output)
     rows = {}
-    config = EvalConfig(bf16=not args.fp32, cache_dir=str(out / "cache"), show_progress=True,
+    config = EvalConfig(precision=args.precision or "auto", cache_dir=str(out / "cache"), show_progress=True,
                         device=args.device or "auto")
     print("BM25 (bm25s, Lucene k1=1.5 b=0.75, English stop words + Snowball stemmer) ...", flush=True)
     bm25 = evaluate("bm25", data, "test", config, output=out / "bm25")

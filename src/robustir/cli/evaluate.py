@@ -9,8 +9,8 @@ from ..evaluation.retrieval import EvalConfig, evaluate
 from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, data_or_default, encoder_options,
                      model_or_default)
 
-# EvalConfig fields with a flag (help from the dataclass); --batch-size, --bf16 and --device are the shared encoder
-# flags
+# EvalConfig fields with a flag (help from the dataclass); --batch-size, --precision (--bf16) and --device
+# are the shared encoder flags
 FIELDS = ["top_k", "index.kind", "index.nprobe", "ignore_identical_ids", "cache_dir"]
 
 

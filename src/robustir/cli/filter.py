@@ -27,11 +27,11 @@ from ..filtering.sieve import SieveConfig
 from ..filtering.teacher import TeacherFilterConfig
 from ..io import Shard
 from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
-from .common import add_config_flags, flags_from_args
+from .common import add_config_flags, add_precision_arg, flags_from_args
 
 # Flags shared by the methods: fields of the same name in all three configs (JudgeConfig: llm.model for --model)
 SHARED = ["keep_removed", "shard", "overwrite", "progress"]
-ENCODING = ["batch_size", "bf16", "device"]  # teacher and sieve
+ENCODING = ["batch_size", "precision", "device"]  # teacher and sieve
 MODEL_HELP = ("llm: model name on the server; teacher: teacher folder; sieve: starting model "
               "(teacher/sieve: None = the bundled all-MiniLM-L6-v2)")
 # each method's own fields, in its --help group
@@ -53,9 +53,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     teacher = add_config_flags(parser.add_argument_group("teacher"), TeacherFilterConfig, TEACHER,
                                rename={"kind": "teacher-kind"})
     sieve = add_config_flags(parser.add_argument_group("sieve"), SieveConfig, SIEVE)
-    encoding = add_config_flags(parser.add_argument_group("encoding (teacher, sieve)"), TeacherFilterConfig, ENCODING,
+    encoding_group = parser.add_argument_group("encoding (teacher, sieve)")
+    encoding = add_config_flags(encoding_group, TeacherFilterConfig, ENCODING,
                                 help={"device": "where the teacher / the sieve's training and encoding run: auto (the "
                                                 "first GPU if there is one, else the CPU), cpu, cuda or cuda:N"})
+    add_precision_arg(encoding_group, generated=True)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. beta=0.5")
     parser.set_defaults(_flag_keys={  # method -> {dest: config key}
         "llm": {**shared, **llm, "model": "llm.model"},

@@ -3,7 +3,7 @@
 Examples::
 
     robustir index --model runs/peg/model --corpus corpus.jsonl --output runs/index            # build (resumable)
-    robustir index --corpus passages.txt --output runs/index --index hnsw --bf16                # plain text, HNSW
+    robustir index --corpus passages.txt --output runs/index --index hnsw                       # plain text, HNSW
     robustir index --add more.jsonl --output runs/index                                         # add documents
     robustir index --delete-id doc17 --delete-id doc18 --output runs/index                      # delete by id
     robustir index --delete ids.txt --output runs/index                                         # ids, one per line
@@ -22,8 +22,8 @@ from ..serving.index import IndexConfig, SearchIndex, read_id_list
 from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
                      model_or_default)
 
-# IndexConfig fields with a flag (help from the dataclass); --batch-size, --bf16 and --device are the shared encoder
-# flags
+# IndexConfig fields with a flag (help from the dataclass); --batch-size, --precision (--bf16) and --device
+# are the shared encoder flags
 FIELDS = ["index.kind", "index.nlist", "index.nprobe", "index.hnsw_m", "index.ef_search", "chunk_size", "format"]
 
 

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.stage is None else 2
     debug = args.verbose or os.environ.get("ROBUSTIR_DEBUG", "").lower() in ("1", "true", "yes")
+    from ..hardware import configure_torch_threads
+
+    configure_torch_threads()  # the CPUs this process may use (affinity, cgroup quota), not the host's core count
     try:
         return int(args._module.run(args) or 0)
     except RobustIRError as exc:

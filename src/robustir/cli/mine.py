@@ -3,7 +3,7 @@
 Examples::
 
     robustir mine --data ../shared/data/scifact --split train --method bm25 --output runs/mined.jsonl
-    robustir mine --input train.jsonl --corpus corpus.jsonl --method dense --bf16 --cache-dir runs/cache \\
+    robustir mine --input train.jsonl --corpus corpus.jsonl --method dense --cache-dir runs/cache \\
         --num-negatives 15 --range-min 3 --relative-margin 0.05 --output runs/mined.jsonl
     robustir mine --input pairs.jsonl --output mined.jsonl --shard 2/4     # then: robustir merge --output mined.jsonl
     # a corpus of millions: embeddings cached on disk and searched 100k rows at a time (docs/scale.md)
@@ -28,8 +28,8 @@ from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
 from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
                      model_or_default)
 
-# MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size, --bf16 and
-# --device are the shared encoder flags (encode_batch_size, bf16, device)
+# MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size, --precision and
+# --device are the shared encoder flags (encode_batch_size, precision, device)
 FIELDS = ["method", "num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
           "relative_margin", "sampling", "seed", "cache_dir", "corpus_chunk", "index.kind", "query_batch_size"]
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from ..config import load_config
 from ..pretraining.pretrain import PretrainConfig
-from .common import add_config_flags, flags_from_args
+from .common import add_config_flags, add_precision_arg, flags_from_args
 
 # PretrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
 # set in --config or as a key=value override
 FIELDS = ["mode", "model", "data", "data_format", "output", "heads", "max_length", "batch_size", "epochs",
-          "max_steps", "lr", "seed", "save_steps", "chunk_size", "bf16", "gradient_checkpointing", "device"]
+          "max_steps", "lr", "seed", "save_steps", "chunk_size", "precision", "gradient_checkpointing", "device"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     keys = add_config_flags(
         parser, PretrainConfig, FIELDS, rename={"heads": "resume-heads"}, extra={"heads": {"metavar": "PATH"}},
         help={"mode": "pre-training method", "output": "output folder (the encoder goes to OUTPUT/model)",
-              "bf16": "bf16 autocast"})
+              })
+    add_precision_arg(parser, generated=True)
     parser.set_defaults(_flag_keys=keys)
 
 

@@ -21,7 +21,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     encoder = Encoder.from_pretrained(model_or_default(args.model), device=args.device or "auto",
                                       **encoder_options(args))
-    metrics = evaluate_reranking(encoder, load_rerank_data(args.data), args.batch_size, args.bf16)
+    metrics = evaluate_reranking(encoder, load_rerank_data(args.data), args.batch_size, args.precision or "auto")
     print(format_table({args.model or "all-MiniLM-L6-v2": metrics}, columns=("map", "mrr@10", "ndcg@10")))
     if args.output:
         write_json(f"{args.output}/metrics.json", metrics)

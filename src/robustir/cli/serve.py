@@ -4,7 +4,7 @@ Examples::
 
     robustir serve --model runs/peg/model                                   # POST /v1/embeddings on 127.0.0.1:8000
     robustir serve --index runs/index --api-key "$KEY" --port 8080          # + POST /search (the index's model)
-    robustir serve --index runs/index --device cuda --max-batch-size 256    # bf16 on the GPU by default
+    robustir serve --index runs/index --device cuda --max-batch-size 256    # precision auto: bf16 on Ampere+
 
 Clients: ``openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY).embeddings.create(model=NAME,
 input=[...])``; ``extra_body={"input_type": "query"}`` applies the model's query instruction. Routes, limits and error
@@ -19,14 +19,14 @@ import logging
 from ..config import load_config
 from ..errors import ConfigError
 
-FIELDS = ["host", "port", "api_key", "served_model_name", "device", "bf16", "max_batch_size", "max_wait_ms", "workers",
+FIELDS = ["host", "port", "api_key", "served_model_name", "device", "precision", "max_batch_size", "max_wait_ms", "workers",
           "encode_batch_size", "max_inputs_per_request", "max_chars_per_input", "max_body_bytes", "max_top_k",
           "matryoshka_dims"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     from ..serving.config import ServeConfig
-    from .common import add_config_flags
+    from .common import add_config_flags, add_precision_arg
 
     parser.add_argument("--model", default=None, help="model folder or hub id (default: the index's model, else the "
                                                       "bundled all-MiniLM-L6-v2)")
@@ -38,6 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--query-max-length", type=int, default=None)
     group.add_argument("--passage-max-length", type=int, default=None)
     keys = add_config_flags(parser, ServeConfig, FIELDS, extra={"matryoshka_dims": {"metavar": "DIM"}})
+    add_precision_arg(parser, generated=True)
     parser.set_defaults(_flag_keys=keys)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..io import atomic_write, read_jsonl, write_json
+from ..precision import Precision
 from ..validation import Checked, NonNegativeInt, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class ClassifyConfig(Checked):
     label_prompt: str | None = None  # prefix of every class text; None = the model's passage instruction
     max_length: PositiveInt | None = None  # tokens per text; None = the model's passage length
     batch_size: PositiveInt = 64
-    bf16: bool = False
+    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
     device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
 
 
@@ -356,7 +357,7 @@ def classify(model: Any, data: str | Path, labels: str | Path | LabelSet, config
         encoder = Encoder.from_pretrained(model, device=config.device)
         model_name = str(model)
     length = config.max_length or encoder.config.passage_max_length
-    options = {"batch_size": config.batch_size, "bf16": config.bf16, "max_length": length}
+    options = {"batch_size": config.batch_size, "precision": config.precision, "max_length": length}
     samples = _normalise(encoder.encode([r["text"] for r in records], "query", instruction=config.prompt, **options))
     if config.shots:
         order = [i for name in label_set.names for i in shot_indices[name]]

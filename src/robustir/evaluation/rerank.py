@@ -44,14 +44,14 @@ def load_rerank_data(path: str | Path) -> list[RerankExample]:
 
 
 def evaluate_reranking(encoder: Encoder, examples: list[RerankExample], batch_size: int = 64,
-                       bf16: bool = False) -> dict[str, float]:
+                       precision: str = "auto") -> dict[str, float]:
     """MAP over each query's full candidate list and MRR@10, by cosine similarity of embeddings."""
     texts: list[str] = []
     for ex in examples:
         texts.extend(ex.positive)
         texts.extend(ex.negative)
-    cand = encoder.encode(texts, "passage", batch_size=batch_size, bf16=bf16)
-    queries = encoder.encode([ex.query for ex in examples], "query", batch_size=batch_size, bf16=bf16)
+    cand = encoder.encode(texts, "passage", batch_size=batch_size, precision=precision)
+    queries = encoder.encode([ex.query for ex in examples], "query", batch_size=batch_size, precision=precision)
     qrels: dict[str, dict[str, int]] = {}
     run: dict[str, dict[str, float]] = {}
     offset = 0

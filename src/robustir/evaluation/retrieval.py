@@ -16,6 +16,7 @@ from ..index.dense import DenseIndex, DenseIndexConfig
 from ..io import write_json
 from ..models.encoder import Encoder
 from .metrics import compute_metrics
+from ..precision import Precision
 from ..validation import Checked, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 class EvalConfig(Checked):
     top_k: PositiveInt = 1000  # documents retrieved per query
     batch_size: PositiveInt = 64
-    bf16: bool = False
+    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
     ignore_identical_ids: bool = False  # drop a retrieved document whose id equals the query id (ArguAna)
     cache_dir: str | None = None  # reuse corpus embeddings across runs
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
@@ -64,10 +65,10 @@ def retrieve_dense(encoder: Encoder, dataset: BeirDataset, config: EvalConfig) -
     """Encode the corpus and the queries with ``encoder`` (on its device) and search on ``config.device``."""
     query_ids = list(dataset.queries)
     corpus_emb = encoder.encode_corpus(dataset.corpus.texts_for_encoding(), cache_dir=config.cache_dir,
-                                       batch_size=config.batch_size, bf16=config.bf16,
+                                       batch_size=config.batch_size, precision=config.precision,
                                        show_progress=config.show_progress)
     query_emb = encoder.encode([dataset.queries[q] for q in query_ids], "query", batch_size=config.batch_size,
-                               bf16=config.bf16, show_progress=config.show_progress)
+                               precision=config.precision, show_progress=config.show_progress)
     index = DenseIndex(config.index, device=config.device).index(corpus_emb)
     extra = 1 if config.ignore_identical_ids else 0
     scores, indices = index.search(query_emb, config.top_k + extra)

@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..io import Shard, write_json
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
+from ..precision import Precision
 from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
 
@@ -85,13 +86,15 @@ class SieveConfig(Checked):
     """Query tokens (None: 64, or the model's limit if lower)."""
     passage_max_length: PositiveInt | None = None
     """Passage tokens (None: 256, or the model's limit if lower)."""
-    train_bf16: bool = False
+    train_precision: Precision = "auto"
+    """Precision of the brief training: auto = bf16 where the device computes it natively, else fp32; fp32; bf16."""
     seed: NonNegativeInt = 10086
     work_dir: str | None = None
     """Brief-training folder (default ``<output>.sieve-work``)."""
     batch_size: PositiveInt = 64
     """Encoding batch size of the sieve pass."""
-    bf16: bool = False
+    precision: Precision = "auto"
+    """Precision of the sieve pass's encoding (as train_precision, fp16 too)."""
     device: str = "auto"
     """Where the brief training and the sieve pass run: auto (the first GPU if there is one, else the CPU), cpu, cuda
     or cuda:N."""
@@ -133,7 +136,7 @@ def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Pat
         loss="ccr", loss_options={"variant": config.variant, "beta": config.beta, "temperature": config.temperature},
         lr=config.lr, epochs=config.epochs, max_steps=config.max_steps, batch_size=config.train_batch_size,
         warmup_ratio=config.warmup_ratio, query_max_length=config.query_max_length,
-        passage_max_length=config.passage_max_length, bf16=config.train_bf16, seed=config.seed,
+        passage_max_length=config.passage_max_length, precision=config.train_precision, seed=config.seed,
         output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device)
     result = train(train_config)
     summary = {"model": str(result.model_path), "steps": result.steps, "seconds": round(result.seconds, 1),
@@ -217,9 +220,9 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
             passages.append(record.pos[0])
             passages.extend(record.neg[j] for j in pool)
         q_emb = encoder.encode(list(dict.fromkeys(queries)), "query", batch_size=config.batch_size,
-                               bf16=config.bf16)
+                               precision=config.precision)
         unique_passages = list(dict.fromkeys(passages))
-        p_emb = encoder.encode(unique_passages, "passage", batch_size=config.batch_size, bf16=config.bf16)
+        p_emb = encoder.encode(unique_passages, "passage", batch_size=config.batch_size, precision=config.precision)
         q_row = {t: i for i, t in enumerate(dict.fromkeys(queries))}
         p_row = {t: i for i, t in enumerate(unique_passages)}
         decisions = []

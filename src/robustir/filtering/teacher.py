@@ -44,6 +44,7 @@ from ..io import ResumableJsonlWriter, Shard, read_jsonl
 from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..negatives.margins import margin_reason
 from ..negatives.score_stats import ScoreStats
+from ..precision import Precision
 from ..validation import Checked, NonNegativeFloat, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -280,17 +281,17 @@ class Teacher(Protocol):
 class EmbeddingTeacher:
     """Cosine similarity of an embedding model's query and passage embeddings."""
 
-    def __init__(self, encoder, batch_size: int = 64, bf16: bool = False) -> None:
+    def __init__(self, encoder, batch_size: int = 64, precision: str = "auto") -> None:
         self.encoder = encoder
         self.batch_size = batch_size
-        self.bf16 = bf16
+        self.precision = precision
 
     def score(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
         # each distinct text is encoded once per batch (a query appears once per negative)
         q_texts = list(dict.fromkeys(queries))
         p_texts = list(dict.fromkeys(passages))
-        q_emb = self.encoder.encode(q_texts, "query", batch_size=self.batch_size, bf16=self.bf16)
-        p_emb = self.encoder.encode(p_texts, "passage", batch_size=self.batch_size, bf16=self.bf16)
+        q_emb = self.encoder.encode(q_texts, "query", batch_size=self.batch_size, precision=self.precision)
+        p_emb = self.encoder.encode(p_texts, "passage", batch_size=self.batch_size, precision=self.precision)
         q_emb = q_emb / np.maximum(np.linalg.norm(q_emb, axis=1, keepdims=True), 1e-12)
         p_emb = p_emb / np.maximum(np.linalg.norm(p_emb, axis=1, keepdims=True), 1e-12)
         q_row = {t: i for i, t in enumerate(q_texts)}
@@ -303,15 +304,19 @@ class EmbeddingTeacher:
 class CrossEncoderTeacher:
     """``sentence_transformers.CrossEncoder`` relevance scores (default activation: sigmoid for one label)."""
 
-    def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, bf16: bool = False,
+    def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, precision: str = "auto",
                  device: str | None = "auto") -> None:
         from sentence_transformers import CrossEncoder
 
         from ..device import device_string, resolve_device
 
-        self.model = CrossEncoder(path, max_length=max_length, device=device_string(resolve_device(device)))
-        if bf16:
-            self.model.model.to(dtype=__import__("torch").bfloat16)
+        from ..precision import precision_dtype, resolve_precision
+
+        where = resolve_device(device)
+        self.model = CrossEncoder(path, max_length=max_length, device=device_string(where))
+        resolved = resolve_precision(precision, where)
+        if resolved != "fp32":
+            self.model.model.to(dtype=precision_dtype(resolved))
         self.batch_size = batch_size
 
     def score(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
@@ -323,7 +328,7 @@ class CrossEncoderTeacher:
 
 
 def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-encoder"] = "auto", *,
-                 batch_size: int = 64, bf16: bool = False, max_length: int | None = None,
+                 batch_size: int = 64, precision: str = "auto", max_length: int | None = None,
                  device: str | None = "auto") -> Teacher:
     """The teacher in folder ``path`` (None = the bundled MiniLM embedding model), on ``device`` (``auto``, ``cpu``,
     ``cuda``, ``cuda:N``)."""
@@ -339,12 +344,12 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
     if kind == "auto":
         kind = "cross-encoder" if _is_cross_encoder(Path(path)) else "embedding"
     if kind == "cross-encoder":
-        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, bf16=bf16, device=device)
+        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, precision=precision, device=device)
     from ..models.encoder import Encoder
 
     overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}
     return EmbeddingTeacher(Encoder.from_pretrained(path, device=device, **overrides), batch_size=batch_size,
-                            bf16=bf16)
+                            precision=precision)
 
 
 def _is_cross_encoder(path: Path) -> bool:
@@ -381,8 +386,8 @@ class TeacherFilterConfig(Checked):
     """Encoding batch size."""
     max_length: PositiveInt | None = None
     """Teacher token limit (None = the model's own)."""
-    bf16: bool = False
-    """bfloat16 autocast for encoding."""
+    precision: Precision = "auto"
+    """Encoding precision: auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16."""
     device: str = "auto"
     """Where the teacher runs: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N."""
     batch_records: PositiveInt = 256
@@ -426,7 +431,7 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
     config.validate()
     check_paths(input_path, output_path, config.overwrite)  # fail before loading a model
     if teacher is None:
-        teacher = load_teacher(config.model, config.kind, batch_size=config.batch_size, bf16=config.bf16,
+        teacher = load_teacher(config.model, config.kind, batch_size=config.batch_size, precision=config.precision,
                                max_length=config.max_length, device=config.device)
 
     def decide(batch: list[FilterRecord]) -> list[Decision]:

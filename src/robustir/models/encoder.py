@@ -2,7 +2,7 @@
 
 * pooling: ``cls`` (BGE / PEG convention) or ``mean`` (sentence-transformers MiniLM);
 * L2 normalisation; separate max lengths and instruction prefixes for queries and passages;
-* batched encoding sorted by length (less padding), optional bf16 autocast, progress bar;
+* batched encoding sorted by length (less padding), in the precision of :mod:`robustir.precision`, progress bar;
 * saved as a sentence-transformers folder, so ``SentenceTransformer(path)`` loads it unchanged
   (the query instruction becomes the ST prompt named ``"query"``).
 """
@@ -253,9 +253,9 @@ class Encoder(nn.Module):
         self.tokenizer = tokenizer
         self.config = config or EncoderConfig()
         self.source = source
-        # (weights version key, bf16 copy of the transformer) for fast inference; a tuple, so that
+        # (weights version key, bf16/fp16 copy of the transformer) for fast inference; a tuple, so that
         # nn.Module does not register the copy as a sub-module (it never enters state_dict)
-        self._bf16_cache: tuple | None = None
+        self._half_cache: tuple | None = None
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -401,34 +401,47 @@ class Encoder(nn.Module):
         return embeddings
 
     # ------------------------------------------------------------------ inference path
-    def _inference_transformer(self, bf16: bool) -> nn.Module:
-        """The transformer to run inference with: itself, or with ``bf16`` a bfloat16 copy.
+    def _inference_transformer(self, precision: str) -> nn.Module:
+        """The transformer to run inference with: itself (``fp32``), or a bfloat16 / float16 copy.
 
-        A full bf16 copy is faster than autocast on CPU (no per-op weight casts: ~1.7x vs ~1.5x over
-        fp32 for MiniLM) at cosine >= 0.9999 to fp32; on a GPU the copy lives there too. The copy is rebuilt
-        whenever a weight changed (tensor version counters move on every in-place update, e.g. an optimizer step)
-        and when the encoder moved to another device (``.to`` swaps tensors without moving their counters).
+        A full low-precision copy is faster than autocast on CPU (no per-op weight casts: ~1.7x vs ~1.5x over
+        fp32 for MiniLM with native bf16) at cosine >= 0.9999 to fp32; on a GPU the copy lives there too. The copy
+        is rebuilt whenever a weight changed (tensor version counters move on every in-place update, e.g. an
+        optimizer step), when the encoder moved to another device (``.to`` swaps tensors without moving their
+        counters) and when another precision is asked for.
         """
-        if not bf16:
+        if precision == "fp32":
             return self.transformer
-        key = (id(self.transformer), str(self.device), tuple(p._version for p in self.transformer.parameters()))
-        if self._bf16_cache is None or self._bf16_cache[0] != key:
-            self._bf16_cache = None  # free the stale copy before making the new one
+        from ..precision import precision_dtype
+
+        key = (id(self.transformer), str(self.device), precision,
+               tuple(p._version for p in self.transformer.parameters()))
+        if self._half_cache is None or self._half_cache[0] != key:
+            self._half_cache = None  # free the stale copy before making the new one
             import copy
 
-            clone = copy.deepcopy(self.transformer).to(torch.bfloat16).eval()
-            self._bf16_cache = (key, clone)
-        return self._bf16_cache[1]
+            clone = copy.deepcopy(self.transformer).to(precision_dtype(precision)).eval()
+            self._half_cache = (key, clone)
+        return self._half_cache[1]
+
+    def resolve_precision(self, precision: str | None = "fp32", bf16: bool | None = None) -> str:
+        """The precision ``encode`` runs in on this encoder's device (:func:`robustir.precision.resolve_precision`);
+        ``bf16=True`` is the older spelling of ``precision="bf16"``."""
+        from ..precision import resolve_precision
+
+        return resolve_precision("bf16" if bf16 else precision, self.device)
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], kind: TextKind = "passage", *, batch_size: int = 64,
-               bf16: bool = False, show_progress: bool | None = None, max_length: int | None = None,
-               instruction: str | None = None, desc: str | None = None) -> np.ndarray:
+               precision: str | None = "fp32", bf16: bool | None = None, show_progress: bool | None = None,
+               max_length: int | None = None, instruction: str | None = None, desc: str | None = None) -> np.ndarray:
         """Embed ``texts`` → float32 array ``(n, d)`` in input order.
 
         Texts are tokenized once, sorted by token count and batched, so each batch pads to similar
-        lengths; with ``bf16`` the forward pass runs on a bfloat16 copy of the weights (CPUs with
-        AVX512-BF16/AMX, or GPUs); pooling and normalisation stay in float32.
+        lengths. ``precision`` (:mod:`robustir.precision`: ``auto``, ``fp32``, ``bf16``, ``fp16``; ``bf16=True`` is
+        an alias of ``precision="bf16"``) is the dtype of the forward pass, run on a copy of the weights in that
+        dtype; ``auto`` is bf16 only where the device computes it natively. Pooling and normalisation stay in
+        float32.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size = {batch_size!r} is out of range: it must be an integer >= 1")
@@ -447,7 +460,7 @@ class Encoder(nn.Module):
         bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {kind}s", disable=not show,
                    unit="batch")
         device = self.device
-        transformer = self._inference_transformer(bf16)
+        transformer = self._inference_transformer(self.resolve_precision(precision, bf16))
         try:
             for start in range(0, n, block):
                 chunk = [prefix + t for t in texts[start:start + block]] if prefix else list(texts[start:start + block])
@@ -496,7 +509,8 @@ class Encoder(nn.Module):
         for text in passages:
             digest.update(text.encode("utf-8", "surrogatepass"))
             digest.update(b"\0")
-        settings = {k: kwargs.get(k) for k in ("max_length", "instruction", "bf16")}
+        settings = {k: kwargs.get(k) for k in ("max_length", "instruction")}
+        settings["precision"] = self.resolve_precision(kwargs.get("precision", "fp32"), kwargs.get("bf16"))
         key = f"{self.fingerprint()}-{digest.hexdigest()[:16]}-" + hashlib.sha256(
             json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
         return Path(cache_dir) / f"{key}.npy"

@@ -59,6 +59,7 @@ from ..io import ResumableJsonlWriter, Shard, write_json
 from ..outputs import StageOutput, refuse_overwriting_inputs
 from .margins import margin_reason
 from .score_stats import ScoreStats
+from ..precision import Precision
 from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class MiningConfig(Checked):
     seed: NonNegativeInt = 42
     query_batch_size: PositiveInt = 1024  # queries retrieved per chunk
     encode_batch_size: PositiveInt = 64
-    bf16: bool = False
+    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
     cache_dir: str | None = None  # reuse corpus embeddings saved here (dense)
     corpus_chunk: PositiveInt | None = None  # dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time
     device: str = "auto"  # dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
@@ -335,7 +336,7 @@ class _Retriever:
         if self.config.method == "bm25":
             scores, indices = self.bm25.search(queries, k)
             return scores, indices, None
-        q = self.encoder.encode(queries, "query", batch_size=self.config.encode_batch_size, bf16=self.config.bf16)
+        q = self.encoder.encode(queries, "query", batch_size=self.config.encode_batch_size, precision=self.config.precision)
         if isinstance(self.dense, ChunkedFlatIndex):
             scores, indices = self.dense.search(q, k)  # already in sort_hits order, ties settled by row
         else:  # a few more hits, so that rows tied at the k-th place are chosen by row here too
@@ -369,7 +370,7 @@ def corpus_embeddings(encoder, documents: Documents, config: MiningConfig, work_
     if not len(documents):
         raise ConfigError("no documents to mine negatives from")
     block = encoder_module.ENCODE_BLOCK
-    kwargs = {"batch_size": config.encode_batch_size, "bf16": config.bf16}
+    kwargs = {"batch_size": config.encode_batch_size, "precision": config.precision}
     if config.cache_dir is None:
         return _encode_to_file(encoder, documents, Path(work_dir) / "corpus-embeddings.npy", block, kwargs)
     path = encoder.corpus_cache_file((text for chunk in documents.chunks(block) for text in chunk), config.cache_dir,

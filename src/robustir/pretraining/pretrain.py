@@ -2,7 +2,7 @@
 
 The loop is fine-tuning's (:class:`~robustir.training.loop.TrainingLoop`, shared with
 :mod:`robustir.training.trainer`): :mod:`accelerate` for device placement, DDP (``find_unused_parameters``) and
-bf16 autocast; AdamW with linear warm-up and decay; gradient clipping; atomic ``checkpoints/step-N``
+autocast in the precision of :mod:`robustir.precision`; AdamW with linear warm-up and decay; gradient clipping; atomic ``checkpoints/step-N``
 (:mod:`robustir.training.checkpoints`) and resume from the latest one; the log. This module holds what is
 pre-training's own: the config, the data, the model and collator, one step's forward and backward, the saved
 encoder and head. A pre-training corpus may be far larger than memory, so it is **streamed**
@@ -90,7 +90,7 @@ MaskRatio = Annotated[float, Range(gt=0, lt=1)]  # a share of the tokens masked:
 class PretrainConfig(LoopConfig):
     """Everything ``robustir pretrain`` accepts (YAML/JSON config + flags + ``key=value`` overrides): the fields
     below and the training loop's (:class:`~robustir.training.loop.LoopConfig`: ``batch_size``, ``epochs``,
-    ``max_steps``, ``lr``, ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``bf16``,
+    ``max_steps``, ``lr``, ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``precision``,
     ``gradient_checkpointing``, ``output``, ``save_steps``, ``save_total_limit``, ``logging_steps``, ``resume``,
     ``report``)."""
 

@@ -34,10 +34,10 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from ..config import to_dict
+from ..config import from_dict, to_dict
 from ..data.training_data import TrainingExample, load_training_data
 from ..errors import ConfigError
 from ..io import atomic_write, write_json
@@ -130,16 +130,17 @@ class NoiseBenchConfig(Checked):
         return out
 
     def llm_config(self) -> LLMConfig:
-        from ..config import from_dict
-
         return from_dict(LLMConfig, {"temperature": 0.0, "max_tokens": 16, **self.llm}, where="noise-bench.llm")
 
     def budget_obj(self) -> Budget:
+        from ..config import precision_aliases
+
         base = BENCH_PRESETS[self.preset]
-        unknown = set(self.budget) - set(asdict(base))
+        budget = precision_aliases(dict(self.budget), {f.name: f for f in fields(Budget)}, "noise-bench.budget")
+        unknown = set(budget) - set(asdict(base))
         if unknown:
             raise ConfigError(f"noise-bench: unknown budget field(s) {sorted(unknown)}; valid: {sorted(asdict(base))}")
-        return replace(base, **self.budget)
+        return from_dict(Budget, {**asdict(base), **budget}, where="noise-bench.budget")
 
     def method_options(self, method: str) -> dict:
         """The options that change what ``method`` trains on (its filter's settings); {} for plain losses."""
@@ -297,14 +298,14 @@ class _Bench:
             if name == "teacher":
                 from ..filtering.teacher import TeacherFilterConfig, teacher_filter
 
-                options = {"bf16": self.budget.bf16, "progress": False, "model": self.config.model,
+                options = {"precision": self.budget.precision, "progress": False, "model": self.config.model,
                            "max_length": self.budget.passage_max_length, **self.config.method_options(method)}
                 teacher_filter(noisy, target, from_dict(TeacherFilterConfig, options, where="teacher"))
             elif name == "sieve":
                 from ..filtering.sieve import SieveConfig, sieve_negatives
 
                 options = {"num_negatives": max(self.budget.num_negatives, self.budget.pool // 2),
-                           "bf16": self.budget.bf16, "train_bf16": self.budget.bf16, "progress": False,
+                           "precision": self.budget.precision, "train_precision": self.budget.precision, "progress": False,
                            "model": self.config.model, "passage_max_length": self.budget.train_passage_max_length,
                            "plot": False, **self.config.sieve}
                 sieve_negatives(noisy, target, from_dict(SieveConfig, options, where="sieve"))

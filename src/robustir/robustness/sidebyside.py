@@ -26,6 +26,7 @@ from typing import Annotated, Sequence
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
 from ..io import atomic_write, write_json
+from ..precision import Precision
 from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
 
@@ -50,7 +51,7 @@ class Budget(Checked):
     query_max_length: PositiveInt = 64
     train_passage_max_length: PositiveInt = 128
     passage_max_length: PositiveInt = 256  # evaluation
-    bf16: bool = True  # bf16 autocast for training and evaluation
+    precision: Precision = "auto"  # training and evaluation, both sides: auto = bf16 where native, else fp32
 
     def validate(self) -> None:
         if self.batch_size < 2 or self.num_negatives < 0 or self.pool < self.num_negatives or self.epochs <= 0:
@@ -144,7 +145,7 @@ def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, se
         model=model, train_data=str(rows_path), mine="none", num_negatives=budget.num_negatives, loss=loss,
         loss_options=dict(loss_options or {}), batch_size=budget.batch_size, epochs=1.0,
         max_steps=_steps(rows_path, budget), lr=budget.lr, warmup_ratio=budget.warmup_ratio,
-        weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, seed=seed, bf16=budget.bf16,
+        weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, seed=seed, precision=budget.precision,
         query_max_length=budget.query_max_length, passage_max_length=budget.passage_max_length,
         train_passage_max_length=budget.train_passage_max_length, output=str(output), report=False,
         save_total_limit=1)
@@ -187,13 +188,17 @@ def train_sentence_transformers(rows_path: str | Path, output: str | Path, budge
         info = json.loads(done.read_text())
         return RunOutcome(final, info["steps"], info["seconds"])
     started = time.perf_counter()
-    st_model = SentenceTransformer(model or default_model_path(), device="cuda" if torch.cuda.is_available() else "cpu")
+    from ..precision import resolve_precision
+
+    st_device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = resolve_precision(budget.precision, st_device)  # the same rule as robustir's side
+    st_model = SentenceTransformer(model or default_model_path(), device=st_device)
     st_model.max_seq_length = budget.train_passage_max_length
     args = SentenceTransformerTrainingArguments(
         output_dir=str(output / "trainer"), max_steps=steps, per_device_train_batch_size=budget.batch_size,
         learning_rate=budget.lr, warmup_steps=int(budget.warmup_ratio * steps), lr_scheduler_type="linear",
-        weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, bf16=budget.bf16, seed=seed,
-        data_seed=seed, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", report_to="none",
+        weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, bf16=precision == "bf16",
+        fp16=precision == "fp16", seed=seed, data_seed=seed, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", report_to="none",
         logging_steps=max(1, steps // 10), use_cpu=not torch.cuda.is_available(), dataloader_drop_last=True)
     trainer = SentenceTransformerTrainer(model=st_model, args=args,
                                          train_dataset=_st_dataset(rows_path, budget.num_negatives),
@@ -244,4 +249,4 @@ def evaluate_model(model_path: str | Path, data, split: str, budget: Budget,
 
     if torch.cuda.is_available():
         encoder.to("cuda")
-    return evaluate(encoder, dataset, config=EvalConfig(bf16=budget.bf16, show_progress=False)).metrics
+    return evaluate(encoder, dataset, config=EvalConfig(precision=budget.precision, show_progress=False)).metrics

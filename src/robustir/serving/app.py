@@ -122,6 +122,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     The model loads here, so a bad model or index fails before any port is opened.
     """
     from ..device import resolve_device
+    from ..precision import resolve_precision
     from ..models.encoder import Encoder
     from .batcher import MicroBatcher
     from .index import SearchIndex, _model_label
@@ -129,7 +130,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     config = (config or ServeConfig()).validate()
     api_key = config.api_key if config.api_key is not None else (os.environ.get("ROBUSTIR_API_KEY") or None)
     device = resolve_device(config.device)
-    bf16 = device.type == "cuda" if config.bf16 is None else config.bf16
+    precision = resolve_precision(config.precision, device)
     workers, encode_batch = _workers(config, device)
     options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
 
@@ -166,7 +167,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     dim = encoder.dim
     allowed_dims = sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]})
     created = int(time.time())
-    encoder.encode(["warm-up"], "query", bf16=bf16, show_progress=False)  # builds the bf16 copy once, before workers
+    encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)  # builds the bf16/fp16 copy once, before workers
     local = threading.local()
 
     def worker_encoder() -> Encoder:
@@ -182,7 +183,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
 
     def encode(texts: list[str], kind: str) -> tuple[np.ndarray, list[int]]:
         model = worker_encoder()
-        vectors = model.encode(texts, kind, batch_size=encode_batch, bf16=bf16, show_progress=False)
+        vectors = model.encode(texts, kind, batch_size=encode_batch, precision=precision, show_progress=False)
         prefix = model.config.instruction(kind)
         ids = model.tokenizer([prefix + t for t in texts] if prefix else texts, truncation=True,
                               max_length=model.config.max_length(kind), return_attention_mask=False,
@@ -274,7 +275,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
 
     @app.get("/health")
     async def health():
-        return answer({"status": "ok", "model": name, "dimension": dim, "device": str(device), "bf16": bf16,
+        return answer({"status": "ok", "model": name, "dimension": dim, "device": str(device), "precision": precision,
                        "workers": workers, "torch_threads": torch.get_num_threads(),
                        "index": None if search_index is None else {
                            "path": str(search_index.path), "documents": search_index.count,
@@ -377,7 +378,9 @@ def _workers(config: ServeConfig, device) -> tuple[int, int]:
     batches of 64; intra-op threads spin and wait on small matrices)."""
     if device.type == "cuda":
         return config.workers or 1, config.encode_batch_size or config.max_batch_size
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from ..hardware import available_cpus
+
+    cores = available_cpus()
     workers = config.workers or cores
     threads = max(1, cores // workers)
     if torch.get_num_threads() != threads:

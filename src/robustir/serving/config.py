@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from ..errors import ConfigError
+from ..precision import Precision
 from ..validation import Checked, NonNegativeFloat, PositiveInt, Range
 
 __all__ = ["ServeConfig"]
@@ -20,7 +21,7 @@ class ServeConfig(Checked):
     api_key: str | None = None  # required as "Authorization: Bearer KEY" when set (or env ROBUSTIR_API_KEY)
     served_model_name: str | None = None  # the model name clients send; default: the model folder's name
     device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
-    bf16: bool | None = None  # bfloat16 inference; default: on a GPU yes, on the CPU no
+    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
     max_batch_size: PositiveInt = 64  # texts batched together at most
     max_wait_ms: NonNegativeFloat = 5.0  # how long the first request of a batch waits for others to join it
     workers: PositiveInt | None = None  # batches encoded at once; default: 1 on a GPU, one per CPU core on the CPU

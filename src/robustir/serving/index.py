@@ -65,6 +65,7 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..index.dense import DenseIndexConfig
 from ..io import atomic_write, describe_changes, input_digest, read_jsonl, write_json
+from ..precision import Precision
 from ..validation import Checked, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class IndexConfig(Checked):
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     chunk_size: PositiveInt = 1024  # documents encoded and committed together (a killed build loses at most one)
     batch_size: PositiveInt = 64  # encoding batch size
-    bf16: bool = False  # encode in bfloat16 (fast on CPUs with AMX and on GPUs)
+    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
     device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
     format: InputFormat = "auto"  # corpus format: auto (by suffix: .jsonl = records, else text), jsonl, text, beir
     show_progress: bool | None = None
@@ -470,7 +471,7 @@ class SearchIndex:
         started = time.perf_counter()
         corpus_path = Path(corpus)
         settings = {"kind": "add", "input": str(corpus_path), "input_digest": _corpus_digest(corpus_path, config.format),
-                    "format": config.format, "bf16": config.bf16}
+                    "format": config.format, "precision": config.precision}
         job = self._pending_job()
         if job is not None:
             self._same_job_or_refuse(job, settings)
@@ -565,10 +566,10 @@ class SearchIndex:
 
     # ------------------------------------------------------------------ public: search
     def search(self, queries: str | Sequence[str], top_k: int = 10, filter: dict | None = None, *,
-               batch_size: int = 64, bf16: bool = False) -> list[list[Hit]]:
+               batch_size: int = 64, precision: str = "auto") -> list[list[Hit]]:
         """The ``top_k`` best documents for each query (texts, encoded as queries with the index's model)."""
         texts = [queries] if isinstance(queries, str) else list(queries)
-        vectors = self.encoder.encode(texts, "query", batch_size=batch_size, bf16=bf16, show_progress=False)
+        vectors = self.encoder.encode(texts, "query", batch_size=batch_size, precision=precision, show_progress=False)
         return self.search_vectors(vectors, top_k, filter)
 
     def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filter: dict | None = None) -> list[list[Hit]]:
@@ -848,7 +849,7 @@ class SearchIndex:
         if records:
             texts = corpus_cls(ids=ids, titles=[r.title for r in records],
                                texts=[r.text for r in records]).texts_for_encoding()
-            vectors = encoder.encode(texts, "passage", batch_size=config.batch_size, bf16=config.bf16,
+            vectors = encoder.encode(texts, "passage", batch_size=config.batch_size, precision=config.precision,
                                      show_progress=False)
         new_fields = sorted({key for r in records for key in r.fields})
         with self._db:
@@ -1227,7 +1228,7 @@ def _init_state(db: sqlite3.Connection, encoder: Any, config: IndexConfig, label
         "index": {"kind": kind, "metric": "inner_product",
                   "deletes": "tombstones" if kind == "hnsw" else "remove_ids"},
         "index_options": options,
-        "build_bf16": config.bf16,
+        "build_precision": config.precision,
     }
     with db:
         db.executemany("INSERT INTO state (key, value) VALUES (?, ?)", [(k, json.dumps(v)) for k, v in values.items()])
@@ -1239,7 +1240,7 @@ def _build_settings(corpus: str | os.PathLike, config: IndexConfig, encoder: Any
     source = encoder.source or ""
     folder = Path(source) if source and Path(source).is_dir() else None
     return {"kind": "build", "input": str(corpus), "input_digest": _corpus_digest(corpus, config.format),
-            "format": config.format, "bf16": config.bf16, "index": options,
+            "format": config.format, "precision": config.precision, "index": options,
             "model_digest": _model_digest(folder), "encoder": dataclasses.asdict(encoder.config)}
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from ..errors import ConfigError
+from ..precision import Precision
 from ..validation import Checked, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .loop import LoopConfig
 
@@ -41,7 +42,7 @@ class TrainSource(Checked):
 @dataclass
 class TrainConfig(LoopConfig):
     """The fine-tuning stage's fields; the training loop's (``batch_size``, ``epochs``, ``max_steps``, ``lr``,
-    ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``bf16``, ``gradient_checkpointing``,
+    ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``precision``, ``gradient_checkpointing``,
     ``output``, ``save_steps``, ``save_total_limit``, ``logging_steps``, ``resume``, ``report``) come from
     :class:`~robustir.training.loop.LoopConfig`, with its defaults."""
 
@@ -94,7 +95,7 @@ class TrainConfig(LoopConfig):
     eval_steps: PositiveInt | None = None  # also evaluate every N steps (costly on CPU)
     eval_base: bool = False  # evaluate the starting model too, for the comparison table
     eval_batch_size: PositiveInt = 64
-    eval_bf16: bool = True
+    eval_precision: Precision = "auto"  # precision of the evaluation (and similarity probe) encodes
 
     def validate(self) -> None:
         if self.batch_size < 1 or self.num_negatives < 0:

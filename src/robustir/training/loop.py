@@ -3,7 +3,7 @@
 
 A stage builds its data, model and loss; :class:`TrainingLoop` does everything else:
 
-* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, bf16 autocast), ``set_seed``.
+* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, autocast in the resolved precision), ``set_seed``.
   The device is ``config.device`` (:func:`robustir.device.resolve_device`): ``cpu`` forces the CPU
   (``Accelerator(cpu=True)``); ``auto`` takes the GPU when there is one; ``cuda:N`` in a single process makes GPU N
   the current device (``torch.cuda.set_device``) before accelerate places the model there. Under ``torchrun`` the
@@ -53,6 +53,7 @@ import torch
 from ..config import to_dict
 from ..errors import ConfigError
 from ..io import write_json
+from ..precision import Precision, accelerate_mixed_precision, resolve_precision
 from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from .checkpoints import (FINGERPRINT_FILE, compare_fingerprints, list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
@@ -78,7 +79,7 @@ class LoopConfig(Checked):
     weight_decay: NonNegativeFloat = 0.01  # AdamW weight decay (none on biases and normalisation weights)
     max_grad_norm: PositiveFloat | None = 1.0  # clip the gradient norm to this (None = no clipping)
     seed: NonNegativeInt = 42
-    bf16: bool = False  # bf16 autocast for training
+    precision: Precision = "auto"  # autocast of the forward passes: auto = bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16 (GPU)
     device: str = "auto"  # where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     # output, checkpoints, logging
@@ -141,10 +142,22 @@ def _select_device(spec: str) -> bool:
     return False
 
 
+def _training_precision(spec: str, cpu: bool) -> str:
+    """The resolved precision a run trains in (:mod:`robustir.precision`). fp16 on the CPU is refused: accelerate
+    has no CPU fp16 autocast and would train in fp32 without a word."""
+    import torch
+
+    resolved = resolve_precision(spec, torch.device("cpu") if cpu else torch.device("cuda"))
+    if cpu and resolved == "fp16":
+        raise ConfigError("precision fp16: training on the CPU has no fp16 autocast (accelerate would silently train "
+                          "in fp32). Fix: use precision auto, bf16 or fp32 on the CPU, or train on a GPU")
+    return resolved
+
+
 def _forget_other_accelerator_state(cpu: bool, mixed_precision: str) -> None:
     """accelerate keeps one state per process and refuses an ``Accelerator`` with another device or precision than
     the first one's; in a single process (not under a launcher) a new run forgets the earlier run's state instead, so
-    every run in one process (the pipeline's stages, tests) gets its own ``device`` and ``bf16``."""
+    every run in one process (the pipeline's stages, tests) gets its own ``device`` and ``precision``."""
     if _launched_distributed():
         return
     from accelerate.state import AcceleratorState, PartialState
@@ -176,7 +189,8 @@ class TrainingLoop:
         self.config = config
         self.config_file = config_file
         cpu = _select_device(config.device)
-        mixed_precision = "bf16" if config.bf16 else "no"
+        self.precision = _training_precision(config.precision, cpu)
+        mixed_precision = accelerate_mixed_precision(self.precision)
         _forget_other_accelerator_state(cpu, mixed_precision)
         self.accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu,
                                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])

@@ -205,7 +205,7 @@ def mine_for_training(examples: Sequence[TrainingExample], beir_root: Path | Non
     from ..device import device_string
 
     mining = MiningConfig(method=config.mine, num_negatives=config.mine_negatives, range_min=config.mine_range_min,
-                          bf16=config.eval_bf16, device=device_string(encoder.device))  # the training device
+                          precision=config.eval_precision, device=device_string(encoder.device))  # the training device
     logger.info("mining %d hard negatives per query with %s", config.mine_negatives, config.mine)
     report = mine_negatives(queries, doc_ids, doc_texts, output, mining,
                             encoder=encoder if config.mine == "dense" else None)
@@ -215,14 +215,14 @@ def mine_for_training(examples: Sequence[TrainingExample], beir_root: Path | Non
 # ---------------------------------------------------------------------------- probe for the report
 
 def similarity_probe(encoder: Encoder, examples: Sequence[TrainingExample], size: int, seed: int,
-                     bf16: bool) -> dict[str, list[float]]:
+                     precision: str = "auto") -> dict[str, list[float]]:
     """Cosine similarities of a fixed sample: positives, hard negatives, in-batch (other queries') positives."""
     rng = random.Random(seed)
     sample = rng.sample(examples, min(size, len(examples)))
-    queries = encoder.encode([e.query for e in sample], "query", bf16=bf16)
-    positives = encoder.encode([e.pos[0] for e in sample], "passage", bf16=bf16)
+    queries = encoder.encode([e.query for e in sample], "query", precision=precision)
+    positives = encoder.encode([e.pos[0] for e in sample], "passage", precision=precision)
     with_neg = [i for i, e in enumerate(sample) if e.neg]
-    negatives = encoder.encode([sample[i].neg[0] for i in with_neg], "passage", bf16=bf16)
+    negatives = encoder.encode([sample[i].neg[0] for i in with_neg], "passage", precision=precision)
     sims = queries @ positives.T
     off_diagonal = sims[~np.eye(len(sample), dtype=bool)]
     return {"positive": np.diag(sims).tolist(),
@@ -267,7 +267,7 @@ pipeline_tag: sentence-similarity
   {config.num_negatives} hard negative(s) per query per step.
 - **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
 - **Steps:** {steps}; batch {config.batch_size} queries per process{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
-  lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, bf16 {config.bf16}.
+  lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, precision {config.precision}.
 - **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
   query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length}
   (training truncated passages at {config.train_passage_max_length or encoder.config.passage_max_length}),
@@ -346,7 +346,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     if start_step == 0 and is_main:
         if config.report:
             write_json(out / "similarities.json", {"start": similarity_probe(
-                unwrapped, examples, config.probe_size, config.seed, config.eval_bf16)})
+                unwrapped, examples, config.probe_size, config.seed, config.eval_precision)})
         if eval_dataset is not None and config.eval_base:
             base_metrics = _evaluate(unwrapped, eval_dataset, config)
             write_json(out / "base_metrics.json", base_metrics)
@@ -407,7 +407,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         write_json(model_path / "training_config.json", to_dict(config))
         if config.report:
             sims = json.loads((out / "similarities.json").read_text()) if (out / "similarities.json").exists() else {}
-            sims["end"] = similarity_probe(unwrapped, examples, config.probe_size, config.seed, config.eval_bf16)
+            sims["end"] = similarity_probe(unwrapped, examples, config.probe_size, config.seed, config.eval_precision)
             write_json(out / "similarities.json", sims)
             from .report import write_training_report
 
@@ -436,7 +436,7 @@ def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float
     from ..evaluation.retrieval import EvalConfig, evaluate
 
     was_training = encoder.training
-    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, bf16=config.eval_bf16,
+    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, precision=config.eval_precision,
                                                           device=device_string(encoder.device)))  # where it trains
     encoder.train(was_training)
     return result.metrics
