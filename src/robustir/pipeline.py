@@ -107,7 +107,7 @@ class EvalStage(Checked):
     base: bool = True  # evaluate the base model too
     pretrained: bool = True  # and the pre-trained-only model, when there is one
     batch_size: PositiveInt = 64
-    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
+    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     query_max_length: PositiveInt | None = None  # None = the model's own settings
     passage_max_length: PositiveInt | None = None
 
@@ -436,7 +436,8 @@ def _evaluate(model_path: str, config: PipelineConfig, data: Path, target: Path)
 
     options = {"query_max_length": config.eval.query_max_length, "passage_max_length": config.eval.passage_max_length}
     result = evaluate(model_path, data, config.eval.split,
-                      EvalConfig(batch_size=config.eval.batch_size, precision=config.eval.precision, device=config.device),
+                      EvalConfig(batch_size=config.eval.batch_size, precision=config.eval.precision,
+                                 device=config.device),
                       **options)
     write_json(target, result.metrics)
     return result.metrics

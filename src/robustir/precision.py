@@ -15,6 +15,10 @@ for ``bf16``, ``bf16: false`` / ``--no-bf16`` for ``fp32``) and turns it into th
 What a precision means per stage: inference (encode, eval, mine, filter, index, serve, classify) runs the forward
 pass on a copy of the weights in that dtype, pooling and normalisation in fp32; training runs the forward passes
 under autocast (:mod:`accelerate`'s ``mixed_precision``) with fp32 master weights, and every loss in fp32.
+
+Fingerprints and caches keep the *spec* a user wrote (``auto``), like the device: where a run is resumed on other
+hardware ``auto`` may resolve differently, which changes floating-point rounding, not the method. Reports (the model
+card, the server's ``/health``) state the resolved precision; corpus-embedding caches key on it.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         corpus, _ = load_corpus(args.input)
         ids, texts, kind = corpus.ids, corpus.texts_for_encoding(), "passage"
-    emb = encoder.encode(texts, kind, batch_size=args.batch_size, precision=args.precision or "auto", show_progress=True)
+    emb = encoder.encode(texts, kind, batch_size=args.batch_size, precision=args.precision or "auto",
+                         show_progress=True)
     with atomic_write(vectors, "wb") as handle:
         np.save(handle, emb)
     with atomic_write(id_file) as handle:

@@ -58,7 +58,7 @@ class ClassifyConfig(Checked):
     label_prompt: str | None = None  # prefix of every class text; None = the model's passage instruction
     max_length: PositiveInt | None = None  # tokens per text; None = the model's passage length
     batch_size: PositiveInt = 64
-    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
+    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
 
 

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 class EvalConfig(Checked):
     top_k: PositiveInt = 1000  # documents retrieved per query
     batch_size: PositiveInt = 64
-    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
+    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     ignore_identical_ids: bool = False  # drop a retrieved document whose id equals the query id (ArguAna)
     cache_dir: str | None = None  # reuse corpus embeddings across runs
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)

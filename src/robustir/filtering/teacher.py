@@ -344,7 +344,8 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
     if kind == "auto":
         kind = "cross-encoder" if _is_cross_encoder(Path(path)) else "embedding"
     if kind == "cross-encoder":
-        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, precision=precision, device=device)
+        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, precision=precision,
+                                   device=device)
     from ..models.encoder import Encoder
 
     overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}
@@ -387,7 +388,7 @@ class TeacherFilterConfig(Checked):
     max_length: PositiveInt | None = None
     """Teacher token limit (None = the model's own)."""
     precision: Precision = "auto"
-    """Encoding precision: auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16."""
+    """Encoding precision: auto (bf16 where native: GPU, AMX/AVX512-BF16 CPU; else fp32), fp32, bf16 or fp16."""
     device: str = "auto"
     """Where the teacher runs: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N."""
     batch_records: PositiveInt = 256

@@ -79,7 +79,7 @@ class MiningConfig(Checked):
     seed: NonNegativeInt = 42
     query_batch_size: PositiveInt = 1024  # queries retrieved per chunk
     encode_batch_size: PositiveInt = 64
-    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
+    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     cache_dir: str | None = None  # reuse corpus embeddings saved here (dense)
     corpus_chunk: PositiveInt | None = None  # dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time
     device: str = "auto"  # dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
@@ -336,7 +336,8 @@ class _Retriever:
         if self.config.method == "bm25":
             scores, indices = self.bm25.search(queries, k)
             return scores, indices, None
-        q = self.encoder.encode(queries, "query", batch_size=self.config.encode_batch_size, precision=self.config.precision)
+        q = self.encoder.encode(queries, "query", batch_size=self.config.encode_batch_size,
+                                precision=self.config.precision)
         if isinstance(self.dense, ChunkedFlatIndex):
             scores, indices = self.dense.search(q, k)  # already in sort_hits order, ties settled by row
         else:  # a few more hits, so that rows tied at the k-th place are chosen by row here too

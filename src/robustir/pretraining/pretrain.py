@@ -2,10 +2,10 @@
 
 The loop is fine-tuning's (:class:`~robustir.training.loop.TrainingLoop`, shared with
 :mod:`robustir.training.trainer`): :mod:`accelerate` for device placement, DDP (``find_unused_parameters``) and
-autocast in the precision of :mod:`robustir.precision`; AdamW with linear warm-up and decay; gradient clipping; atomic ``checkpoints/step-N``
-(:mod:`robustir.training.checkpoints`) and resume from the latest one; the log. This module holds what is
-pre-training's own: the config, the data, the model and collator, one step's forward and backward, the saved
-encoder and head. A pre-training corpus may be far larger than memory, so it is **streamed**
+autocast in the :mod:`robustir.precision` rule; AdamW with linear warm-up and decay; gradient clipping; atomic
+``checkpoints/step-N`` (:mod:`robustir.training.checkpoints`) and resume from the latest one; the log. This module
+holds what is pre-training's own: the config, the data, the model and collator, one step's forward and
+backward, the saved encoder and head. A pre-training corpus may be far larger than memory, so it is **streamed**
 (:class:`StreamingExamples`: round-robin sharding per process, a seeded shuffle buffer, endless epochs, resume
 by skipping the examples already consumed) and masks are drawn per step from a generator seeded by
 ``(seed, step, rank)``, so an interrupted run resumed from a checkpoint gives the same weights.

@@ -305,7 +305,8 @@ class _Bench:
                 from ..filtering.sieve import SieveConfig, sieve_negatives
 
                 options = {"num_negatives": max(self.budget.num_negatives, self.budget.pool // 2),
-                           "precision": self.budget.precision, "train_precision": self.budget.precision, "progress": False,
+                           "precision": self.budget.precision, "train_precision": self.budget.precision,
+                           "progress": False,
                            "model": self.config.model, "passage_max_length": self.budget.train_passage_max_length,
                            "plot": False, **self.config.sieve}
                 sieve_negatives(noisy, target, from_dict(SieveConfig, options, where="sieve"))

@@ -198,7 +198,8 @@ def train_sentence_transformers(rows_path: str | Path, output: str | Path, budge
         output_dir=str(output / "trainer"), max_steps=steps, per_device_train_batch_size=budget.batch_size,
         learning_rate=budget.lr, warmup_steps=int(budget.warmup_ratio * steps), lr_scheduler_type="linear",
         weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, bf16=precision == "bf16",
-        fp16=precision == "fp16", seed=seed, data_seed=seed, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", report_to="none",
+        fp16=precision == "fp16", seed=seed, data_seed=seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
+        save_strategy="no", report_to="none",
         logging_steps=max(1, steps // 10), use_cpu=not torch.cuda.is_available(), dataloader_drop_last=True)
     trainer = SentenceTransformerTrainer(model=st_model, args=args,
                                          train_dataset=_st_dataset(rows_path, budget.num_negatives),

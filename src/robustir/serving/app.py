@@ -131,7 +131,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     api_key = config.api_key if config.api_key is not None else (os.environ.get("ROBUSTIR_API_KEY") or None)
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
-    workers, encode_batch = _workers(config, device)
+    workers, encode_batch = _workers(config, device, precision)
     options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
 
     search_index: SearchIndex | None = None
@@ -167,7 +167,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     dim = encoder.dim
     allowed_dims = sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]})
     created = int(time.time())
-    encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)  # builds the bf16/fp16 copy once, before workers
+    # builds the bf16/fp16 copy once, before the workers start
+    encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)
     local = threading.local()
 
     def worker_encoder() -> Encoder:
@@ -370,21 +371,27 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     return app
 
 
-def _workers(config: ServeConfig, device) -> tuple[int, int]:
-    """``(workers, texts per forward pass)``. A GPU: one worker, whole batches. The CPU: one worker per core, each
-    with ``cores // workers`` torch threads (set here, for the whole process), and forward passes of 16
-    length-sorted texts -- for small encoders on few cores that is the most texts per CPU-second (measured in
-    docs/benchmarks.md: one torch thread on batches of 16 does about 1.7x the work per CPU-second of two threads on
-    batches of 64; intra-op threads spin and wait on small matrices)."""
+def _workers(config: ServeConfig, device, precision: str = "fp32") -> tuple[int, int]:
+    """``(workers, texts per forward pass)``. A GPU: one worker, whole batches. The CPU: ``cpus`` =
+    :func:`robustir.hardware.available_cpus` (affinity and cgroup quota, not the host's cores); in fp32 one worker
+    with ``cpus`` torch threads, in bf16/fp16 one worker per CPU with one thread each (``--workers`` overrides; the
+    threads are then ``cpus // workers``, set here for the whole process), and forward passes of 16 length-sorted
+    texts.
+
+    Measured on 2 quiet cores with MiniLM (docs/benchmarks.md, "Serving: workers x threads", 3 repeats): in fp32 one
+    2-thread worker gave 1.14-1.18x the throughput of two 1-thread workers at 8 clients with 0.64-0.76x the p99, and
+    0.92-0.94x the throughput at 32 clients with 0.73-0.89x the p99; in bf16 two 1-thread workers gave 1.19-1.27x
+    the throughput at 32 clients and tied at 8 (a bf16 forward pass is ~2.5x cheaper, so intra-op threads mostly wait
+    on each other); at 1 client all settings tied."""
     if device.type == "cuda":
         return config.workers or 1, config.encode_batch_size or config.max_batch_size
     from ..hardware import available_cpus
 
     cores = available_cpus()
-    workers = config.workers or cores
+    workers = config.workers or (1 if precision == "fp32" else cores)
     threads = max(1, cores // workers)
     if torch.get_num_threads() != threads:
-        logger.info("robustir serve: %d model workers with %d torch thread(s) each on %d cores", workers, threads,
-                    cores)
+        logger.info("robustir serve: %d model worker(s) with %d torch thread(s) each on %d CPUs (%s)", workers,
+                    threads, cores, precision)
         torch.set_num_threads(threads)
     return workers, min(config.encode_batch_size or 16, config.max_batch_size)

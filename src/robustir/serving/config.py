@@ -21,10 +21,10 @@ class ServeConfig(Checked):
     api_key: str | None = None  # required as "Authorization: Bearer KEY" when set (or env ROBUSTIR_API_KEY)
     served_model_name: str | None = None  # the model name clients send; default: the model folder's name
     device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
-    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
+    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     max_batch_size: PositiveInt = 64  # texts batched together at most
     max_wait_ms: NonNegativeFloat = 5.0  # how long the first request of a batch waits for others to join it
-    workers: PositiveInt | None = None  # batches encoded at once; default: 1 on a GPU, one per CPU core on the CPU
+    workers: PositiveInt | None = None  # batches encoded at once; default: 1 on a GPU; CPU: 1 in fp32, one per CPU in bf16
     encode_batch_size: PositiveInt | None = None  # texts per forward pass (length-sorted); default: 16 CPU, batch GPU
     max_inputs_per_request: PositiveInt = 2048  # texts in one request (embeddings input or search queries)
     max_chars_per_input: PositiveInt = 32768  # characters of one text

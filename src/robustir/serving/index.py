@@ -87,7 +87,7 @@ class IndexConfig(Checked):
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     chunk_size: PositiveInt = 1024  # documents encoded and committed together (a killed build loses at most one)
     batch_size: PositiveInt = 64  # encoding batch size
-    precision: Precision = "auto"  # auto = bf16 where the device computes it natively (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16
+    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
     format: InputFormat = "auto"  # corpus format: auto (by suffix: .jsonl = records, else text), jsonl, text, beir
     show_progress: bool | None = None
@@ -1228,7 +1228,7 @@ def _init_state(db: sqlite3.Connection, encoder: Any, config: IndexConfig, label
         "index": {"kind": kind, "metric": "inner_product",
                   "deletes": "tombstones" if kind == "hnsw" else "remove_ids"},
         "index_options": options,
-        "build_precision": config.precision,
+        "build_precision": encoder.resolve_precision(config.precision),  # what "auto" meant here
     }
     with db:
         db.executemany("INSERT INTO state (key, value) VALUES (?, ?)", [(k, json.dumps(v)) for k, v in values.items()])

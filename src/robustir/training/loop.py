@@ -3,7 +3,8 @@
 
 A stage builds its data, model and loss; :class:`TrainingLoop` does everything else:
 
-* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, autocast in the resolved precision), ``set_seed``.
+* set-up: :mod:`accelerate` (device placement, DDP with ``find_unused_parameters``, autocast in the resolved
+  precision), ``set_seed``.
   The device is ``config.device`` (:func:`robustir.device.resolve_device`): ``cpu`` forces the CPU
   (``Accelerator(cpu=True)``); ``auto`` takes the GPU when there is one; ``cuda:N`` in a single process makes GPU N
   the current device (``torch.cuda.set_device``) before accelerate places the model there. Under ``torchrun`` the
@@ -79,7 +80,7 @@ class LoopConfig(Checked):
     weight_decay: NonNegativeFloat = 0.01  # AdamW weight decay (none on biases and normalisation weights)
     max_grad_norm: PositiveFloat | None = 1.0  # clip the gradient norm to this (None = no clipping)
     seed: NonNegativeInt = 42
-    precision: Precision = "auto"  # autocast of the forward passes: auto = bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32; fp32; bf16; fp16 (GPU)
+    precision: Precision = "auto"  # forward-pass autocast; auto: bf16 where native, else fp32; fp16: GPU only
     device: str = "auto"  # where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     # output, checkpoints, logging

@@ -267,7 +267,7 @@ pipeline_tag: sentence-similarity
   {config.num_negatives} hard negative(s) per query per step.
 - **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
 - **Steps:** {steps}; batch {config.batch_size} queries per process{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
-  lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, precision {config.precision}.
+  lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, precision {_trained_precision(config, encoder)}.
 - **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
   query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length}
   (training truncated passages at {config.train_passage_max_length or encoder.config.passage_max_length}),
@@ -436,10 +436,19 @@ def _evaluate(encoder: Encoder, dataset, config: TrainConfig) -> dict[str, float
     from ..evaluation.retrieval import EvalConfig, evaluate
 
     was_training = encoder.training
-    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size, precision=config.eval_precision,
+    result = evaluate(encoder, dataset, config=EvalConfig(batch_size=config.eval_batch_size,
+                                                          precision=config.eval_precision,
                                                           device=device_string(encoder.device)))  # where it trains
     encoder.train(was_training)
     return result.metrics
+
+
+def _trained_precision(config: TrainConfig, encoder: Encoder) -> str:
+    """The precision the forward passes ran in (``auto`` resolved on the training device), as the card states it."""
+    from ..precision import resolve_precision
+
+    resolved = resolve_precision(config.precision, encoder.device)
+    return resolved if config.precision == resolved else f"{resolved} ({config.precision})"
 
 
 def config_summary(config: TrainConfig) -> dict:
