@@ -48,6 +48,22 @@ def test_auto_on_a_gpu_follows_its_bf16_support(monkeypatch, native_cpu):
     assert resolve_precision("auto", CUDA) == "fp32"
 
 
+def test_explicit_fp16_on_a_cpu_warns_unless_it_has_native_fp16(native_cpu, monkeypatch, caplog):
+    native_cpu(True)  # native bf16 says nothing about fp16
+    for has_fp16, warned in ((False, True), (True, False)):
+        monkeypatch.setattr(hardware, "cpu_has_native_fp16", lambda: has_fp16)
+        precision._warn_emulated.cache_clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="robustir.precision"):
+            assert resolve_precision("fp16", "cpu") == "fp16"
+        assert ("AVX512-FP16" in caplog.text) is warned
+
+
+def test_fp16_detection_reads_the_cpu_flags(tmp_path):
+    assert not hardware.cpu_has_native_fp16(write_cpuinfo(tmp_path, AVX2_FLAGS + " avx512f avx512_bf16"))
+    assert hardware.cpu_has_native_fp16(write_cpuinfo(tmp_path, AVX2_FLAGS + " avx512f avx512_fp16"))
+
+
 @pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("spec, expected", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"),
                                             ("FP32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16")])

@@ -28,7 +28,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_has_native_bf16", "cpu_bf16_report", "available_cpus", "cgroup_cpu_limit", "configure_torch_threads"]
+__all__ = ["cpu_has_native_bf16", "cpu_has_native_fp16", "cpu_bf16_report", "available_cpus", "cgroup_cpu_limit", "configure_torch_threads"]
 
 #: oneDNN's ISA names in increasing order (``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA``); a cap below
 #: ``AVX512_CORE_BF16`` leaves oneDNN without native bf16 kernels even where the CPU has them.
@@ -77,6 +77,13 @@ def cpu_bf16_report(cpuinfo: str | Path = "/proc/cpuinfo", environ: dict | None 
             return True, "the CPU has the Arm BF16 extension"
         return False, "the CPU lacks the Arm BF16 extension (or it cannot be read here)"
     return False, f"no native bf16 is known for a {machine} CPU"
+
+
+def cpu_has_native_fp16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes fp16 natively (x86: AVX512-FP16 or AMX-FP16; Arm: the ``fphp``/``asimdhp``
+    half-precision extensions). Where it does not, PyTorch emulates fp16 on the CPU, as bf16 above."""
+    flags = _cpu_flags(cpuinfo) or set()
+    return bool(flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
 
 
 def cpu_has_native_bf16() -> bool:

@@ -65,6 +65,12 @@ def _cpu_native_bf16() -> bool:
     return cpu_has_native_bf16()
 
 
+def _cpu_native_fp16() -> bool:
+    from .hardware import cpu_has_native_fp16
+
+    return cpu_has_native_fp16()
+
+
 def resolve_precision(spec: str | None, device: torch.device | str = "cpu") -> Resolved:
     """The precision ``spec`` (``auto``, ``fp32``, ``bf16``, ``fp16``; None = ``auto``) means on ``device``.
 
@@ -85,16 +91,24 @@ def resolve_precision(spec: str | None, device: torch.device | str = "cpu") -> R
         if device.type == "cpu":
             return "bf16" if _cpu_native_bf16() else "fp32"
         return "fp32"
-    if device.type == "cpu" and text in ("bf16", "fp16") and not _cpu_native_bf16():
+    if device.type == "cpu" and ((text == "bf16" and not _cpu_native_bf16()) or
+                                 (text == "fp16" and not _cpu_native_fp16())):
         _warn_emulated(text)
     return text  # type: ignore[return-value]
 
 
 @functools.lru_cache(maxsize=None)
 def _warn_emulated(precision: str) -> None:
-    from .hardware import cpu_bf16_report
+    import os
 
-    _, why = cpu_bf16_report()
+    from .hardware import FORCE_ENV, cpu_bf16_report
+
+    if precision == "fp16":
+        why = "the CPU has neither AVX512-FP16 nor AMX-FP16"
+    elif os.environ.get(FORCE_ENV, "").strip() == "0":
+        why = f"{FORCE_ENV}=0 says the CPU has no native bf16"
+    else:
+        why = cpu_bf16_report()[1]
     logger.warning("precision %s on this CPU runs emulated: %s; it is several times slower than fp32 (%s). "
                    "Use --precision auto (or fp32) unless you need %s numerics.", precision, why, _EMULATED_COST,
                    precision)
