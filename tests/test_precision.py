@@ -8,6 +8,7 @@ detection itself reads a fake ``/proc/cpuinfo``, and the CPU count a fake cgroup
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -212,9 +213,23 @@ def test_torch_threads_are_capped_never_raised(monkeypatch):
         torch.set_num_threads(2)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         monkeypatch.setattr(hardware, "available_cpus", lambda: 1)
-        assert hardware.configure_torch_threads() == 2  # the user's choice stands
+        assert hardware.configure_torch_threads() is None and torch.get_num_threads() == 2  # the user's choice
     finally:
         torch.set_num_threads(before)
+
+
+def test_before_torch_loads_the_cap_goes_to_openmp_without_importing_torch(monkeypatch):
+    import sys
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # unset for the function, and restored after the test (it sets it)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delitem(sys.modules, "torch")  # as in a CLI process whose stage has not imported it
+    monkeypatch.setattr(hardware, "_affinity_cpus", lambda: 8)
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 8)
+    assert hardware.configure_torch_threads() == 8 and os.environ["OMP_NUM_THREADS"] == ""  # nothing to cap
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
+    assert hardware.configure_torch_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
+    assert "torch" not in sys.modules
 
 
 def test_serve_sizes_its_workers_from_the_available_cpus(monkeypatch):
