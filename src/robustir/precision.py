@@ -126,6 +126,6 @@ def accelerate_mixed_precision(precision: Resolved) -> str:
     return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
 
 
-def legacy_bf16(value: bool | None) -> str:
-    """The precision the older ``bf16`` switch meant: true = ``bf16``, false = ``fp32``, unset = ``auto``."""
-    return "auto" if value is None else ("bf16" if value else "fp32")
+def legacy_bf16(value: bool) -> str:
+    """The precision the older ``bf16`` switch meant: true = ``bf16``, false = ``fp32``."""
+    return "bf16" if value else "fp32"

@@ -26,7 +26,7 @@ from typing import Annotated, Sequence
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
 from ..io import atomic_write, write_json
-from ..precision import Precision
+from ..precision import Precision, resolve_precision
 from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
 
@@ -188,8 +188,6 @@ def train_sentence_transformers(rows_path: str | Path, output: str | Path, budge
         info = json.loads(done.read_text())
         return RunOutcome(final, info["steps"], info["seconds"])
     started = time.perf_counter()
-    from ..precision import resolve_precision
-
     st_device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = resolve_precision(budget.precision, st_device)  # the same rule as robustir's side
     st_model = SentenceTransformer(model or default_model_path(), device=st_device)

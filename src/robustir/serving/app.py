@@ -122,8 +122,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     The model loads here, so a bad model or index fails before any port is opened.
     """
     from ..device import resolve_device
-    from ..precision import resolve_precision
     from ..models.encoder import Encoder
+    from ..precision import resolve_precision
     from .batcher import MicroBatcher
     from .index import SearchIndex, _model_label
 

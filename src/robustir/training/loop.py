@@ -146,8 +146,6 @@ def _select_device(spec: str) -> bool:
 def _training_precision(spec: str, cpu: bool) -> str:
     """The resolved precision a run trains in (:mod:`robustir.precision`). fp16 on the CPU is refused: accelerate
     has no CPU fp16 autocast and would train in fp32 without a word."""
-    import torch
-
     resolved = resolve_precision(spec, torch.device("cpu") if cpu else torch.device("cuda"))
     if cpu and resolved == "fp16":
         raise ConfigError("precision fp16: training on the CPU has no fp16 autocast (accelerate would silently train "
