@@ -326,3 +326,23 @@ def test_noise_bench_budget_takes_the_alias_and_checks_the_value():
     assert NoiseBenchConfig().budget_obj().precision == "auto"
     with pytest.raises(ConfigError, match="budget.precision.*fp8"):
         NoiseBenchConfig(budget={"precision": "fp8"}).budget_obj()
+
+
+def test_corpus_cache_is_keyed_by_the_resolved_precision(tiny_model_dir, native_cpu, tmp_path):
+    """A bf16 cache is never served for an fp32 request (or the reverse); ``auto`` shares the cache of what it
+    resolves to, and the older ``bf16=True`` that of ``bf16``."""
+    from robustir.models.encoder import Encoder
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    texts = ["a cat", "heart attacks"]
+    key = lambda **kw: encoder.corpus_cache_file(texts, tmp_path, **kw)  # noqa: E731
+    native_cpu(False)
+    assert key(precision="fp32") != key(precision="bf16") != key(precision="fp16")
+    assert key(precision="auto") == key(precision="fp32") and key(bf16=True) == key(precision="bf16")
+    native_cpu(True)
+    assert key(precision="auto") == key(precision="bf16")
+    fp32 = encoder.encode_corpus(texts, cache_dir=tmp_path, precision="fp32")
+    bf16 = encoder.encode_corpus(texts, cache_dir=tmp_path, precision="bf16")
+    assert sorted(p.name for p in tmp_path.glob("*.npy")) == sorted({key(precision="fp32").name,
+                                                                     key(precision="bf16").name})
+    assert not (fp32 == bf16).all()
