@@ -8,6 +8,7 @@ the gradient of the global mean loss, which is what the single process computes.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -20,7 +21,7 @@ from robustir.losses import get_loss
 from robustir.training import distributed
 from robustir.training.batch_engine import BatchEngine
 
-from helpers import multiprocess_engine_step  # tests/ is on sys.path
+from helpers import gloo_process, multiprocess_engine_step  # tests/ is on sys.path
 
 WORLD = 2
 B_PER_RANK, K = 3, 2
@@ -75,44 +76,43 @@ def shard(rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        results: dict[str, object] = {"world_size": distributed.world_size(), "rank": distributed.rank()}
-        queries, passages, ids = shard(rank)
-        for loss_name in LOSS_NAMES:
-            for label, chunk_size, use_ddp, backward in MODES:
-                model = make_model()
-                loss = get_loss(loss_name)
-                engine = BatchEngine(loss, chunk_size=chunk_size)
-                if use_ddp:  # DDP averages the grads; no_sync defaults to ddp.no_sync
-                    ddp = nn.parallel.DistributedDataParallel(model)
-                    out = engine.step(ddp, queries, passages, K, passage_ids=ids, backward=backward)
-                    if not backward:
-                        out.loss.backward()  # runs the replay from inside autograd
-                else:
-                    out = engine.step(model, queries, passages, K, passage_ids=ids)
-                    for p in model.parameters():  # what DDP would do: average over ranks
-                        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                        p.grad /= WORLD
-                value = out.loss.detach().clone().double()
-                dist.all_reduce(value, op=dist.ReduceOp.SUM)
-                results[f"{loss_name}/{label}"] = {
-                    "loss": value / WORLD,
-                    "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                    "t": loss.t.clone() if loss_name == "peg" else None,
-                }
+    gloo_process(rank, WORLD, init_file, os.path.join(out_dir, f"rank{rank}.pt"), _rank_results)
 
-        # helpers: unequal rows are refused on every rank; global_mean weighs every value equally
-        try:
-            distributed.gather_with_grad(torch.zeros(rank + 1, 2, requires_grad=True))
-            results["unequal_error"] = None
-        except ValueError as err:
-            results["unequal_error"] = str(err)
-        results["global_mean"] = distributed.global_mean(torch.tensor([1.0, 2.0]) if rank == 0 else torch.tensor([6.0]))
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+
+def _rank_results(rank: int) -> dict[str, object]:
+    results: dict[str, object] = {"world_size": distributed.world_size(), "rank": distributed.rank()}
+    queries, passages, ids = shard(rank)
+    for loss_name in LOSS_NAMES:
+        for label, chunk_size, use_ddp, backward in MODES:
+            model = make_model()
+            loss = get_loss(loss_name)
+            engine = BatchEngine(loss, chunk_size=chunk_size)
+            if use_ddp:  # DDP averages the grads; no_sync defaults to ddp.no_sync
+                ddp = nn.parallel.DistributedDataParallel(model)
+                out = engine.step(ddp, queries, passages, K, passage_ids=ids, backward=backward)
+                if not backward:
+                    out.loss.backward()  # runs the replay from inside autograd
+            else:
+                out = engine.step(model, queries, passages, K, passage_ids=ids)
+                for p in model.parameters():  # what DDP would do: average over ranks
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad /= WORLD
+            value = out.loss.detach().clone().double()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            results[f"{loss_name}/{label}"] = {
+                "loss": value / WORLD,
+                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                "t": loss.t.clone() if loss_name == "peg" else None,
+            }
+
+    # helpers: unequal rows are refused on every rank; global_mean weighs every value equally
+    try:
+        distributed.gather_with_grad(torch.zeros(rank + 1, 2, requires_grad=True))
+        results["unequal_error"] = None
+    except ValueError as err:
+        results["unequal_error"] = str(err)
+    results["global_mean"] = distributed.global_mean(torch.tensor([1.0, 2.0]) if rank == 0 else torch.tensor([6.0]))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -214,20 +214,20 @@ def gur_shard(features: dict[str, Tensor], rank: int) -> dict[str, Tensor]:
 
 
 def _gur_worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        a_rows, b_rows = (gur_shard(f, rank) for f in gur_global_batch(model_dir))
-        results: dict[str, object] = {}
-        for label, chunk_size, use_ddp in GUR_MODES:
-            model = gur_model(model_dir)
-            engine = BatchEngine(model.contrastive_loss(), chunk_size=chunk_size, loss_weight=model.alpha)
-            out, loss = multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp, WORLD)
-            results[label] = {"loss": loss, "mlm_loss": out.components["mlm_loss"],
-                              "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
-        torch.save(results, os.path.join(out_dir, f"gur-rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    gloo_process(rank, WORLD, init_file, os.path.join(out_dir, f"gur-rank{rank}.pt"),
+                 functools.partial(_gur_rank_results, model_dir=model_dir))
+
+
+def _gur_rank_results(rank: int, model_dir: str) -> dict[str, object]:
+    a_rows, b_rows = (gur_shard(f, rank) for f in gur_global_batch(model_dir))
+    results: dict[str, object] = {}
+    for label, chunk_size, use_ddp in GUR_MODES:
+        model = gur_model(model_dir)
+        engine = BatchEngine(model.contrastive_loss(), chunk_size=chunk_size, loss_weight=model.alpha)
+        out, loss = multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp, WORLD)
+        results[label] = {"loss": loss, "mlm_loss": out.components["mlm_loss"],
+                          "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -304,38 +304,37 @@ def blocked_loss(name: str):
 
 
 def _blocked_worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        results: dict[str, object] = {}
-        queries, passages, ids = shard(rank)
-        for name in BLOCKED_LOSSES:
-            for label, chunk_size, use_ddp, backward in BLOCKED_MODES:
-                for block_rows in BLOCK_SIZES:
-                    model = make_model()
-                    loss = blocked_loss(name)
-                    engine = BatchEngine(loss, chunk_size=chunk_size, block_rows=block_rows)
-                    if use_ddp:
-                        out = engine.step(nn.parallel.DistributedDataParallel(model), queries, passages, K,
-                                          passage_ids=ids, backward=backward)
-                        if not backward:
-                            out.loss.backward()
-                    else:
-                        out = engine.step(model, queries, passages, K, passage_ids=ids)
-                        for p in model.parameters():
-                            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                            p.grad /= WORLD
-                    value = out.loss.detach().clone().double()
-                    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-                    results[f"{name}/{label}/{block_rows}"] = {
-                        "loss": value / WORLD,
-                        "components": dict(out.components),
-                        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                        "t": loss.t.clone() if name == "peg" else None,
-                    }
-        torch.save(results, os.path.join(out_dir, f"blocked-rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    gloo_process(rank, WORLD, init_file, os.path.join(out_dir, f"blocked-rank{rank}.pt"), _blocked_rank_results)
+
+
+def _blocked_rank_results(rank: int) -> dict[str, object]:
+    results: dict[str, object] = {}
+    queries, passages, ids = shard(rank)
+    for name in BLOCKED_LOSSES:
+        for label, chunk_size, use_ddp, backward in BLOCKED_MODES:
+            for block_rows in BLOCK_SIZES:
+                model = make_model()
+                loss = blocked_loss(name)
+                engine = BatchEngine(loss, chunk_size=chunk_size, block_rows=block_rows)
+                if use_ddp:
+                    out = engine.step(nn.parallel.DistributedDataParallel(model), queries, passages, K,
+                                      passage_ids=ids, backward=backward)
+                    if not backward:
+                        out.loss.backward()
+                else:
+                    out = engine.step(model, queries, passages, K, passage_ids=ids)
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                        p.grad /= WORLD
+                value = out.loss.detach().clone().double()
+                dist.all_reduce(value, op=dist.ReduceOp.SUM)
+                results[f"{name}/{label}/{block_rows}"] = {
+                    "loss": value / WORLD,
+                    "components": dict(out.components),
+                    "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                    "t": loss.t.clone() if name == "peg" else None,
+                }
+    return results
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from robustir.errors import ConfigError
 from robustir.pretraining.masking import SpanMasker, maskable_positions
 from robustir.pretraining.t5_gur import T5GURCollator, T5GURModel, fill_spans, sentinel_token_ids, span_corrupt
 
-from helpers import multiprocess_engine_step  # tests/ is on sys.path
+from helpers import gloo_process, multiprocess_engine_step  # tests/ is on sys.path
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -392,9 +392,7 @@ def shard(features: dict[str, Tensor], rank: int) -> dict[str, Tensor]:
 def _worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None:
     from robustir.training.batch_engine import BatchEngine
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    def rank_results(rank: int) -> dict[str, object]:
         a_rows, b_rows = (shard(f, rank) for f in global_batch(model_dir))
         results: dict[str, object] = {}
         for label, chunk_size, use_ddp in MODES:
@@ -404,9 +402,9 @@ def _worker(rank: int, init_file: str, out_dir: str, model_dir: str) -> None:
             results[label] = {"loss": loss, "mlm_loss": out.components["mlm_loss"],
                               "cl_loss": out.components["nce"],
                               "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
-        torch.save(results, os.path.join(out_dir, f"t5-rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+        return results
+
+    gloo_process(rank, WORLD, init_file, os.path.join(out_dir, f"t5-rank{rank}.pt"), rank_results)
 
 
 @pytest.fixture(scope="module")
