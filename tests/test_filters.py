@@ -229,6 +229,29 @@ def test_sieve_cli_no_train_and_brief_training(tmp_path, tiny_model_dir):
     assert (tmp_path / "t.jsonl.sieve-work" / "train" / "model").is_dir()
 
 
+def test_sieve_overwrite_with_another_beta_trains_its_work_model_again(tmp_path, tiny_model_dir):
+    """``--overwrite --beta 0.9`` after a run with beta 0.02 trains the sieve's work model with 0.9; the same beta
+    reuses it. (On 5245875 the 0.02 model was reused and the report named both betas.)"""
+    rows = [{"query": f"question {i} about cells", "pos": [f"cells answer {i}"],
+             "neg": [f"other passage {j} on topic {i}" for j in range(6)]} for i in range(6)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    args = ["filter", "--method", "sieve", "--input", str(source), "--output", str(tmp_path / "t.jsonl"),
+            "--model", tiny_model_dir, "--num-negatives", "3", "--max-steps", "2", "--no-progress",
+            "train_batch_size=2", "train_negatives=2", "query_max_length=16", "passage_max_length=16"]
+    work_model = tmp_path / "t.jsonl.sieve-work" / "train" / "model" / "model.safetensors"
+
+    def trained(beta: float) -> tuple[dict, bytes]:
+        assert main([*args, "--overwrite", f"beta={beta}"]) == 0
+        report = json.loads((tmp_path / "t.jsonl.report.json").read_text())
+        return report["details"]["training"], work_model.read_bytes()
+
+    first, weights = trained(0.02)
+    again, same = trained(0.02)
+    assert again["loss"]["beta"] == 0.02 and same == weights  # reused, not trained again
+    other, changed = trained(0.9)
+    assert other["loss"]["beta"] == 0.9 and changed != weights
+
+
 def test_filter_malformed_input_names_file_and_line(tmp_path):
     source = tmp_path / "bad.jsonl"
     source.write_text('{"query": "q", "pos": ["1|p"], "neg": []}\n{"query": "q", "pos": ["1|p"], "neg": "x"}\n')

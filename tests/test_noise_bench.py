@@ -160,8 +160,9 @@ def test_side_by_side_trains_both_sides_on_the_same_rows_and_steps(tiny_model_di
     assert st.steps == ours.steps == len(rows) // 4
     log = [json.loads(line) for line in (tmp_path / "ours" / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == ours.steps
-    state = json.loads((tmp_path / "st" / "done.json").read_text())
-    assert state["steps"] == st.steps
+    from robustir.runs import Artifact
+
+    assert Artifact(tmp_path / "st").complete() and Artifact(tmp_path / "st").report["steps"] == st.steps
     from sentence_transformers import SentenceTransformer
 
     assert SentenceTransformer(str(st.model_path)).encode(["x"]).shape[1] == 32
@@ -300,3 +301,59 @@ def test_bench_llm_judge_method_against_a_local_fake_endpoint(tiny_model_dir, tm
     assert stats["fn_precision"] == pytest.approx(stats["planted_negatives"] / stats["removed_negatives"], abs=1e-4)
     with pytest.raises(ConfigError, match="noise-bench.llm"):
         NoiseBenchConfig(methods=["llm"], llm={"modle": "x"}).resolved()
+
+
+def test_bench_reruns_a_cell_when_its_model_budget_or_data_change(tiny_model_dir, tmp_path, monkeypatch):
+    """A result is reused only for the same cell: another budget or model trains again, and an edited data folder
+    (same path) is mined again first. (On 5245875 all three re-runs reported the first result.)"""
+    from dataclasses import replace
+
+    from robustir.robustness import bench
+    from robustir.robustness.bench import NoiseBenchConfig, run_noise_bench
+
+    data = _tiny_beir(tmp_path / "beir")
+    calls: list[str] = []
+    mined: list[str] = []
+    real_train, real_mine = bench.train_robustir, None
+
+    def counting_train(rows_path, output, *args, **kwargs):
+        calls.append(str(output))
+        return real_train(rows_path, output, *args, **kwargs)
+
+    import robustir.negatives.mining as mining
+
+    real_mine = mining.mine_beir
+
+    def counting_mine(*args, **kwargs):
+        mined.append(str(args[0]))
+        return real_mine(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "train_robustir", counting_train)
+    monkeypatch.setattr(mining, "mine_beir", counting_mine)
+    budget = {"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0, "precision": "fp32",
+              "query_max_length": 16, "train_passage_max_length": 32, "passage_max_length": 32}
+    config = NoiseBenchConfig(data=str(data), model=tiny_model_dir, kinds=["fp-random"], rates=[0.0],
+                              methods=["infonce"], seeds=[1], output=str(tmp_path / "out"), budget=budget, plots=False)
+    first = run_noise_bench(config)
+    assert len(calls) == 1 and len(mined) == 1
+    assert run_noise_bench(config) == first and len(calls) == 1  # unchanged: reused
+
+    faster = run_noise_bench(replace(config, budget={**budget, "lr": 1e-3}))
+    assert len(calls) == 2 and faster[0]["budget"]["lr"] == 1e-3
+
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    other = shutil.copytree(tiny_model_dir, tmp_path / "other-model")
+    weights = load_file(other / "model.safetensors")
+    save_file({k: v * 1.01 for k, v in weights.items()}, other / "model.safetensors", metadata={"format": "pt"})
+    other_model = run_noise_bench(replace(config, model=str(other)))
+    assert len(calls) == 3 and other_model[0]["cell"] != first[0]["cell"]
+
+    with open(data / "qrels" / "train.tsv", "a") as handle:  # one more training pair, same path
+        handle.write("q5\td50\t1\n")
+    edited = run_noise_bench(config)
+    assert len(mined) == 2 and len(calls) == 4
+    assert edited[0]["cell"] != first[0]["cell"]
+    assert edited[0]["rows"] != first[0]["rows"] or edited[0]["metrics"] != first[0]["metrics"]

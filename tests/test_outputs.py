@@ -34,13 +34,6 @@ def test_one_completion_rule(tmp_path):
     assert out.llm_cache.exists()  # paid-for replies survive --overwrite
 
 
-def test_reopen_moves_a_finished_output_back_to_partial(tmp_path):
-    out = StageOutput(tmp_path / "g.jsonl")
-    out.path.write_text('{"a": 1}\n')
-    out.reopen()
-    assert not out.path.exists() and out.partial.read_text() == '{"a": 1}\n'
-
-
 def test_every_stage_report_has_a_one_line_summary():
     from robustir.data.chunking import ChunkStats
     from robustir.filtering.llm_judge import JudgeReport

@@ -82,6 +82,33 @@ def test_pipeline_end_to_end_then_cached(tiny_model_dir, tmp_path, capsys):
                               "mine": "skipped", "filter": "off", "train": "ran", "eval": "ran"}
 
 
+def test_run_redoes_stages_after_a_corpus_edit_and_not_after_an_operational_change(tiny_model_dir, tmp_path):
+    """The corpus file edited in place (same path) redoes every stage; a change of operational fields only
+    (prefetching, encoding batch sizes, the device) redoes none. (On 5245875 the edit skipped every stage and
+    reported the old model, and the operational change redid mine, train and eval.)"""
+    path = tiny_config(tiny_model_dir, tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config.pop("pretrain")  # the point is the bookkeeping: fewer stages, same rules
+    path.write_text(yaml.safe_dump(config))
+    first = run_pipeline(load_pipeline_config(path))
+    assert set(first.stages.values()) == {"ran", "off"}
+
+    operational = ["train.prefetch_batches=0", "train.eval_batch_size=8", "eval.batch_size=8",
+                   "mine.query_batch_size=7", "device=cpu"]
+    same = run_pipeline(load_pipeline_config(path, operational))
+    assert set(same.stages.values()) == {"skipped", "off"} and same.metrics == first.metrics
+
+    corpus = Path(config["corpus"]) / "corpus.jsonl"
+    with open(corpus, "a") as handle:  # one more document, same file
+        handle.write(json.dumps({"_id": "d99", "title": "About cats chasing mice",
+                                 "text": "A new study of cats chasing mice in the garden."}) + "\n")
+    edited = run_pipeline(load_pipeline_config(path))
+    assert {k: v for k, v in edited.stages.items() if v != "off"} == {
+        "corpus": "ran", "queries": "ran", "mine": "ran", "train": "ran", "eval": "ran"}
+    documents = (tmp_path / "work" / "corpus" / "corpus.jsonl").read_text().splitlines()
+    assert len(documents) == 25 and "d99" in documents[-1]
+
+
 def test_example_config_is_valid_and_uses_bundled_data():
     from robustir.resources import dataset_path
     from robustir.pretraining.pretrain import resolve_data_path
@@ -123,8 +150,9 @@ def test_pipeline_generated_queries_retromae_and_teacher_filter(tiny_model_dir, 
     work = tmp_path / "work"
     generated = [json.loads(x) for x in (work / "queries" / "train.jsonl").read_text().splitlines()]
     assert len(generated) == 24 * 2 and generated[0]["query"].startswith("What is known about")
-    done = json.loads((work / "mine" / "DONE.json").read_text())
-    assert done["outputs"]["pool"] == "corpus"
+    from robustir.runs import Artifact
+
+    assert Artifact(work / "mine").report["outputs"]["pool"] == "corpus"
     assert (work / "filter" / "train.jsonl").exists() and (work / "pretrain" / "decoder_head").is_dir()
     assert set(result.metrics) == {"pretrained", "finetuned"}
 

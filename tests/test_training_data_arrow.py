@@ -161,14 +161,61 @@ def test_a_killed_conversion_is_redone_not_half_used(tmp_path, monkeypatch):
         convert_training_files(path, cache)
     monkeypatch.setattr(arrow_store._Writer, "add", original)
     assert not list(cache.iterdir())  # no entry, no partial folder
-    # a hard kill (no clean-up ran): a partial folder of a dead process and an entry without its COMPLETE marker
+    # a hard kill (no clean-up ran): a partial folder of a dead process and an entry without its complete record
     rows = convert_training_files(path, cache)
     key = rows.folder.name
-    (rows.folder / arrow_store.MARKER).unlink()
+    (cache / f"{key}.run.json").unlink()
     (cache / f"{key}.partial-999999999").mkdir()
     again = convert_training_files(path, cache)
     assert arrow_store.is_complete(again.folder) and not (cache / f"{key}.partial-999999999").exists()
     assert [r.to_json() for r in again] == [e.to_json() for e in load_training_data(path)[0]]
+
+
+def _damage(kind: str, data: Path, stats: Path, batch_end: int) -> None:
+    raw = data.read_bytes()
+    if kind == "truncated at a batch boundary":
+        data.write_bytes(raw[:batch_end])
+    elif kind == "truncated mid-batch":
+        data.write_bytes(raw[: batch_end + 40])
+    elif kind == "bytes flipped":
+        middle = len(raw) // 2
+        data.write_bytes(raw[:middle] + bytes(b ^ 0xFF for b in raw[middle:middle + 8]) + raw[middle + 8:])
+    elif kind == "empty":
+        data.write_bytes(b"")
+    elif kind == "random":
+        data.write_bytes(bytes(range(256)) * (len(raw) // 256 + 1))
+    elif kind == "bad stats.json":
+        stats.write_text('{"rows": "many"')
+
+
+@pytest.mark.parametrize("kind", ["truncated at a batch boundary", "truncated mid-batch", "bytes flipped", "empty",
+                                  "random", "bad stats.json"])
+def test_a_damaged_cache_is_converted_again_never_used(kind, tmp_path, monkeypatch, caplog):
+    """Every kind of damage is caught against the record written with the entry: converted again with one
+    warning, all rows back, no traceback. (On 5245875 a cut at a batch boundary trained on the rows before it
+    with exit 0, flipped bytes were trained on, and the other damages raised a traceback on every re-run.)"""
+    import pyarrow as pa
+
+    monkeypatch.setattr(arrow_store, "BATCH_ROWS", 8)  # several record batches from a small file
+    path = write_lines(tmp_path / "train.jsonl", varied_records(40))
+    expected = [e.to_json() for e in load_training_data(path)[0]]
+    first = convert_training_files(path, tmp_path / "cache")
+    assert len(first) == len(expected) > 16
+    data, stats = first.folder / "data.arrow", first.folder / "stats.json"
+    with pa.ipc.open_stream(data.read_bytes()) as reader:  # where the first record batch ends
+        first_batch = reader.read_next_batch()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, first_batch.schema) as writer:
+        writer.write_batch(first_batch)
+    batch_end = sink.getvalue().size - 8  # the stream's schema + first batch, without the end-of-stream marker
+    del first
+    _damage(kind, data, stats, batch_end)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="robustir"):
+        again = convert_training_files(path, tmp_path / "cache")
+    assert [r.to_json() for r in again] == expected
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "damaged" in r.getMessage()]
+    assert len(warnings) == 1 and str(again.folder) in warnings[0].getMessage()
 
 
 # ---------------------------------------------------------------------------- the sampler on Arrow rows
@@ -240,7 +287,7 @@ def test_resume_in_the_middle_of_an_epoch_on_arrow_data(tiny_model_dir, tmp_path
     logs = [[json.loads(x)["loss"] for x in (tmp_path / o / "train_log.jsonl").read_text().splitlines()]
             for o in ("full", "resumed")]
     assert logs[0] == pytest.approx(logs[1], rel=1e-6)
-    entries = [p for p in (tmp_path / "full" / "data-cache").iterdir()]
+    entries = [p for p in (tmp_path / "full" / "data-cache").iterdir() if p.is_dir()]
     assert len(entries) == 1 and arrow_store.is_complete(entries[0])  # converted once, under <output>/data-cache
 
 

@@ -14,8 +14,9 @@ Every data stage (chunk, pairs, generate, mine, filter) writes one JSONL output 
 ``OUT.report.json``         the stage's report, written after the rename (stages that report)
 ``OUT.failed.jsonl``        items still to retry (query generation, LLM judge); a re-run retries them
 ``OUT.llm-cache.sqlite``    the LLM reply cache of LLM stages (kept by ``clear``: those replies are paid for)
-``OUT.settings.json``       the options and input digests the CLI stages (chunk, pairs, mine, filter teacher/sieve)
-                            made ``OUT`` with: a re-run with others is refused, not reused or resumed
+``OUT.run.json``            the record (:class:`robustir.runs.Artifact`) of the fingerprint the CLI stages (chunk,
+                            pairs, mine, filter teacher/sieve) made ``OUT`` with: a re-run with other settings or
+                            inputs is refused, not reused or resumed
 ==========================  =====================================================================================
 
 **Complete** means: ``OUT`` exists, neither ``.partial`` nor ``.done`` does, no ``.failed.jsonl`` (unless failures
@@ -30,7 +31,6 @@ reports into ``OUT.report.json`` (numbers summed where every shard has them, the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataError
-from .io import Shard, atomic_write, describe_changes, input_digest, write_json
+from .io import Shard, atomic_write, input_digest, write_json
+from .runs import Artifact, Fingerprint, settings_of
 
 __all__ = ["StageOutput", "MergeResult", "check_output_file", "refuse_overwriting_inputs", "refuse_run_over_inputs",
            "stage_settings"]
 
 PARTIAL, DONE, REPORT, FAILED, LLM_CACHE = ".partial", ".done", ".report.json", ".failed.jsonl", ".llm-cache.sqlite"
-SETTINGS = ".settings.json"
 _STATS = {"mean", "min", "max", "median", "p25", "p75"}  # per-shard statistics do not add up: kept per shard
 
 
@@ -106,16 +106,15 @@ def refuse_run_over_inputs(output: str | Path, *, models: dict[str, str | Path |
                               "be read as data: choose another output folder")
 
 
-def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None],
-                   operational: tuple[str, ...] = ()) -> dict:
-    """What a data stage's output depends on, for :meth:`StageOutput.nothing_to_do`: ``options`` (a config
-    dataclass or a dict; ``overwrite``, ``progress``, ``shard`` and the ``operational`` keys -- batch sizes, caches --
-    left out) and the content of each input (:func:`~robustir.io.input_digest`: every file, hashed whole)."""
-    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
-    skip = {"overwrite", "progress", "shard", *operational}
-    values = {k: v for k, v in values.items() if k not in skip}
+def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None], extra: dict | None = None
+                   ) -> Fingerprint:
+    """What a data stage's output depends on, for :meth:`StageOutput.nothing_to_do`: ``options`` (a config; its
+    fields marked operational -- batch sizes, caches, devices, progress, ``overwrite``, ``shard`` -- left out),
+    ``extra`` settings the CLI adds (``format``, ``split``) and the content of each input
+    (:func:`~robustir.io.input_digest`: every file, hashed whole)."""
+    settings = {**settings_of(options), **settings_of(extra or {})}
     digests = {name: input_digest(item, skip=()) for name, item in inputs.items() if item is not None}
-    return json.loads(json.dumps({"stage": stage, "options": values, "inputs": digests}, default=str))
+    return Fingerprint(stage, settings, json.loads(json.dumps(digests, default=str)))
 
 
 def check_output_file(output: str | Path, what: str = "output") -> None:
@@ -210,31 +209,28 @@ class StageOutput:
         return not self.problems(allow_failures=allow_failures)
 
     @property
-    def settings(self) -> Path:
-        return self.sidecar(SETTINGS)
+    def record(self) -> Artifact:
+        """The output's record (:class:`robustir.runs.Artifact`): the fingerprint it is made with."""
+        return Artifact(self.path, what="stage output")
 
     def clear(self) -> None:
-        """Remove the output and its resume files and report (``--overwrite``); the LLM reply cache stays."""
-        for path in (self.path, self.partial, self.done, self.report, self.failed):
+        """Remove the output, its resume files, report and record (``--overwrite``); the LLM reply cache stays."""
+        for path in (self.path, self.partial, self.done, self.report, self.failed, self.record.record_path):
             path.unlink(missing_ok=True)
 
-    def nothing_to_do(self, overwrite: bool, stage: str, settings: dict | None = None) -> bool:
+    def nothing_to_do(self, overwrite: bool, stage: str, settings: Fingerprint | None = None) -> bool:
         """The CLI's start rule: with ``overwrite`` clear and run; else True (and say so) when already complete.
 
         ``settings`` (:func:`stage_settings`: the stage's options and the content of its inputs) are recorded next
-        to the output; a complete output, or an unfinished ``.partial``, made with other settings is refused
-        (:class:`ConfigError` naming what differs) rather than reused or resumed. Outputs without a record (from an
-        older robustir) are taken as they are.
+        to the output (``OUT.run.json``); a complete output, or an unfinished ``.partial``, made with other
+        settings is refused (:class:`ConfigError` naming what differs) rather than reused or resumed. Outputs
+        without a record (from an older robustir) are taken as they are.
         """
         if overwrite:
             self.clear()
-        elif settings is not None and (self.path.exists() or self.partial.exists()) and self.settings.exists():
-            try:
-                saved = json.loads(self.settings.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                saved = None  # a damaged record says nothing: compared as if there were none
-            diffs = describe_changes(saved.get("options", {}), settings["options"], saved.get("inputs", {}),
-                                     settings["inputs"]) if isinstance(saved, dict) else []
+        elif settings is not None and (self.path.exists() or self.partial.exists()):
+            saved = self.record.fingerprint
+            diffs = settings.differences(saved) if saved is not None else []
             if diffs:
                 state = "is complete" if self.complete() else "was started (a .partial file)"
                 raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "
@@ -244,16 +240,8 @@ class StageOutput:
             print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
             return True
         if settings is not None:
-            write_json(self.settings, settings)
+            self.record.begin(settings, on_change="refuse")
         return False
-
-    def reopen(self) -> None:
-        """Continue a finished output (a generation run with failures to retry): move it back to ``.partial``.
-
-        The finished ``OUT`` is gone until the stage finishes again; the LLM stages use :meth:`continue_finished`,
-        which leaves it in place."""
-        if self.path.exists() and not self.partial.exists():
-            self.path.replace(self.partial)
 
     def continue_finished(self) -> bool:
         """Continue a finished output (a re-run that retries failures): copy it to ``.partial`` (atomically).

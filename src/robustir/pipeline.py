@@ -22,11 +22,14 @@ Every section is the stage's own config dataclass (``GenerateConfig``, ``PairMin
 or a wrong type fails when the config loads, naming its key path (``filter.teacher.relative_margn``). PEG's whole
 recipe against an OpenAI-compatible endpoint: ``configs/peg-recipe.yaml``.
 
-Caching: a finished stage writes ``<stage>/DONE.json`` holding a fingerprint of its settings *and of every
-stage before it*. A re-run skips a stage whose fingerprint is unchanged; a stage whose settings (or upstream
-results) changed is redone from scratch, and so is everything after it. An interrupted stage resumes where the
-stage itself can (pair mining, negative mining, training and pre-training all resume), unless its settings
-changed meanwhile (``<stage>/STARTED.json``), in which case its folder is cleared first.
+Caching: every stage folder is a :class:`robustir.runs.Artifact` with its record ``work_dir/<stage>.run.json``:
+a fingerprint of the stage's settings (fields marked operational -- batch sizes for encoding, prefetching,
+devices, progress -- left out), of the *content* of what it reads from outside the work folder (the corpus file,
+the base model, the evaluation data) and of the finished run of the stage before it. A re-run skips a stage
+whose fingerprint is unchanged; a stage whose settings, inputs (a corpus file edited in place included) or
+upstream run changed is redone from scratch, and so is everything after it. An interrupted stage resumes where
+the stage itself can (pair mining, negative mining, training and pre-training all resume), unless its
+fingerprint changed meanwhile, in which case its folder is cleared first.
 ``run_pipeline(config, force=["train"])`` (``robustir run CFG --force train``) redoes a stage regardless.
 
 Device: the top-level ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``; ``robustir run CFG --device cpu``) is
@@ -53,6 +56,7 @@ from .data.chunking import ChunkConfig
 from .errors import ConfigError
 from .io import atomic_write, write_json
 from .precision import Precision
+from .runs import Artifact, Fingerprint, fingerprint, operational, settings_of
 from .queries.generate import GenerateConfig
 from .filtering.llm_judge import JudgeConfig
 from .negatives.mining import MiningConfig
@@ -106,7 +110,7 @@ class EvalStage(Checked):
     split: str = "test"
     base: bool = True  # evaluate the base model too
     pretrained: bool = True  # and the pre-trained-only model, when there is one
-    batch_size: PositiveInt = 64
+    batch_size: PositiveInt = operational(64)
     precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     query_max_length: PositiveInt | None = None  # None = the model's own settings
     passage_max_length: PositiveInt | None = None
@@ -114,7 +118,7 @@ class EvalStage(Checked):
 
 @dataclass
 class PipelineConfig(Checked):
-    work_dir: str = "runs/pipeline"
+    work_dir: str = operational("runs/pipeline")
     model: str | None = None  # base model; None = the bundled all-MiniLM-L6-v2
     corpus: str = "bundled:scifact"  # raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text
     corpus_format: Literal["auto", "jsonl", "text", "beir"] = "auto"
@@ -128,7 +132,7 @@ class PipelineConfig(Checked):
     filter: FilterStage | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalStage = field(default_factory=EvalStage)
-    device: str = "auto"
+    device: str = operational("auto")
     """Where every stage runs its models: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N; a
     stage section's own ``device`` wins when it is not auto."""
 
@@ -176,7 +180,8 @@ def check_devices(config: PipelineConfig) -> None:
 
 
 def _without_device(obj: Any) -> Any:
-    """``obj`` without ``device`` keys: where a stage runs is not part of its fingerprint."""
+    """``obj`` without ``device`` keys: where a stage runs is not part of its fingerprint (stage configs mark
+    their ``device`` operational; this also covers the LLM section's)."""
     if isinstance(obj, dict):
         return {k: _without_device(v) for k, v in obj.items() if k != "device"}
     if isinstance(obj, list):
@@ -195,59 +200,48 @@ def _llm_on_device(config: PipelineConfig, llm: Any) -> Any:
     return replace(llm, device=device_string(resolve_device(config.device)))
 
 
-def _public(obj: Any) -> Any:
-    """``obj`` without secrets (``api_key`` values), as written to DONE.json / pipeline_config.json and
-    fingerprinted: changing a key never reruns a stage, and no key lands on disk."""
-    if isinstance(obj, dict):
-        return {k: ("<set>" if v else None) if k == "api_key" else _public(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_public(v) for v in obj]
-    return obj
-
-
 # ---------------------------------------------------------------------------- stage bookkeeping
 
-def _fingerprint(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class _Runner:
+    """Runs the stages in order; each stage folder is an :class:`~robustir.runs.Artifact` whose fingerprint holds
+    the stage's settings (operational fields left out), the content of the files it reads from outside the work
+    folder, and the finished run of the stage before it."""
+
     def __init__(self, work: Path, force: set[str]) -> None:
         self.work = work
         self.force = force
-        self.upstream = ""  # a stage's fingerprint covers the settings and the finished runs of every earlier stage
+        self.upstream = ""  # the previous stage's finished run: redone upstream means redone here
         self.status: dict[str, str] = {}
 
-    def stage(self, name: str, settings: Any, body: Callable[[Path], dict]) -> dict:
+    def stage(self, name: str, settings: Any, body: Callable[[Path], dict],
+              inputs: dict[str, Any] | None = None) -> dict:
         folder = self.work / name
-        settings = _public(settings)
-        fingerprint = _fingerprint({"stage": name, "settings": _without_device(settings), "upstream": self.upstream})
-        done, started = folder / "DONE.json", folder / "STARTED.json"
+        made = fingerprint(name, _without_device(settings_of(settings)), inputs,
+                           {"previous stage": self.upstream} if self.upstream else None)
+        artifact = Artifact(folder, what=f"stage {name}")
         if name in self.force:
-            shutil.rmtree(folder, ignore_errors=True)
-        if done.exists():
-            saved = json.loads(done.read_text())
-            if saved.get("fingerprint") == fingerprint:
-                logger.info("stage %s: complete, skipped (%s)", name, folder)
-                self.status[name] = "skipped"
-                self.upstream = _fingerprint([fingerprint, saved.get("finished")])
-                return saved["outputs"]
-            logger.warning("stage %s: settings or earlier stages changed since it finished: redoing it", name)
-            shutil.rmtree(folder, ignore_errors=True)
-        elif started.exists() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
-            logger.warning("stage %s: the interrupted run had other settings: starting it afresh", name)
-            shutil.rmtree(folder, ignore_errors=True)
+            artifact.clear()
+        if artifact.begin(made, on_change="redo"):  # an interrupted stage with the same fingerprint resumes
+            logger.info("stage %s: complete, skipped (%s)", name, folder)
+            self.status[name] = "skipped"
+            report = artifact.report
+            self.upstream = _finished(made, report["finished"])
+            return report["outputs"]
         folder.mkdir(parents=True, exist_ok=True)
-        write_json(started, {"fingerprint": fingerprint})
         logger.info("stage %s: running (%s)", name, folder)
         tick = time.perf_counter()
         outputs = body(folder)
         finished = time.time()
-        write_json(done, {"fingerprint": fingerprint, "finished": finished, "settings": settings, "outputs": outputs,
-                          "seconds": round(time.perf_counter() - tick, 2)})
+        artifact.finish({"outputs": outputs, "finished": finished, "seconds": round(time.perf_counter() - tick, 2)},
+                        files=[])
         self.status[name] = "ran"
-        self.upstream = _fingerprint([fingerprint, finished])
+        self.upstream = _finished(made, finished)
         return outputs
+
+
+def _finished(made: Fingerprint, finished: float) -> str:
+    """One finished run of a stage: its fingerprint and when it finished (a stage redone changes what follows)."""
+    return hashlib.sha256(json.dumps([made.digest, finished]).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------- stages
@@ -478,7 +472,7 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
     work = Path(config.work_dir)
     _refuse_inputs_in_stage_folders(config)
     work.mkdir(parents=True, exist_ok=True)
-    write_json(work / "pipeline_config.json", _public(asdict(config)))
+    write_json(work / "pipeline_config.json", settings_of(asdict(config)))
     base_model = config.model or default_model_path()
     runner = _Runner(work, set(force or ()))
 
@@ -490,26 +484,29 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
         write_json(work / "results.json", {"stages": runner.status, "until": until, "output": output})
         return PipelineResult(runner.status, {}, "", Path(output), time.perf_counter() - started)
 
-    corpus = runner.stage("corpus", {"corpus": config.corpus, "format": config.corpus_format,
-                                     "text_unit": config.text_unit, "max_documents": config.max_documents},
-                          lambda f: _corpus_stage(config, f))
+    corpus = runner.stage("corpus", {"format": config.corpus_format, "text_unit": config.text_unit,
+                                     "max_documents": config.max_documents},
+                          lambda f: _corpus_stage(config, f), inputs={"corpus": resolve_data_path(config.corpus)})
     if (done := stop_after("corpus", corpus["corpus"])) is not None:
         return done
     passages = corpus
     if config.chunk is not None:
-        passages = runner.stage("chunk", asdict(config.chunk), lambda f: _chunk_stage(config, corpus, f))
+        passages = runner.stage("chunk", config.chunk, lambda f: _chunk_stage(config, corpus, f))
     else:
         runner.status["chunk"] = "off"
     if (done := stop_after("chunk", passages["corpus"])) is not None:
         return done
-    queries = runner.stage("queries", asdict(config.queries), lambda f: _queries_stage(config, passages, f))
+    queries = runner.stage("queries", config.queries, lambda f: _queries_stage(config, passages, f),
+                           inputs={"beir corpus": resolve_data_path(config.corpus)}
+                           if config.queries.source == "beir" else None)
     if (done := stop_after("queries", queries["train"])) is not None:
         return done
 
     pretrained_model: str | None = None
     if config.pretrain is not None:
-        settings = asdict(_pretrain_settings(config, passages, queries, work / "pretrain"))
-        pretrained = runner.stage("pretrain", settings, lambda f: _pretrain_stage(config, passages, queries, f))
+        settings = _pretrain_settings(config, passages, queries, work / "pretrain")
+        pretrained = runner.stage("pretrain", settings, lambda f: _pretrain_stage(config, passages, queries, f),
+                                  inputs={"model": settings.model or default_model_path()})
         pretrained_model = pretrained["model"]
     else:
         runner.status["pretrain"] = "off"
@@ -518,8 +515,9 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
 
     train_data = queries["train"]
     if config.mine is not None:
-        mined = runner.stage("mine", {"mining": asdict(config.mine), "pool": config.mine_pool},
-                             lambda f: _mine_stage(config, passages, queries, f))
+        mined = runner.stage("mine", {"mining": config.mine, "pool": config.mine_pool},
+                             lambda f: _mine_stage(config, passages, queries, f),
+                             inputs={"model": base_model} if config.mine.method == "dense" else None)
         train_data = mined["train"]
     else:
         runner.status["mine"] = "off"
@@ -527,7 +525,7 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
         return done
     if config.filter is not None:
         source = {"train": train_data}
-        chosen = {"method": config.filter.method, config.filter.method: asdict(getattr(config.filter, config.filter.method))}
+        chosen = {"method": config.filter.method, config.filter.method: getattr(config.filter, config.filter.method)}
         filtered = runner.stage("filter", chosen, lambda f: _filter_stage(config, source, f))
         train_data = filtered["train"]
     else:
@@ -544,7 +542,8 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
         result = train(_train_settings(config, train_data, start_model, folder))
         return {"model": str(result.model_path), "steps": result.steps}
 
-    trained = runner.stage("train", asdict(train_settings), train_body)
+    trained = runner.stage("train", train_settings, train_body,
+                           inputs={"model": start_model or base_model} if not pretrained_model else None)
     if (done := stop_after("train", trained["model"])) is not None:
         return done
 
@@ -566,7 +565,8 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
                 _evaluate(path, config, eval_data, cached)
         return {"metrics": metrics}
 
-    evaluated = runner.stage("eval", {**asdict(config.eval), "data": str(eval_data), "systems": systems}, eval_body)
+    evaluated = runner.stage("eval", {"eval": config.eval, "systems": systems}, eval_body,
+                             inputs={"eval data": eval_data, "base model": base_model if config.eval.base else None})
     metrics = evaluated["metrics"]
     table = format_table(metrics, title=f"{eval_data.name} / {config.eval.split}")
     (work / "results.md").write_text("```\n" + table + "\n```\n", encoding="utf-8")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 
@@ -40,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     target = StageOutput(args.output, shard)
     output = target.path
     refuse_overwriting_inputs(output, args.input, stage="chunk")
-    settings = stage_settings("chunk", {**dataclasses.asdict(config), "format": args.format, "text_unit": args.text_unit},
-                              {"input": args.input})
+    settings = stage_settings("chunk", config, {"input": args.input},
+                              extra={"format": args.format, "text_unit": args.text_unit})
     if target.nothing_to_do(args.overwrite, "chunk", settings):
         return 0
     started = time.perf_counter()

@@ -65,8 +65,6 @@ def register(parser: argparse.ArgumentParser) -> None:
         "sieve": {**model, **shared, **sieve, **encoding},
     })
 
-# options that do not change the filtered file (left out of OUT.settings.json)
-OPERATIONAL = ("batch_size", "batch_records", "device", "work_dir", "plot", "max_reported_similarities")
 
 CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
 
@@ -93,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_overwriting_inputs(output, args.input, stage="filter")
     report_path = target.report
     # the LLM judge keeps its own record of what it judged (failed judgements are retried on a re-run)
-    settings = None if args.method == "llm" else stage_settings(
-        f"filter {args.method}", config, {"input": args.input}, operational=OPERATIONAL)
+    settings = None if args.method == "llm" else stage_settings(f"filter {args.method}", config, {"input": args.input})
     if target.nothing_to_do(bool(args.overwrite), "filter", settings):
         return 0
     if args.method == "llm":

@@ -18,7 +18,6 @@ A re-run resumes; a complete output is left alone (``--overwrite`` to redo).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
@@ -33,8 +32,6 @@ from .common import (add_config_flags, add_encoder_args, config_with_encoder_fla
 FIELDS = ["method", "num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
           "relative_margin", "sampling", "seed", "cache_dir", "corpus_chunk", "index.kind", "query_batch_size"]
 
-# options that do not change the mined file (left out of OUT.settings.json, so changing them never forces a redo)
-OPERATIONAL = ("query_batch_size", "encode_batch_size", "cache_dir", "corpus_chunk", "device")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -73,11 +70,10 @@ def run(args: argparse.Namespace) -> int:
     target = StageOutput(args.output, shard, reports=True)
     output, report_path = target.path, target.report
     refuse_overwriting_inputs(output, args.data, args.input, args.corpus, stage="mine")
-    options = {**dataclasses.asdict(config), "split": args.split if args.data else None}
+    extra = {"split": args.split if args.data else None}
     if config.method == "dense":
-        options.update(model=args.model, **encoder_options(args))
-    settings = stage_settings("mine", options, {"data": args.data, "input": args.input, "corpus": args.corpus},
-                              operational=OPERATIONAL)
+        extra.update(model=args.model, **encoder_options(args))
+    settings = stage_settings("mine", config, {"data": args.data, "input": args.input, "corpus": args.corpus}, extra)
     if target.nothing_to_do(args.overwrite, "mine", settings):
         return 0
     encoder = None

@@ -16,10 +16,12 @@ changed file is converted again and an unchanged one (under any path) is reused.
 
     data.arrow   Arrow IPC stream, record batches of at most 4,096 rows (and about 64 MB of text)
     stats.json   counts gathered while converting (rows, positives, negatives, records skipped, files, ...)
-    COMPLETE     written last; an entry without it is never used
 
-It is built in ``<key>.partial-<pid>/`` and renamed into place once ``COMPLETE`` is written, so a killed
-conversion leaves no entry and is redone from the start by the next run.
+and its record ``<key>.run.json`` (:class:`robustir.runs.Artifact`), written last: the row count and the size and
+SHA-256 of both files. It is built in ``<key>.partial-<pid>/`` and renamed into place before the record is
+written, so a killed conversion leaves no usable entry and is redone from the start by the next run. Before an
+entry is used its files are checked against the record (the main process verifies the checksums, the others the
+sizes): a truncated, emptied or altered entry is converted again, with one warning -- never trained on.
 
 Columns: ``query`` (str), ``pos`` / ``neg`` (list[str]), ``pos_scores`` / ``neg_scores`` (list[float] or null),
 ``prompt`` (str or null), ``extra`` (JSON text of the record's other fields), ``file`` (index into
@@ -48,6 +50,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io import input_digest, write_json
+from ..runs import Artifact, Fingerprint
 from .training_data import TrainingExample, iter_training_records, training_files
 
 __all__ = ["TrainingRows", "convert_training_files", "convert_examples", "passage_hash", "FORMAT"]
@@ -55,7 +58,7 @@ __all__ = ["TrainingRows", "convert_training_files", "convert_examples", "passag
 logger = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when the columns or the stats change: older cache entries are then converted again
-DATA_FILE, STATS_FILE, MARKER = "data.arrow", "stats.json", "COMPLETE"
+DATA_FILE, STATS_FILE = "data.arrow", "stats.json"
 BATCH_ROWS = 4096
 BATCH_BYTES = 64 << 20  # list<string> offsets are 32-bit: keep every record batch far below 2 GiB of text
 #: distinct pool passages remembered at conversion: with more than any row's positives, no row can find its own
@@ -144,8 +147,30 @@ def _cache_key(kind: str, digest: dict, extra: dict | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def is_complete(folder: Path) -> bool:
-    return (folder / MARKER).is_file() and (folder / DATA_FILE).is_file() and (folder / STATS_FILE).is_file()
+def _entry(folder: Path) -> Artifact:
+    return Artifact(folder, what="training-data cache")
+
+
+def is_complete(folder: Path, *, checksums: bool = True) -> bool:
+    """Whether cache entry ``folder`` is complete and its files are what was written (sizes and, with
+    ``checksums``, SHA-256 as recorded in ``<folder>.run.json``)."""
+    check = _entry(folder).check()
+    return check.state == "complete" and not (check.problems if checksums else
+                                              [p for p in check.problems if "checksum" not in p])
+
+
+def _usable(folder: Path, convert: bool) -> bool:
+    """The start rule of one entry: a complete, verified entry is used; a damaged one (truncated, bytes flipped, a
+    file replaced) is removed with one warning so it is converted again. The main process (``convert``) verifies
+    checksums; the others, which open it after the main one did, check sizes only."""
+    check = _entry(folder).check()
+    problems = check.problems if convert else [p for p in check.problems if "checksum" not in p]
+    if check.state == "complete" and not problems:
+        return True
+    if convert and check.state == "complete":
+        logger.warning("%s: the cached conversion is damaged (%s): converting again", folder, "; ".join(problems))
+        _entry(folder).clear()
+    return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -163,9 +188,10 @@ def _build(folder: Path, fill: Callable[[_Writer], dict], describe: str) -> None
     import pyarrow as pa
 
     folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():  # no COMPLETE marker: an entry from a crash or copied in part; never used
-        logger.warning("%s: incomplete conversion found (no %s marker): converting again", folder, MARKER)
-        shutil.rmtree(folder)
+    if folder.exists():  # no complete record: an entry from a crash or copied in part; never used
+        logger.warning("%s: incomplete conversion found (no complete record %s): converting again", folder,
+                       _entry(folder).record_path.name)
+        _entry(folder).clear()
     for stale in folder.parent.glob(f"{folder.name}.partial-*"):  # left by a killed conversion
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _pid_alive(int(pid)):
@@ -184,13 +210,17 @@ def _build(folder: Path, fill: Callable[[_Writer], dict], describe: str) -> None
             finally:
                 stats = writer.close()
         write_json(partial / STATS_FILE, {"format": FORMAT, **stats, **extra})
-        write_json(partial / MARKER, {"seconds": round(time.perf_counter() - started, 3)})
         try:
             os.rename(partial, folder)
         except OSError:
             if not is_complete(folder):  # not "another process finished the same conversion first"
                 raise
             shutil.rmtree(partial, ignore_errors=True)
+        else:  # the record, written last, makes the entry complete: sizes and checksums of what was written
+            entry = _entry(folder)
+            entry.begin(Fingerprint("arrow-cache", {"format": FORMAT}, {"source": describe}))
+            entry.finish({"rows": stats["rows"], "seconds": round(time.perf_counter() - started, 3)},
+                         files=[DATA_FILE, STATS_FILE], checksums=True)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -209,7 +239,7 @@ def convert_training_files(path: str | Path, cache_dir: str | Path, *, digest: d
     files = training_files(path)
     digest = digest if digest is not None else input_digest(files)
     folder = Path(cache_dir) / _cache_key("jsonl", digest)
-    if not is_complete(folder):
+    if not _usable(folder, convert):
         if not convert:
             raise FileNotFoundError(f"{folder}: the converted training data is not there (the main process "
                                     "converts it first)")
@@ -233,7 +263,7 @@ def convert_examples(examples: Callable[[], Iterable[TrainingExample]], cache_di
     """Examples built in code (a BEIR split's qrels) as :class:`TrainingRows`, cached under ``digest`` (of the files
     they come from) plus ``kind`` and ``key_extra`` (e.g. the split). ``examples()`` is called only to convert."""
     folder = Path(cache_dir) / _cache_key(kind, digest, key_extra)
-    if not is_complete(folder):
+    if not _usable(folder, convert):
         if not convert:
             raise FileNotFoundError(f"{folder}: the converted training data is not there")
 
@@ -289,7 +319,7 @@ class TrainingRows(Sequence):
         import pyarrow as pa
 
         folder = Path(folder)
-        if not is_complete(folder):
+        if not is_complete(folder, checksums=False):
             raise FileNotFoundError(f"{folder} is not a complete training-data conversion")
         stats = json.loads((folder / STATS_FILE).read_text(encoding="utf-8"))
         with open(folder / DATA_FILE, "rb") as handle:
@@ -302,7 +332,11 @@ class TrainingRows(Sequence):
             batches.append(batch)
             if len(batches) % 32 == 0:
                 _release(mapping)
-        return cls(pa.Table.from_batches(batches, schema=reader.schema), stats, folder, mapping)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
+        if table.num_rows != stats.get("rows"):  # sizes matched the record, so this is a bug, not damage
+            raise DataError(folder / DATA_FILE, f"{table.num_rows} rows where {stats.get('rows')} were written",
+                            fix=f"delete {folder} to convert the training data again")
+        return cls(table, stats, folder, mapping)
 
     @property
     def dataset(self) -> Any:

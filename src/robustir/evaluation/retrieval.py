@@ -17,6 +17,7 @@ from ..io import write_json
 from ..models.encoder import Encoder
 from .metrics import compute_metrics
 from ..precision import Precision
+from ..runs import operational
 from ..validation import Checked, PositiveInt
 
 logger = logging.getLogger(__name__)
@@ -25,14 +26,14 @@ logger = logging.getLogger(__name__)
 @dataclass
 class EvalConfig(Checked):
     top_k: PositiveInt = 1000  # documents retrieved per query
-    batch_size: PositiveInt = 64
+    batch_size: PositiveInt = operational(64)
     precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
     ignore_identical_ids: bool = False  # drop a retrieved document whose id equals the query id (ArguAna)
-    cache_dir: str | None = None  # reuse corpus embeddings across runs
+    cache_dir: str | None = operational(None)  # reuse corpus embeddings across runs
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
-    show_progress: bool | None = None
-    device: str = "auto"  # where the model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
+    show_progress: bool | None = operational(None)
+    device: str = operational("auto")  # where the model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
 
 
 @dataclass

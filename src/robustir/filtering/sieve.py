@@ -40,6 +40,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 
+from ..runs import Artifact, fingerprint, operational
 from ..errors import ConfigError
 from ..io import Shard, write_json
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
@@ -89,23 +90,23 @@ class SieveConfig(Checked):
     train_precision: Precision = "auto"
     """Precision of the brief training: auto = bf16 where the device computes it natively, else fp32; fp32; bf16."""
     seed: NonNegativeInt = 10086
-    work_dir: str | None = None
+    work_dir: str | None = operational(None)
     """Brief-training folder (default ``<output>.sieve-work``)."""
-    batch_size: PositiveInt = 64
+    batch_size: PositiveInt = operational(64)
     """Encoding batch size of the sieve pass."""
     precision: Precision = "auto"
     """Precision of the sieve pass's encoding (as train_precision, fp16 too)."""
-    device: str = "auto"
+    device: str = operational("auto")
     """Where the brief training and the sieve pass run: auto (the first GPU if there is one, else the CPU), cpu, cuda
     or cuda:N."""
-    batch_records: PositiveInt = 256
+    batch_records: PositiveInt = operational(256)
     keep_removed: bool = True
-    plot: bool = True
-    max_reported_similarities: NonNegativeInt = 50_000
+    plot: bool = operational(True)
+    max_reported_similarities: NonNegativeInt = operational(50_000)
     """Per list; the statistics use every value."""
-    shard: str | None = None
-    overwrite: bool = False
-    progress: bool = True
+    shard: str | None = operational(None)
+    overwrite: bool = operational(False)
+    progress: bool = operational(True)
 
     def validate(self) -> None:
         if self.num_negatives < 1:
@@ -124,13 +125,6 @@ def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Pat
     from ..training.arguments import TrainConfig
     from ..training.trainer import train
 
-    done = work_dir / "model.done.json"
-    model_dir = work_dir / "train" / "model"
-    if done.exists() and model_dir.exists():
-        import json
-
-        logger.info("sieve: reusing the briefly trained model in %s", model_dir)
-        return str(model_dir), json.loads(done.read_text())
     train_config = TrainConfig(
         model=config.model, train_data=str(input_path), mine="none", num_negatives=config.train_negatives,
         loss="ccr", loss_options={"variant": config.variant, "beta": config.beta, "temperature": config.temperature},
@@ -138,10 +132,18 @@ def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Pat
         warmup_ratio=config.warmup_ratio, query_max_length=config.query_max_length,
         passage_max_length=config.passage_max_length, precision=config.train_precision, seed=config.seed,
         output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device)
+    # the work model is reused only when trained with these settings on this input: another beta, lr, seed ...
+    # or an edited input trains it again (the training run's own fingerprint then starts afresh)
+    run = Artifact(work_dir / "train", what="sieve work model")
+    made = fingerprint("sieve-train", train_config, {"train_data": input_path, "model": config.model},
+                       skip=("train_data", "output"))
+    if run.begin(made, resume=True):
+        logger.info("sieve: reusing the briefly trained model in %s", work_dir / "train" / "model")
+        return str(work_dir / "train" / "model"), run.report
     result = train(train_config)
     summary = {"model": str(result.model_path), "steps": result.steps, "seconds": round(result.seconds, 1),
                "loss": train_config.loss_options, "lr": config.lr}
-    write_json(done, summary)
+    run.finish(summary, files=["model/config.json"])
     return str(result.model_path), summary
 
 

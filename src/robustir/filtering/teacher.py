@@ -39,6 +39,7 @@ from typing import Callable, Iterator, Literal, Protocol, Sequence
 import numpy as np
 
 from ..data.training_data import check_record
+from ..runs import operational
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl
 from ..outputs import StageOutput, refuse_overwriting_inputs
@@ -383,22 +384,22 @@ class TeacherFilterConfig(Checked):
     suspect_positive_share: OpenFraction | None = None
     """Also judge the positives: remove a positive when more than this share of the record's negatives
     score above it (a likely false positive: a mislabelled pair or a failed generated query). None = off."""
-    batch_size: PositiveInt = 64
+    batch_size: PositiveInt = operational(64)
     """Encoding batch size."""
     max_length: PositiveInt | None = None
     """Teacher token limit (None = the model's own)."""
     precision: Precision = "auto"
     """Encoding precision: auto (bf16 where native: GPU, AMX/AVX512-BF16 CPU; else fp32), fp32, bf16 or fp16."""
-    device: str = "auto"
+    device: str = operational("auto")
     """Where the teacher runs: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N."""
-    batch_records: PositiveInt = 256
+    batch_records: PositiveInt = operational(256)
     keep_removed: bool = True
     """Add the ``removed`` list (text + reason) to each record."""
-    shard: str | None = None
+    shard: str | None = operational(None)
     """``I/N``: filter shard I of N of the records (the output gets a shard suffix)."""
-    overwrite: bool = False
+    overwrite: bool = operational(False)
     """Redo a complete output."""
-    progress: bool = True
+    progress: bool = operational(True)
 
     def validate(self) -> None:
         if self.absolute_margin is None and self.relative_margin is None:

@@ -52,6 +52,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.beir import BeirDataset, CorpusFile, encoding_text, load_beir
+from ..runs import operational
 from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import TIE_MARGIN, ChunkedFlatIndex, DenseIndex, DenseIndexConfig, EmbeddingFile, sort_hits
@@ -77,12 +78,12 @@ class MiningConfig(Checked):
     relative_margin: OpenFraction | None = None  # keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)
     sampling: Literal["top", "random"] = "top"  # take the top survivors, or sample them at random (seeded)
     seed: NonNegativeInt = 42
-    query_batch_size: PositiveInt = 1024  # queries retrieved per chunk
-    encode_batch_size: PositiveInt = 64
+    query_batch_size: PositiveInt = operational(1024)  # queries retrieved per chunk
+    encode_batch_size: PositiveInt = operational(64)
     precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
-    cache_dir: str | None = None  # reuse corpus embeddings saved here (dense)
-    corpus_chunk: PositiveInt | None = None  # dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time
-    device: str = "auto"  # dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
+    cache_dir: str | None = operational(None)  # reuse corpus embeddings saved here (dense)
+    corpus_chunk: PositiveInt | None = operational(None)  # dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time
+    device: str = operational("auto")  # dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 

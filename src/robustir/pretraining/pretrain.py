@@ -68,6 +68,7 @@ import torch
 
 from ..config import to_dict
 from ..data.training_data import check_record
+from ..runs import operational
 from ..errors import ConfigError, DataError
 from ..io import read_jsonl, write_json
 from ..resources import default_model_path
@@ -129,7 +130,7 @@ class PretrainConfig(LoopConfig):
     # the training loop's fields (batch_size: texts for retromae, pairs for gur; save_steps None = at the end
     # only): LoopConfig; redeclared here where pre-training's default differs
     lr: PositiveFloat = DEFAULT_LR  # peak learning rate; 1e-4 = the RetroMAE and GUR code's
-    output: str = "runs/pretrain"  # run folder: model/, the head folder, checkpoints, train_log.jsonl, report
+    output: str = operational("runs/pretrain")  # run folder: model/, the head folder, checkpoints, train_log.jsonl, report
 
     def resolved_max_length(self) -> int:
         return int(self.max_length or DEFAULT_MAX_LENGTH[self.mode])

@@ -23,7 +23,11 @@ Output folder::
                                            teacher-<variant>.jsonl, sieve-..., llm-... (filtered copies;
                                            the variant fingerprints the filter's options)
     runs/<kind>-<rate>-s<seed>/<method>/   rows.jsonl and the training run
-    results.jsonl                          one line per finished run (never redone)
+    results.jsonl                          one line per finished run, keyed by its cell fingerprint (method,
+                                           options, model, budget, data content, splits, noise): a
+                                           result is reused only for the same cell
+    every data file and run folder         has its record <path>.run.json (robustir.runs): made again when
+                                           what it depends on changes
     results.md, results.png                the table and one panel per kind
 """
 
@@ -43,6 +47,7 @@ from ..errors import ConfigError
 from ..io import atomic_write, write_json
 from ..llm import LLMConfig
 from ..outputs import StageOutput
+from ..runs import Artifact, Fingerprint, fingerprint
 from .noise import NOISE_KINDS, plant_noise
 from ..validation import Checked, PositiveInt
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
@@ -233,6 +238,7 @@ class _Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / "results.jsonl"
         self.cache: dict = {}
+        self.fingerprints: dict = {}  # "clean" and every written data file -> the fingerprint it was made with
         self._clean: list[TrainingExample] | None = None
         self._corpus = None
 
@@ -242,10 +248,14 @@ class _Bench:
             from ..negatives.mining import MiningConfig, mine_beir
 
             mined = self.out / "data" / "mined.jsonl"
-            if not mined.exists():
-                # a few spare negatives: fp-hard takes the top one away and planting pushes the lowest out
-                mine_beir(self.data, self.config.train_split, mined,
-                          MiningConfig(method="bm25", num_negatives=self.budget.pool + 2))
+            # a few spare negatives: fp-hard takes the top one away and planting pushes the lowest out
+            mining = MiningConfig(method="bm25", num_negatives=self.budget.pool + 2)
+            self.fingerprints["clean"] = made = fingerprint(
+                "bench-mine", {"mining": mining, "split": self.config.train_split}, {"data": self.data})
+            artifact = Artifact(mined, what="noise-bench clean data")
+            if not artifact.begin(made, resume=False):
+                mine_beir(self.data, self.config.train_split, mined, mining)
+                artifact.finish()
             self._clean, _ = load_training_data(mined)
         return self._clean
 
@@ -260,7 +270,13 @@ class _Bench:
     def noisy(self, kind: str, rate: float, seed: int) -> Path:
         folder = self.out / "data" / _condition(kind, rate, seed)
         path = folder / "noisy.jsonl"
-        if path.exists():
+        self.clean()
+        made = fingerprint("bench-noise", {"kind": kind if rate else "clean", "rate": rate, "seed": seed,
+                                           "per_query": self.config.per_query, "pool": self.budget.pool},
+                           upstream={"clean data": self.fingerprints["clean"]})
+        self.fingerprints[path] = made
+        artifact = Artifact(path, what="noise-bench noisy data")
+        if artifact.begin(made, resume=False):
             return path
         if rate == 0:
             from .noise import NoisyData
@@ -282,7 +298,8 @@ class _Bench:
             for plant in noisy.plants:
                 handle.write(json.dumps(plant.to_json(), ensure_ascii=False) + "\n")
         write_json(folder / "summary.json", noisy.summary())
-        _write_examples(examples, path)  # last: its presence marks the condition complete
+        _write_examples(examples, path)
+        artifact.finish()  # last: the record marks the condition complete
         return path
 
     def filtered(self, method: str, noisy: Path) -> tuple[Path, dict]:
@@ -291,10 +308,15 @@ class _Bench:
         variant = self.config.variant(method)
         target = noisy.with_name(f"{name}-{variant}.jsonl")
         report = StageOutput(target).report
-        if not (target.exists() and report.exists()):
+        made = fingerprint(f"bench-filter-{name}", {"options": self.config.method_options(method),
+                                                    "model": self.config.model, "budget": self.budget},
+                           {"model": self.config.model}, upstream={"noisy data": self.fingerprints[noisy]})
+        self.fingerprints[target] = made
+        artifact = Artifact(target, what=f"noise-bench {name} filter")
+        if not artifact.begin(made, resume=False):
             from ..config import from_dict
 
-            target.unlink(missing_ok=True)
+            report.unlink(missing_ok=True)
             if name == "teacher":
                 from ..filtering.teacher import TeacherFilterConfig, teacher_filter
 
@@ -321,6 +343,7 @@ class _Bench:
                     judge_negatives(noisy, target, backend, progress=False, report_path=report)
             if not report.exists():
                 write_json(report, {"method": name})
+            artifact.finish()
         return target, filter_scores(noisy, target, noisy.with_name("plants.jsonl"))
 
     # -- one run
@@ -333,30 +356,50 @@ class _Bench:
         variant = self.config.variant(method)
         run_dir = self.out / "runs" / _condition(kind, rate, seed) / (f"{method}-{variant}" if variant else method)
         rows_path = run_dir / "rows.jsonl"
-        if not rows_path.exists():
+        rows = Artifact(rows_path, what="noise-bench training rows")
+        if not rows.begin(fingerprint("bench-rows", {"budget": self.budget, "seed": seed},
+                                      upstream={"training data": self.fingerprints[source]}), resume=False):
             examples, stats = load_training_data(source)
             write_rows(materialize_rows(examples, self.budget.num_negatives, self.budget.epochs, seed,
                                         filler=self.corpus()[1]), rows_path)
+            rows.finish()
         if method == "st":
             outcome = train_sentence_transformers(rows_path, run_dir / "train", self.budget, seed, model=self.config.model)
         else:
             loss = {"peg": "peg", "ccr": "ccr", "teacher-peg": "peg"}.get(method, "infonce")
+            train_run = Artifact(run_dir / "train", what="noise-bench training run")
+            train_run.begin(fingerprint("bench-train", {"loss": loss, "budget": self.budget, "seed": seed,
+                                                        "model": self.config.model},
+                                        upstream={"rows": rows.fingerprint}))  # the same run resumes; another is redone
             outcome = train_robustir(rows_path, run_dir / "train", self.budget, seed, model=self.config.model, loss=loss)
+            train_run.finish({"steps": outcome.steps}, files=[])
         metrics = evaluate_model(outcome.model_path, self.data, self.config.eval_split, self.budget, self.cache)
         return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
-                "variant": variant, "options": self.config.method_options(method), "metrics": metrics,
+                "variant": variant, "cell": self.cell(kind, rate, seed, method).digest, "options": self.config.method_options(method), "metrics": metrics,
                 "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
                 "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
                 "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
                 "noise": json.loads((noisy.parent / "summary.json").read_text())}
 
-    def finished(self) -> dict[tuple, dict]:
-        done: dict[tuple, dict] = {}
+    def cell(self, kind: str, rate: float, seed: int, method: str) -> Fingerprint:
+        """What one result depends on: the method, its options, the model, the budget, the data (its content),
+        both splits and the noise -- a result is reused only for the same cell fingerprint."""
+        return fingerprint("bench-cell", {"kind": "clean" if rate == 0 else kind, "rate": rate, "seed": seed,
+                                          "method": method, "options": self.config.method_options(method),
+                                          "budget": self.budget, "per_query": self.config.per_query,
+                                          "train_split": self.config.train_split, "eval_split": self.config.eval_split,
+                                          "model": self.config.model},
+                           {"data": self.data, "model": self.config.model})
+
+    def finished(self) -> dict[str, dict]:
+        """Rows of results.jsonl by their cell digest (rows from before cells were fingerprinted are not reused)."""
+        done: dict[str, dict] = {}
         if self.results_path.exists():
             for line in self.results_path.read_text(encoding="utf-8").splitlines():
                 if line.strip():
                     row = json.loads(line)
-                    done[(row["kind"], row["rate"], row["method"], row["seed"], row.get("variant", ""))] = row
+                    if row.get("cell"):
+                        done[row["cell"]] = row
         return done
 
     def plan(self) -> list[tuple[str, float, int, str]]:
@@ -374,20 +417,20 @@ class _Bench:
     def run(self, progress=None) -> list[dict]:
         write_json(self.out / "config.json", to_dict(self.config))
         done = self.finished()
+        rows = []
         for kind, rate, seed, method in self.plan():
-            key = ("clean" if rate == 0 else kind, rate, method, seed, self.config.variant(method))
-            if key in done:
-                continue
-            logger.info("noise-bench: %s at %s%%, seed %d, method %s", kind, _rate_tag(rate), seed, method)
-            row = self.run_one(kind, rate, seed, method)
-            with open(self.results_path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(row) + "\n")
-            done[key] = row
-            if progress is not None:
-                progress(row)
-        # the report shows the runs of the current options (other variants stay in results.jsonl)
-        rows = [done[k] for k in sorted(done, key=lambda k: (k[0], k[1], k[2], k[3]))
-                if k[4] == self.config.variant(k[2])]
+            key = self.cell(kind, rate, seed, method).digest
+            if key not in done:
+                logger.info("noise-bench: %s at %s%%, seed %d, method %s", kind, _rate_tag(rate), seed, method)
+                row = self.run_one(kind, rate, seed, method)
+                with open(self.results_path, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(row) + "\n")
+                done[key] = row
+                if progress is not None:
+                    progress(row)
+            rows.append(done[key])
+        # the report shows the runs of the current config (rows of other settings stay in results.jsonl)
+        rows.sort(key=lambda r: (r["kind"], r["rate"], r["method"], r["seed"]))
         write_table(rows, self.out / "results.md", self.config.kinds)
         if self.config.plots:
             plot_results(rows, self.out / "results.png", self.config.kinds)

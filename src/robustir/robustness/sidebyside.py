@@ -25,7 +25,8 @@ from typing import Annotated, Sequence
 
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
-from ..io import atomic_write, write_json
+from ..runs import Artifact, fingerprint
+from ..io import atomic_write
 from ..precision import Precision, resolve_precision
 from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
@@ -183,9 +184,11 @@ def train_sentence_transformers(rows_path: str | Path, output: str | Path, budge
     rows_path, output = Path(rows_path), Path(output)
     final = output / "model"
     steps = _steps(rows_path, budget)
-    done = output / "done.json"
-    if done.exists() and final.exists():
-        info = json.loads(done.read_text())
+    run = Artifact(output, what="sentence-transformers run")
+    made = fingerprint("st-train", {"budget": budget, "seed": seed, "steps": steps},
+                       {"rows": rows_path, "model": model or default_model_path()})
+    if run.begin(made, on_change="redo", resume=False):
+        info = run.report
         return RunOutcome(final, info["steps"], info["seconds"])
     started = time.perf_counter()
     st_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -205,7 +208,7 @@ def train_sentence_transformers(rows_path: str | Path, output: str | Path, budge
     trainer.train()
     st_model.save(str(final))
     seconds = time.perf_counter() - started
-    write_json(done, {"steps": steps, "seconds": seconds})
+    run.finish({"steps": steps, "seconds": seconds}, files=["model/config.json"])
     return RunOutcome(final, steps, seconds)
 
 

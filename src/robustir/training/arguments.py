@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
+from ..runs import operational
 from ..errors import ConfigError
 from ..precision import Precision
 from ..validation import Checked, NonNegativeInt, PositiveFloat, PositiveInt, Range
@@ -58,7 +59,7 @@ class TrainConfig(LoopConfig):
     train_data: str | list[TrainSource] = ""
     """Training JSONL (file or folder) or a BEIR folder with a train split; or, in a config file, a list of sources
     (a mixture): [{path, weight, name, task, query_instruction, passage_instruction, in_batch_negatives}, ...]."""
-    data_cache: str | None = None
+    data_cache: str | None = operational(None)
     """Folder of the training data converted to Arrow (memory-mapped, reused while the files are unchanged);
     None = <output>/data-cache."""
     train_split: str = "train"
@@ -71,20 +72,23 @@ class TrainConfig(LoopConfig):
     loss_options: dict = field(default_factory=dict)  # e.g. {temperature: 0.02, beta: 0.2}
     # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
     chunk_size: PositiveInt | None = None  # GradCache: rows per forward chunk (None = no caching)
-    loss_block_rows: PositiveInt | None = None
+    loss_block_rows: PositiveInt | None = operational(None)
     """Query rows per block of the loss's score matrix (exact; bounds memory at huge batches). None = whole batch
     while it holds at most 2**25 scores, else blocks of that size."""
     epoch_unit: Literal["pairs", "queries"] = "pairs"
     # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
     # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
     # input pipeline (robustir.training.input_pipeline): the batches, hence the result, are the same in every setting
-    prefetch_batches: Annotated[int, Range(ge=0, le=64)] = 2
+    # (operational: not part of the run fingerprint; nor are data_cache -- the conversion is cached by content --,
+    # loss_block_rows and pad_to_multiple_of -- the same values up to float summation order -- and evaluating more
+    # or less often, in eval mode, with its own batch size)
+    prefetch_batches: Annotated[int, Range(ge=0, le=64)] = operational(2)
     """Batches sampled and tokenised ahead of the step that uses them, in the background; 0 = on the main thread
     when the step needs them (the step waits for the CPU)."""
-    dataloader_workers: Annotated[int, Range(ge=0, le=64)] = 0
+    dataloader_workers: Annotated[int, Range(ge=0, le=64)] = operational(0)
     """Processes that make the batches (torch DataLoader workers); 0 = one background thread (the tokenizer runs
     without the GIL). Needs prefetch_batches >= 1."""
-    pad_to_multiple_of: Annotated[int, Range(ge=1, le=128)] | None = None
+    pad_to_multiple_of: Annotated[int, Range(ge=1, le=128)] | None = operational(None)
     """Pad each batch's token length up to a multiple of this; None = 8 on a GPU (tensor cores), 1 (the longest
     text in the batch) on the CPU. The same values up to float summation order."""
     # report
@@ -92,9 +96,9 @@ class TrainConfig(LoopConfig):
     # evaluation
     eval_data: str | None = None  # BEIR folder evaluated after training (eval_split)
     eval_split: str = "test"
-    eval_steps: PositiveInt | None = None  # also evaluate every N steps (costly on CPU)
+    eval_steps: PositiveInt | None = operational(None)  # also evaluate every N steps (costly on CPU)
     eval_base: bool = False  # evaluate the starting model too, for the comparison table
-    eval_batch_size: PositiveInt = 64
+    eval_batch_size: PositiveInt = operational(64)
     eval_precision: Precision = "auto"  # precision of the evaluation (and similarity probe) encodes
 
     def validate(self) -> None:

@@ -23,8 +23,7 @@ code). Any other file in a step folder is ignored. The main process writes the s
 Run fingerprint
 ---------------
 ``<output>/run_fingerprint.json`` (:func:`run_fingerprint`) records what determines a run's result: its settings (the
-whole configuration minus the purely operational fields, see :data:`OPERATIONAL_FIELDS`, plus the number of
-processes) and a digest of every input it reads (:func:`input_digest`). The loop writes it when a run starts afresh
+whole configuration minus the fields marked operational on the config itself, plus the number of processes) and a digest of every input it reads (:func:`input_digest`). The loop writes it when a run starts afresh
 and compares it before resuming from a checkpoint or reusing a finished model, so an output folder never mixes two
 runs (:meth:`~robustir.training.loop.TrainingLoop.open_output`).
 """
@@ -46,7 +45,7 @@ import torch
 from ..errors import ConfigError
 from ..io import describe_changes, input_digest, write_json  # input_digest: part of this module's API (run fingerprints)
 
-__all__ = ["FINGERPRINT_FILE", "OPERATIONAL_FIELDS", "compare_fingerprints", "input_digest", "list_checkpoints",
+__all__ = ["FINGERPRINT_FILE", "compare_fingerprints", "input_digest", "list_checkpoints",
            "load_checkpoint", "load_state_files", "resume_latest", "run_fingerprint", "save_checkpoint",
            "save_state_files"]
 
@@ -55,17 +54,6 @@ logger = logging.getLogger(__name__)
 FINGERPRINT_FILE = "run_fingerprint.json"
 FINGERPRINT_FORMAT = 1
 
-#: Configuration fields that never change a run's result, left out of its fingerprint: where the run is written
-#: (``output``), whether it resumes (``resume``), how often it logs and checkpoints and how many checkpoints it keeps
-#: (``logging_steps``, ``save_steps``, ``save_total_limit``), whether it draws the report figures (``report``) and
-#: activation recomputation (``gradient_checkpointing``: same forward, same dropout masks, less memory) and where the
-#: run computes (``device``: a run may move between machines and resume; the CPU and a GPU draw other dropout masks,
-#: so such a run ends with other weights than one that stayed put, as with any change of hardware) and
-#: ``loss_block_rows`` (the loss over blocks of rows: the same values up to float32 summation order). A stage adds
-#: its own (fine-tuning: ``eval_steps``, ``eval_batch_size``). Everything else counts, ``chunk_size`` included
-#: (GradCache draws other dropout masks than one plain forward). ``epochs`` counts only without ``max_steps``.
-OPERATIONAL_FIELDS = frozenset({"output", "resume", "report", "logging_steps", "save_steps", "save_total_limit",
-                                "gradient_checkpointing", "device", "loss_block_rows"})
 
 
 
@@ -251,19 +239,16 @@ def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int, *, 
 
 # ---------------------------------------------------------------------------- run fingerprint
 
-def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None,
-                    operational: Iterable[str] = ()) -> dict[str, Any]:
-    """The fingerprint of a run: ``settings`` (``config`` as a dict without :data:`OPERATIONAL_FIELDS` and the
-    stage's ``operational`` ones; ``epochs`` dropped when ``max_steps`` is set; ``processes`` added) and ``inputs``
-    (name -> :func:`input_digest`)."""
-    from dataclasses import asdict
+def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fingerprint of a run: ``settings`` (``config`` without the fields marked operational on the config
+    itself, :func:`robustir.runs.settings_of`; ``epochs`` dropped when ``max_steps`` is set; ``processes`` added)
+    and ``inputs`` (name -> :func:`input_digest`)."""
+    from ..runs import settings_of
 
-    skip = OPERATIONAL_FIELDS | set(operational)
-    settings = {k: v for k, v in asdict(config).items() if k not in skip}
+    settings = settings_of(config)
     if settings.get("max_steps") is not None:
         settings.pop("epochs", None)
     settings["processes"] = int(processes)
-    settings = json.loads(json.dumps(settings, default=str))  # tuples -> lists, as the file will hold them
     return {"format": FINGERPRINT_FORMAT, "config": type(config).__name__, "settings": settings,
             "inputs": dict(inputs or {})}
 

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from ..config import to_dict
+from ..runs import operational
 from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
@@ -69,7 +70,14 @@ logger = logging.getLogger(__name__)
 @dataclass
 class LoopConfig(Checked):
     """What the training loop reads, shared by fine-tuning and pre-training. The defaults are fine-tuning's;
-    :class:`~robustir.pretraining.pretrain.PretrainConfig` redeclares ``lr`` and ``output`` with its own."""
+    :class:`~robustir.pretraining.pretrain.PretrainConfig` redeclares ``lr`` and ``output`` with its own.
+
+    Fields marked :func:`~robustir.runs.operational` never change a run's result and stay out of its fingerprint:
+    where it is written and whether it resumes, how often it logs and checkpoints, the report figures, activation
+    recomputation (same forward, same dropout masks) and the device (a run may move between machines and resume;
+    the CPU and a GPU draw other dropout masks, as with any change of hardware). Everything else counts,
+    ``chunk_size`` included (GradCache draws other dropout masks than one plain forward); ``epochs`` counts only
+    without ``max_steps``."""
 
     # optimisation
     batch_size: PositiveInt = 32  # examples per process per step: queries (train), texts (retromae) or pairs (gur)
@@ -81,15 +89,15 @@ class LoopConfig(Checked):
     max_grad_norm: PositiveFloat | None = 1.0  # clip the gradient norm to this (None = no clipping)
     seed: NonNegativeInt = 42
     precision: Precision = "auto"  # forward-pass autocast; auto: bf16 where native, else fp32; fp16: GPU only
-    device: str = "auto"  # where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
+    device: str = operational("auto")  # where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)
+    gradient_checkpointing: bool = operational(False)  # recompute activations in the backward pass (less memory, slower)
     # output, checkpoints, logging
-    output: str = "runs/train"  # run folder: model/, checkpoints, train_log.jsonl, report
-    save_steps: PositiveInt | None = None  # checkpoint every N steps; None = every epoch (train), at the end only (pretrain)
-    save_total_limit: int = 2  # checkpoints kept (older ones are deleted; <= 0 keeps all)
-    logging_steps: PositiveInt = 1  # write a train_log.jsonl line every N steps (and at the last step)
-    resume: bool = True  # continue from the latest checkpoint in the output folder
-    report: bool = True  # write the report (figures) at the end
+    output: str = operational("runs/train")  # run folder: model/, checkpoints, train_log.jsonl, report
+    save_steps: PositiveInt | None = operational(None)  # checkpoint every N steps; None = every epoch (train), at the end only (pretrain)
+    save_total_limit: int = operational(2)  # checkpoints kept (older ones are deleted; <= 0 keeps all)
+    logging_steps: PositiveInt = operational(1)  # write a train_log.jsonl line every N steps (and at the last step)
+    resume: bool = operational(True)  # continue from the latest checkpoint in the output folder
+    report: bool = operational(True)  # write the report (figures) at the end
 
     def validate(self) -> None:
         if self.batch_size < 1:
@@ -241,15 +249,15 @@ class TrainingLoop:
         return self.fingerprint.get("steps") if self.output_state == "complete" else None
 
     def open_output(self, inputs: Mapping[str, Any] | None = None, *, outputs: tuple[str, ...] = (),
-                    finished: tuple[str, ...] = (), operational: tuple[str, ...] = ()) -> str:
+                    finished: tuple[str, ...] = ()) -> str:
         """Check that the output folder is this run's, before anything is written into it; returns
         :attr:`output_state` ("fresh", "resume" or "complete").
 
         ``inputs``: name -> :func:`~robustir.training.checkpoints.input_digest` of every file the run reads (model,
         data, heads); ``outputs``: names (glob patterns) of what the stage writes into the folder, deleted with the
         checkpoints, the log and the configuration file when the run starts afresh; ``finished``: the outputs a
-        finished run leaves (e.g. ``model``); ``operational``: the stage's configuration fields that do not change
-        the result (besides :data:`~robustir.training.checkpoints.OPERATIONAL_FIELDS`).
+        finished run leaves (e.g. ``model``). The configuration's operational fields (marked on the field) are not
+        part of the fingerprint.
 
         * ``resume`` true and the folder's fingerprint equal to this run's: "complete" when the run finished here
           (its fingerprint says so and every ``finished`` output is there; the stage returns them as they are),
@@ -263,8 +271,7 @@ class TrainingLoop:
         if self.output_state is not None:
             return self.output_state
         config, accelerator = self.config, self.accelerator
-        fingerprint = run_fingerprint(config, processes=accelerator.num_processes, inputs=inputs,
-                                      operational=operational)
+        fingerprint = run_fingerprint(config, processes=accelerator.num_processes, inputs=inputs)
         saved = self._read_fingerprint()
         checkpoints = list_checkpoints(self.checkpoint_root)
         present = [name for name in finished if (self.out / name).exists()]

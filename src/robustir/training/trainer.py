@@ -58,12 +58,6 @@ logger = logging.getLogger(__name__)
 #: what fine-tuning writes into its output folder besides the loop's files (deleted when a run starts over)
 OUTPUTS = ("model", "mined-*.jsonl", "similarities.json", "base_metrics.json", "eval_metrics.json", "report.png",
            "report.html", "report.json")
-#: TrainConfig fields besides the loop's that do not change the result (left out of the run fingerprint):
-#: evaluating more or less often (in eval mode, no randomness drawn) and its encoding batch size; how the batches
-#: are made (the same batch for a step in every setting) and the padding multiple (the same values up to float
-#: summation order, as loss_block_rows)
-OPERATIONAL = ("eval_steps", "eval_batch_size", "prefetch_batches", "dataloader_workers", "pad_to_multiple_of",
-               "data_cache")  # where the Arrow conversion is cached: by content, so it never changes the data
 
 
 @dataclass
@@ -308,7 +302,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     accelerator, is_main, out = loop.accelerator, loop.is_main, loop.out
     # before the data is prepared: mining caches its negatives in the folder
     inputs = train_inputs(config)
-    state = loop.open_output(inputs, outputs=OUTPUTS, finished=("model",), operational=OPERATIONAL)
+    state = loop.open_output(inputs, outputs=OUTPUTS, finished=("model",))
     if state == "complete":
         return _finished_result(loop)
 
