@@ -50,11 +50,11 @@ from urllib.parse import urlsplit
 
 import openai
 
-from .errors import ConfigError, EndpointError
-from .validation import (Checked, Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+from ..errors import ConfigError, EndpointError
+from ..validation import (Checked, Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
                          Range)
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__package__)
 
 Message = dict[str, str]
 Conversation = Union[str, Sequence[Message]]
@@ -891,7 +891,7 @@ class LLMStageConfig(Checked):
 def stage_backend(config: LLMStageConfig, output: str | Path) -> Iterator[LLMBackend]:
     """The stage's backend, with its reply cache next to ``output`` and, for an HTTP endpoint with
     ``preflight``, the endpoint and model checked before the first request; closed on exit."""
-    from .outputs import StageOutput
+    from ..outputs import StageOutput
 
     backend = build_backend(config.llm, cache_path=StageOutput(output).llm_cache)
     with backend:
@@ -981,7 +981,7 @@ def write_failed_items(path: str | Path, items: Iterable[dict], what: str) -> st
     """Write the failed items of a stage to ``path`` (``OUT.failed.jsonl``) atomically, or remove it when there
     are none (the earlier failures were retried successfully). ``what`` names them in the warning ("passage(s)
     failed"). Returns the path when written."""
-    from .io import atomic_write
+    from ..io import atomic_write
 
     path = Path(path)
     items = list(items)
