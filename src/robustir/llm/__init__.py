@@ -15,8 +15,9 @@ Modules, one job each:
   :func:`strip_reasoning`.
 * ``cache`` — :class:`LLMCache`, an sqlite3 (WAL) cache keyed by sha256 of (messages, model, sampling params),
   written as soon as each reply arrives, so a re-run or a crash never pays for the same request twice.
-* ``client`` — :class:`LLMClient` for OpenAI-compatible endpoints (vLLM, Ollama, llama.cpp, OpenAI) and its
-  :class:`RateLimiter`.
+* ``client`` — :class:`LLMClient` for OpenAI-compatible endpoints (vLLM, Ollama, llama.cpp, OpenAI): the
+  ``openai`` client with its own retries, plus a wait cap, logged waits and the :class:`RateLimiter` on every
+  request.
 * ``hf`` — :class:`HFGenerator`, a local ``transformers`` causal LM (chat template when the tokenizer has one),
   batched.
 * ``stages`` — what the LLM stages share: prompt templates, :class:`LLMStageConfig`, :func:`build_backend` /

@@ -1,24 +1,24 @@
 """The client for any OpenAI-compatible chat endpoint (:class:`LLMClient`) and its rate limiter.
 
 :class:`LLMClient` is the official ``openai`` client pointed at ``base_url``, so it works with vLLM, Ollama
-(``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible. The transport is the
-``openai`` package's; the retries are this module's (the ``openai`` client is told not to retry): timeouts,
-connection errors and HTTP 408/409/429/5xx are retried ``llm.max_retries`` times, waiting what the server
-asks for in ``Retry-After`` / ``retry-after-ms`` or else an exponential backoff (0.5 s doubling, at most 8 s),
-never longer than ``llm.max_retry_wait`` seconds; every wait of a second or more is logged at INFO (logger
-``robustir.llm``), with the server's request and the cap when it was cut. On top come what a long data job
-needs: a thread pool of ``llm.concurrency`` requests yielding replies in input order, a requests-per-minute
-:class:`RateLimiter` (retries wait for it too), asking again when a ``200`` reply has no usable text (same
-retry budget), and :class:`~robustir.errors.EndpointError` messages that say what to fix for mistakes no retry
-can fix (wrong ``/v1`` base URL, unknown model, missing key).
+(``http://localhost:11434/v1``), llama.cpp server, OpenAI and anything compatible. Transport and retries are the
+``openai`` client's (``max_retries=llm.max_retries``): it retries timeouts, connection errors and HTTP
+408/409/429/5xx (``x-should-retry`` overrides), waiting what the server asks in ``retry-after-ms`` /
+``Retry-After`` or else 0.5 s doubling up to 8 s. Two seams add what a long data job needs on top, without a
+retry loop of ours (see :class:`_OpenAI`): an httpx ``request`` event hook runs before every request, retries
+included, and waits for the requests-per-minute :class:`RateLimiter`; the wait before each retry is cut to
+``llm.max_retry_wait``, logged at INFO (logger ``robustir.llm``) with its reason when a second or more, and spent
+on the client's stop event, so :meth:`LLMClient.close` cuts it short. Besides: a thread pool of
+``llm.concurrency`` requests yielding replies in input order, asking again when a ``200`` reply has no usable text,
+and :class:`~robustir.errors.EndpointError` messages that say what to fix (wrong ``/v1`` base URL, unknown
+model, missing key, retries used up).
 """
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import math
-import random
+import sys
 import threading
 import time
 from collections import deque
@@ -42,12 +42,45 @@ _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 _NO_KEY = "EMPTY"
 
 
+class _Cancelled(openai.OpenAIError):
+    """Raised by the request hook once the client is closed; an ``OpenAIError``, so the openai client does not
+    retry it."""
+
+
+class _OpenAI(openai.OpenAI):
+    """The ``openai`` client with its retries as they are, and its wait before a retry handed to ``on_wait``.
+
+    Checked in ``openai/_base_client.py`` (openai 3.57): ``request`` retries timeouts, connection errors and the
+    statuses ``_should_retry`` accepts (408/409/429/5xx, ``x-should-retry`` obeyed, no retry when ``Retry-After``
+    asks for more than 2 minutes); before each retry ``_sleep_for_retry`` takes the wait from
+    ``_calculate_retry_timeout`` (``retry-after-ms`` / ``Retry-After`` up to 2 minutes, else 0.5 s doubling up to
+    8 s minus up to 25 % jitter), logs "Retrying request in N seconds" without a reason and ``time.sleep``s it,
+    which nothing can cut short or a test replace. ``_calculate_retry_timeout`` is the seam: it runs once per
+    retry, just before that sleep, inside the ``except`` of the failed attempt. This override keeps the library's
+    wait and passes it, the server's ``Retry-After`` and the retry number to ``on_wait``, which caps, logs and
+    spends it; the library then sleeps the 0 returned here. (An httpx ``response`` hook could log too, but it
+    sees neither the wait the library will choose nor timeouts and connection errors.)
+    """
+
+    on_wait: Callable[[float, float | None, int, int], None] | None = None
+    """``(wait, asked, retry, max_retries)``; unset on copies made by ``with_options`` (preflight: no retries)."""
+
+    def _calculate_retry_timeout(self, remaining_retries: int, options: Any, response_headers: Any = None) -> float:
+        wait = super()._calculate_retry_timeout(remaining_retries, options, response_headers)
+        if self.on_wait is None:
+            return wait
+        retries = options.get_max_retries(self.max_retries)
+        self.on_wait(wait, self._parse_retry_after_header(response_headers), retries - remaining_retries + 1,
+                     retries)
+        return 0.0
+
+
 class RateLimiter:
     """Spaces request starts at least ``60 / rpm`` seconds apart across all threads (0 = no limit).
 
     ``clock`` and ``sleep`` are injectable so tests run on a fake clock; :class:`LLMClient` passes its stop
-    event's ``wait`` as ``sleep``, so closing the client cuts a wait short. The limit applies to every request
-    this module sends, retries included.
+    event's ``wait`` as ``sleep``, so closing the client cuts a wait short, and waits in an httpx request hook,
+    so the limit applies to every request the openai client sends, its retries included.
     """
 
     def __init__(self, requests_per_minute: float, *, clock: Callable[[], float] = time.monotonic,
@@ -86,11 +119,9 @@ class LLMClient(LLMBackend):
     """Client for an OpenAI-compatible ``/chat/completions`` endpoint (vLLM, Ollama, llama.cpp, OpenAI)."""
 
     def __init__(self, config: LLMConfig, *, cache: LLMCache | None = None,
-                 limiter: RateLimiter | None = None, sleep: Callable[[float], object] | None = None,
-                 jitter: Callable[[], float] = random.random) -> None:
-        """``limiter``, ``sleep`` (the wait before a retry; default: the stop event's ``wait``, so :meth:`close`
-        cuts it short) and ``jitter`` (a number in [0, 1) that shortens a backoff by up to 25 %) are injectable
-        so tests run on a fake clock."""
+                 limiter: RateLimiter | None = None, sleep: Callable[[float], object] | None = None) -> None:
+        """``limiter`` and ``sleep`` (the wait before a retry; default: the stop event's ``wait``, so :meth:`close`
+        cuts it short) are injectable so tests run on a fake clock."""
         if not config.model:
             raise ConfigError("llm.model is empty: give the model name the server serves (e.g. --model "
                               "Qwen/Qwen2.5-7B-Instruct for vLLM, --model qwen2.5:7b for Ollama)")
@@ -109,21 +140,24 @@ class LLMClient(LLMBackend):
         self.config = config
         self.base_url = normalize_base_url(config.base_url)
         self.url = f"{self.base_url}/chat/completions"
-        local = urlsplit(self.base_url).hostname in _LOOPBACK
-        self._openai = openai.OpenAI(
-            base_url=self.base_url, api_key=config.resolved_api_key() or _NO_KEY, timeout=config.timeout_s,
-            max_retries=0,  # retries are ours (_complete_one): capped, logged, rate limited, testable
-            default_headers={str(k): str(v) for k, v in config.extra_headers.items()},
-            # A local server must not be sent through an HTTP(S)_PROXY from the environment; remote ones may need it.
-            http_client=openai.DefaultHttpxClient(trust_env=False) if local else None)
-        for name in ("httpx", "httpx2"):  # the openai client's transport (by version) logs every request at INFO
-            if logging.getLogger(name).level == logging.NOTSET:
-                logging.getLogger(name).setLevel(logging.WARNING)
         self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="llm")
         self._stop = threading.Event()
         self._limiter = limiter or RateLimiter(config.requests_per_minute, sleep=self._stop.wait)
         self._sleep = sleep or self._stop.wait
-        self._jitter = jitter
+        self._local = threading.local()  # .attempts: requests sent for the conversation this thread works on
+        local = urlsplit(self.base_url).hostname in _LOOPBACK
+        self._openai = _OpenAI(
+            base_url=self.base_url, api_key=config.resolved_api_key() or _NO_KEY, timeout=config.timeout_s,
+            max_retries=config.max_retries, default_headers={str(k): str(v) for k, v in config.extra_headers.items()},
+            # A local server must not be sent through an HTTP(S)_PROXY from the environment; remote ones may need it.
+            http_client=openai.DefaultHttpxClient(trust_env=not local,
+                                                  event_hooks={"request": [self._before_request]}))
+        self._openai.on_wait = self._wait_before_retry
+        # The transport (httpx or httpx2, by openai version) logs every request at INFO, and the openai client each
+        # retry (with the 0 s _OpenAI leaves it); _wait_before_retry logs the real wait and why.
+        for name in ("httpx", "httpx2", "openai"):
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         self._failure_lock = threading.Lock()
         self._consecutive_failures = 0
         self._inflight: dict[str, Future] = {}  # cache key -> request on its way (duplicates share it)
@@ -180,8 +214,8 @@ class LLMClient(LLMBackend):
         return served
 
     def close(self) -> None:
-        # Wakes threads waiting on the rate limiter or before a retry so they give up; requests under way are
-        # waited for, so their replies still reach the cache.
+        # Wakes threads waiting on the rate limiter or before a retry so they give up (the request hook raises
+        # _Cancelled); requests under way are waited for, so their replies still reach the cache.
         self._stop.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._openai.close()
@@ -211,71 +245,62 @@ class LLMClient(LLMBackend):
         with self._inflight_lock:
             self._inflight.pop(key, None)
 
+    def _before_request(self, request: Any) -> None:
+        """httpx ``request`` event hook: runs before every request the openai client sends, its retries included."""
+        self._limiter.wait()
+        if self._stop.is_set():
+            raise _Cancelled("the LLM client was closed")
+        self._local.attempts = getattr(self._local, "attempts", 0) + 1
+
     def _complete_one(self, messages: list[Message], key: str) -> Completion:
-        """One conversation, in at most ``max_retries + 1`` requests: transport trouble (timeouts, connection
-        errors, HTTP 408/409/429/5xx) is retried after :meth:`_wait_before_retry`; a ``200`` reply without usable
-        text is asked again at once. Both share the one budget."""
-        budget = self.config.max_retries + 1
-        attempts = 0
-        while True:
-            self._limiter.wait()
-            if self._stop.is_set():
-                return Completion(None, error="cancelled: the LLM client was closed")
-            attempts += 1
-            self.stats.add(requests=1, retries=int(attempts > 1))
-            try:
-                raw = self._openai.chat.completions.with_raw_response.create(model=self.model, messages=messages,
-                                                                            **self.params)
-            except openai.APIError as exc:
-                if attempts < budget and _retryable(exc):
-                    self._wait_before_retry(exc, attempts)
-                    continue
-                return self._fail(*self._explain(exc, attempts))
-            try:
-                completion = _reply_of(raw)
-            except _UnusableReply as exc:
-                if attempts < budget:
-                    logger.debug("unusable LLM reply (%s); asking again", exc)
-                    continue
-                return self._fail(self._gave_up(attempts, str(exc)))
-            self.stats.add(completions=1, prompt_tokens=completion.prompt_tokens or 0,
-                           completion_tokens=completion.completion_tokens or 0)
-            self._store(key, completion)
-            with self._failure_lock:
-                self._consecutive_failures = 0
-            return completion
+        """One conversation. The openai client retries transport failures; a ``200`` reply without usable text is
+        asked again at once while the conversation has had at most ``max_retries`` requests (retries included)."""
+        self._local.attempts = 0
+        try:
+            while True:
+                try:
+                    raw = self._openai.chat.completions.with_raw_response.create(
+                        model=self.model, messages=messages, **self.params)
+                    completion = _reply_of(raw)
+                except _UnusableReply as exc:
+                    if self._local.attempts <= self.config.max_retries:
+                        logger.debug("unusable LLM reply (%s); asking again", exc)
+                        continue
+                    return self._fail(self._gave_up(self._local.attempts, str(exc)))
+                except openai.OpenAIError as exc:
+                    if self._stop.is_set():
+                        return Completion(None, error="cancelled: the LLM client was closed")
+                    return self._fail(*self._explain(exc, self._local.attempts))
+                break
+        finally:
+            self.stats.add(requests=self._local.attempts, retries=max(self._local.attempts - 1, 0))
+        self.stats.add(completions=1, prompt_tokens=completion.prompt_tokens or 0,
+                       completion_tokens=completion.completion_tokens or 0)
+        self._store(key, completion)
+        with self._failure_lock:
+            self._consecutive_failures = 0
+        return completion
 
-    def _wait_before_retry(self, exc: openai.APIError, attempts: int) -> float:
-        """Sleep before retry number ``attempts`` and return the seconds waited.
+    def _wait_before_retry(self, wait: float, asked: float | None, retry: int, retries: int) -> None:
+        """Spend the openai client's ``wait`` before retry number ``retry``, cut to ``llm.max_retry_wait``.
 
-        The wait is what the server asked for (``retry-after-ms`` / ``Retry-After``) or else an exponential
-        backoff (0.5 s doubling per retry, at most 8 s, minus up to 25 % jitter), and never more than
-        ``llm.max_retry_wait``. Waits of a second or more are logged at INFO, saying why and whether the server's
-        request was cut.
+        Waits of a second or more are logged at INFO with why: the failure, what the server asked for
+        (``asked``, from ``Retry-After``) and whether the cap cut it. Runs inside the openai client's ``except``
+        block, so ``sys.exc_info`` is the failure.
         """
         cap = self.config.max_retry_wait
-        response = getattr(exc, "response", None)
-        asked = _retry_after(response.headers) if response is not None else None
-        if asked:  # None or 0: no request from the server, back off instead
-            wait = min(asked, cap)
-            why = f"server said Retry-After {_seconds(asked)}"
-            if asked > cap:
-                why += f" (capped at max_wait: llm.max_retry_wait={_seconds(cap)})"
-            if asked > 2 * cap:
-                why += ("; the server asks for far longer than the cap, so this retry may be refused too: lower "
-                        "llm.requests_per_minute or llm.concurrency, raise llm.max_retry_wait, or run later")
-        else:
-            wait = min(0.5 * 2.0 ** (attempts - 1), 8.0, cap) * (1 - 0.25 * self._jitter())
-            why = f"{_failure_name(exc)} (backoff)"
+        why = _failure_name(sys.exc_info()[1])
+        why += f", server said Retry-After {_seconds(asked)}" if asked and asked > 0 else " (backoff)"
+        if wait > cap:
+            why += f" (capped at max_wait: llm.max_retry_wait={_seconds(cap)})"
+            wait = cap
+        if asked and asked > 2 * cap:
+            why += ("; the server asks for far longer than the cap, so this retry may be refused too: lower "
+                    "llm.requests_per_minute or llm.concurrency, raise llm.max_retry_wait, or run later")
         message = "waiting %s s before retry %d/%d of %s: %s"
-        args = (_seconds(wait), attempts, self.config.max_retries, self.url, why)
-        if wait >= 1:
-            logger.info(message, *args)
-        else:
-            logger.debug(message, *args)
+        (logger.info if wait >= 1 else logger.debug)(message, _seconds(wait), retry, retries, self.url, why)
         if wait > 0:
             self._sleep(wait)
-        return wait
 
     def _explain(self, exc: openai.APIError, attempts: int) -> tuple[str, bool]:
         """``(message, fatal)`` for a request the openai client gave up on; fatal = every request would fail."""
@@ -291,9 +316,12 @@ class LLMClient(LLMBackend):
         status, body = exc.status_code, _excerpt(exc.response.text) or "(empty body)"
         message = f"{exc.request.url} answered HTTP {status}: {body}"
         if status in _RETRIED_STATUS or status >= 500:  # the openai client's retries are used up
-            wait = exc.response.headers.get("retry-after") if status == 429 else None
+            wait = exc.response.headers.get("retry-after")
             hint = (f"; the server asked to wait {wait}s" if wait else "") + (
                 "; set llm.requests_per_minute" if status == 429 else "")
+            if attempts == 1 and config.max_retries:
+                hint += ("; it was not retried: the server sent x-should-retry: false or a Retry-After longer than "
+                         "the openai client waits (2 minutes), so run later")
             return self._gave_up(attempts, message, hint), False
         fatal = True
         if status in (401, 403):
@@ -368,48 +396,16 @@ def _reply_of(raw: Any) -> Completion:
                       completion_tokens=_as_int(getattr(usage, "completion_tokens", None)))
 
 
-def _retryable(exc: openai.APIError) -> bool:
-    """Worth another request: a timeout, a connection error, or HTTP 408/409/429/5xx (unless the server sends
-    ``x-should-retry``, which is obeyed either way)."""
-    if isinstance(exc, openai.APIConnectionError):  # also APITimeoutError
-        return True
-    if not isinstance(exc, openai.APIStatusError):
-        return False
-    header = exc.response.headers.get("x-should-retry")
-    if header in ("true", "false"):
-        return header == "true"
-    return exc.status_code in _RETRIED_STATUS or exc.status_code >= 500
-
-
-def _retry_after(headers: Any) -> float | None:
-    """Seconds the server asks to wait: ``retry-after-ms``, else ``Retry-After`` (seconds or an HTTP date)."""
-    try:
-        value = float(headers.get("retry-after-ms"))
-        if math.isfinite(value) and value >= 0:
-            return value / 1000.0
-    except (TypeError, ValueError):
-        pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            value = email.utils.parsedate_to_datetime(raw).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-    return max(value, 0.0) if math.isfinite(value) else None
-
-
-def _failure_name(exc: openai.APIError) -> str:
-    if isinstance(exc, openai.APITimeoutError):
+def _failure_name(exc: BaseException | None) -> str:
+    """What failed, from the transport exception the openai client is about to retry."""
+    response = getattr(exc, "response", None)  # httpx.HTTPStatusError
+    if response is not None:
+        return f"HTTP {response.status_code}"
+    if exc is None:
+        return "failure"
+    if "timeout" in type(exc).__name__.lower():  # httpx.ReadTimeout, ConnectTimeout, ...
         return "timeout"
-    if isinstance(exc, openai.APIConnectionError):
-        return f"connection error ({_cause(exc)})"
-    if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}"
-    return type(exc).__name__
+    return f"connection error ({type(exc).__name__}: {exc})"
 
 
 def _seconds(value: float) -> str:

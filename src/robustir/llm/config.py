@@ -36,10 +36,11 @@ class LLMConfig(Checked):
     timeout_s: PositiveFloat = 120.0
     """Seconds to wait for one reply."""
     max_retries: NonNegativeInt = 5
-    """Retries per request after a timeout, connection error, HTTP 408/409/429/5xx or an unusable reply."""
+    """Retries per request (by the openai client) after a timeout, connection error or HTTP 408/409/429/5xx; a
+    reply without usable text is asked again while the request has had at most this many retries."""
     max_retry_wait: PositiveFloat = 60.0
-    """Longest wait before one retry, in seconds: a longer ``Retry-After`` from the server is cut to this (and
-    the cut is logged)."""
+    """Longest wait before one retry, in seconds: a longer ``Retry-After`` from the server (the openai client obeys
+    up to 2 minutes and does not retry when asked for more) is cut to this, and the cut is logged."""
     concurrency: PositiveInt = 8
     """Requests in flight at once."""
     requests_per_minute: NonNegativeFloat = 0.0
