@@ -304,12 +304,29 @@ def test_rate_limiter_zero_is_unlimited():
 def test_client_waits_for_the_rate_limiter_before_every_request():
     clock = FakeClock(advance=False)  # every request reserves its slot at t=0: the slots are 0.1 s apart
     with FakeLLMServer() as server:
+        server.script({"status": 500})  # one request is retried (by the openai client): the retry waits too
         client = LLMClient(LLMConfig(base_url=server.url, model="fake-model", concurrency=4),
                            limiter=RateLimiter(600, clock=clock, sleep=clock.sleep))
         assert all(client.complete([f"p{i}" for i in range(5)]))
         client.close()
-    assert server.count == 5
-    assert sorted(clock.sleeps) == pytest.approx([0.1, 0.2, 0.3, 0.4])  # the first start did not wait
+    assert server.count == 6
+    assert sorted(clock.sleeps) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])  # the first start did not wait
+
+
+def test_close_wakes_a_request_waiting_for_the_rate_limiter():
+    waiting = threading.Event()
+    with FakeLLMServer() as server:
+        client = make_client(server, requests_per_minute=1, concurrency=2)  # the second start is 60 s away
+        stop_wait = client._limiter._sleep  # the client's stop event's wait: close() sets the event
+        client._limiter._sleep = lambda seconds: (waiting.set(), stop_wait(seconds))
+        results = []
+        worker = threading.Thread(target=lambda: results.extend(client.stream(["a", "b"])))
+        worker.start()
+        assert waiting.wait(timeout=30)
+        client.close()
+        worker.join(timeout=30)
+    assert not worker.is_alive() and server.count == 1
+    assert results[0].ok and results[1].text is None and "cancelled" in results[1].error
 
 
 def test_replies_keep_input_order():

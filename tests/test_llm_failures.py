@@ -31,11 +31,9 @@ def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
     settings = dict(base_url=server.url, model="fake-model", timeout_s=5.0, max_retries=0, concurrency=2)
     cache_path = overrides.pop("cache_path", None)
     sleep = overrides.pop("sleep", None)
-    jitter = overrides.pop("jitter", None)
     settings.update(overrides)
-    extra = {"jitter": jitter} if jitter is not None else {}
     return LLMClient(LLMConfig(**settings), cache=LLMCache(cache_path) if cache_path else None,
-                     sleep=sleep or (lambda seconds: None), **extra)
+                     sleep=sleep or (lambda seconds: None))
 
 
 def write_passages(path: Path, n: int, *, chinese: int = 0) -> Path:
@@ -368,29 +366,39 @@ def test_judge_threshold_fails_the_stage(tmp_path):
 # ------------------------------------------------------------------------------------ Retry-After: cap + log
 
 
-def test_long_retry_after_is_capped_and_logged(caplog):
+def test_long_retry_after_is_capped_and_logged_and_a_too_long_one_is_not_retried(caplog):
     waits: list[float] = []
     caplog.set_level(logging.DEBUG, logger="robustir.llm")
     with FakeLLMServer() as server:
-        server.script({"status": 429, "headers": {"Retry-After": "3600"}},
+        server.script({"status": 429, "headers": {"Retry-After": "90"}},
                       {"status": 503, "headers": {"Retry-After": "0.25"}})
-        client = make_client(server, max_retries=5, sleep=waits.append)
+        client = make_client(server, max_retries=5, max_retry_wait=30, sleep=waits.append)
         assert client.complete(["hello"])[0].startswith("1. What is")
+        assert waits == [30.0, 0.25] and server.count == 3
+        # More than the openai client ever waits (2 minutes): it does not retry, and the error says so.
+        server.script({"status": 429, "headers": {"Retry-After": "3600"}})
+        with pytest.raises(EndpointError) as info:
+            client.complete(["again"])
         client.close()
-    assert waits == [60.0, 0.25] and server.count == 3  # the default cap, llm.max_retry_wait = 60 s
+    assert waits == [30.0, 0.25] and server.count == 4
+    assert "gave up after 1 attempt(s)" in str(info.value) and "asked to wait 3600s" in str(info.value)
+    assert "it was not retried" in str(info.value)
     info = [r.getMessage() for r in caplog.records if r.name == "robustir.llm" and r.levelno == logging.INFO]
     assert len(info) == 1  # the 0.25 s wait is logged at DEBUG only
-    assert info[0].startswith(f"waiting 60 s before retry 1/5 of {server.url}/chat/completions: server said "
-                              f"Retry-After 3600 (capped at max_wait: llm.max_retry_wait=60)")
+    assert info[0].startswith(f"waiting 30 s before retry 1/5 of {server.url}/chat/completions: HTTP 429, server "
+                              f"said Retry-After 90 (capped at max_wait: llm.max_retry_wait=30)")
     assert "far longer than the cap" in info[0]
 
 
-def test_max_retry_wait_is_a_config_field_and_backoff_is_capped_too(caplog):
+def test_max_retry_wait_is_a_config_field_and_backoff_is_capped_too(caplog, monkeypatch):
+    import openai._base_client
+
+    monkeypatch.setattr(openai._base_client, "random", lambda: 0.0)  # the openai client's backoff jitter: none
     waits: list[float] = []
     caplog.set_level(logging.INFO, logger="robustir.llm")
     with FakeLLMServer(retry_after_ms=None) as server:  # no Retry-After: exponential backoff
         server.script({"status": 500}, {"status": 500}, {"status": 500}, {"status": 429, "headers": {"Retry-After": "7"}})
-        client = make_client(server, max_retries=4, max_retry_wait=1.5, sleep=waits.append, jitter=lambda: 0.0)
+        client = make_client(server, max_retries=4, max_retry_wait=1.5, sleep=waits.append)
         assert client.complete(["hello"])[0]
         client.close()
     assert waits == [0.5, 1.0, 1.5, 1.5]
