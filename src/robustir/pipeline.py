@@ -179,16 +179,6 @@ def check_devices(config: PipelineConfig) -> None:
                 raise ConfigError(f"{key}: {exc}") from None
 
 
-def _without_device(obj: Any) -> Any:
-    """``obj`` without ``device`` keys: where a stage runs is not part of its fingerprint (stage configs mark
-    their ``device`` operational; this also covers the LLM section's)."""
-    if isinstance(obj, dict):
-        return {k: _without_device(v) for k, v in obj.items() if k != "device"}
-    if isinstance(obj, list):
-        return [_without_device(v) for v in obj]
-    return obj
-
-
 def _llm_on_device(config: PipelineConfig, llm: Any) -> Any:
     """A local (``hf``) LLM section without a device of its own runs on the pipeline's device (when not auto)."""
     from dataclasses import replace
@@ -216,7 +206,7 @@ class _Runner:
     def stage(self, name: str, settings: Any, body: Callable[[Path], dict],
               inputs: dict[str, Any] | None = None) -> dict:
         folder = self.work / name
-        made = fingerprint(name, _without_device(settings_of(settings)), inputs,
+        made = fingerprint(name, settings, inputs,
                            {"previous stage": self.upstream} if self.upstream else None)
         artifact = Artifact(folder, what=f"stage {name}")
         if name in self.force:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from ..validation import Checked, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..runs import operational
 
 
 @dataclass
@@ -21,7 +22,7 @@ class LLMConfig(Checked):
     """Model name as the server knows it; for ``backend: hf`` the local model folder or Hub id."""
     api_key: str | None = None
     """The key itself (prefer ``api_key_env`` so keys stay out of config files)."""
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str = operational("OPENAI_API_KEY")
     """Environment variable holding the API key."""
     temperature: Annotated[float, Range(ge=0, le=2)] = 0.7
     top_p: Annotated[float, Range(gt=0, le=1)] | None = None
@@ -33,27 +34,27 @@ class LLMConfig(Checked):
     extra_headers: dict = field(default_factory=dict)
     system_prompt: str | None = None
     """Prepended as a system message to every conversation that has none."""
-    timeout_s: PositiveFloat = 120.0
+    timeout_s: PositiveFloat = operational(120.0)
     """Seconds to wait for one reply."""
-    max_retries: NonNegativeInt = 5
+    max_retries: NonNegativeInt = operational(5)
     """Retries per request (by the openai client) after a timeout, connection error or HTTP 408/409/429/5xx; a
     reply without usable text is asked again while the request has had at most this many retries."""
-    max_retry_wait: PositiveFloat = 60.0
+    max_retry_wait: PositiveFloat = operational(60.0)
     """Longest wait before one retry, in seconds: a longer ``Retry-After`` from the server (the openai client obeys
     up to 2 minutes and does not retry when asked for more) is cut to this, and the cut is logged."""
-    concurrency: PositiveInt = 8
+    concurrency: PositiveInt = operational(8)
     """Requests in flight at once."""
-    requests_per_minute: NonNegativeFloat = 0.0
+    requests_per_minute: NonNegativeFloat = operational(0.0)
     """Requests per minute at most; 0 = unlimited."""
     on_failure: Literal["raise", "skip"] = "raise"
     """After the retries: ``raise`` an EndpointError, or ``skip`` (the reply is ``None`` and the stage records it)."""
-    max_consecutive_failures: NonNegativeInt = 20
+    max_consecutive_failures: NonNegativeInt = operational(20)
     """Under ``skip``, this many failures in a row mean the endpoint is down: raise instead (0 = never)."""
-    cache_path: str | None = None
+    cache_path: str | None = operational(None)
     """sqlite file of finished replies (stages default to one next to their output); ``none`` disables caching."""
     # local Hugging Face backend only
-    batch_size: PositiveInt = 8
-    device: str | None = None
+    batch_size: PositiveInt = operational(8)
+    device: str | None = operational(None)
     dtype: str = "auto"
     trust_remote_code: bool = False
 

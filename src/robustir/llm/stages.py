@@ -18,6 +18,7 @@ from .cache import LLMCache
 from .client import LLMClient
 from .config import LLMConfig
 from .hf import HFGenerator
+from ..runs import operational
 
 logger = logging.getLogger(__package__)
 
@@ -96,11 +97,11 @@ class LLMStageConfig(Checked):
     """``auto``: items whose letters are at least this share CJK get the Chinese prompt."""
     max_passage_chars: PositiveInt = 4000
     """Passage text is cut to this many characters inside the prompt (the records keep the full text)."""
-    shard: str | None = None
+    shard: str | None = operational(None)
     """``I/N``: process shard I of N of the items (the output gets a ``.shard-I-of-N`` suffix)."""
-    overwrite: bool = False
+    overwrite: bool = operational(False)
     """Start afresh instead of resuming."""
-    progress: bool = True
+    progress: bool = operational(True)
     """Show a progress bar."""
     preflight: bool = True
     """Check the endpoint (its model list) before starting, for a fast clear error when it is unreachable."""
