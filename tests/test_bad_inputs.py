@@ -523,3 +523,19 @@ def test_damaged_progress_file_redoes_the_documents(env, tmp_path):
     (tmp_path / "c.jsonl.done").write_text("d1\n")  # not JSON: damaged
     assert run_cli(["chunk", "--input", env["docs"], "--output", str(out)]) == 0
     assert "stale" not in out.read_text() and len(out.read_text().splitlines()) == len(DOCS)
+
+
+@pytest.mark.parametrize("cli", [["train", "--train-data", "missing.jsonl", "--model", "missing-model"],
+                                 ["run", "/dev/null"]])
+def test_a_typo_in_loss_options_fails_at_load_naming_the_key(cli, tmp_path, monkeypatch, capsys):
+    """``loss_options.bta`` is refused when the config loads -- before any data is read or model loaded (neither
+    exists here) -- with the key path and the closest option; on 5245875 it loaded and failed after mining."""
+    from robustir.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    prefix = "train." if cli[0] == "run" else ""
+    assert main([*cli, f"{prefix}loss=peg", f"{prefix}loss_options.bta=0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "loss_options.bta" in err and "did you mean 'beta'" in err and "Traceback" not in err
+    assert main([*cli, f"{prefix}loss=ccr", f"{prefix}loss_options.variant=papr"]) == 2
+    assert "loss_options.variant" in capsys.readouterr().err

@@ -215,7 +215,7 @@ def test_mixture_training_resumes_exactly_and_logs_each_source(tiny_model_dir, t
     card = (full.model_path / "README.md").read_text()
     assert "a mixture of `qa`" in card and "symmetric" in card
     # both runs converted nothing twice: one cache entry per source file
-    assert len([p for p in (tmp_path / "cache").iterdir()]) == 2
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 2
 
 
 def test_mixture_config_from_yaml_and_bad_mixtures(tmp_path):

@@ -69,7 +69,9 @@ class TrainConfig(LoopConfig):
     num_negatives: NonNegativeInt = 1  # hard negatives per query in each training group
     # loss
     loss: Literal["infonce", "peg", "ccr"] = "infonce"  # contrastive loss; its options go in loss_options
-    loss_options: dict = field(default_factory=dict)  # e.g. {temperature: 0.02, beta: 0.2}
+    loss_options: dict = field(default_factory=dict)
+    """The chosen loss's options, e.g. {temperature: 0.02, beta: 0.2}; checked against that loss's typed section
+    (robustir.losses.options) when the config loads."""
     # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
     chunk_size: PositiveInt | None = None  # GradCache: rows per forward chunk (None = no caching)
     loss_block_rows: PositiveInt | None = operational(None)
@@ -117,6 +119,10 @@ class TrainConfig(LoopConfig):
         super().validate()
 
     def __post_init__(self) -> None:
+        from ..losses.options import check_loss_options
+
+        # typed per loss: a typo (loss_options.bta) fails when the config loads, not after mining
+        self.loss_options = check_loss_options(self.loss, self.loss_options, "loss_options")
         if isinstance(self.train_data, (list, tuple)):  # the Python API may pass mappings
             from ..config import from_dict
 
