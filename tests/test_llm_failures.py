@@ -21,7 +21,6 @@ from robustir.outputs import StageOutput
 from robustir.queries.generate import (DEFAULT_TEMPLATE_EN, DEFAULT_TEMPLATE_ZH, GenerateConfig, check_query,
                                       generate_queries, render_template, select_queries)
 
-sys.path.insert(0, str(Path(__file__).parent))
 from fake_llm_server import FakeLLMServer, read_lines, write_passages as _write_passages, last_user  # noqa: E402
 
 REFUSAL = "Sorry, I cannot help with that."
