@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -476,10 +476,3 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
     return run_filter(input_path, output_path, decide, method="teacher", config=asdict(config),
                       batch_records=config.batch_records, keep_removed=config.keep_removed,
                       shard=Shard.parse(config.shard), overwrite=False, progress=config.progress)
-
-
-def iter_records(path: str | Path) -> Iterator[FilterRecord]:
-    """Validated records of a training JSONL (for callers that want the same checks as the filters)."""
-    path = Path(path)
-    for line, obj in read_jsonl(path):
-        yield parse_record(path, line, obj)

@@ -482,9 +482,6 @@ class Encoder(nn.Module):
             self.train(was_training)
         return out
 
-    def encode_queries(self, queries: Sequence[str], **kwargs) -> np.ndarray:
-        return self.encode(queries, "query", **kwargs)
-
     def encode_corpus(self, passages: Sequence[str], *, cache_dir: str | os.PathLike | None = None,
                       **kwargs) -> np.ndarray:
         """Like :meth:`encode` for passages, reusing ``cache_dir/<key>.npy`` when the same model, settings

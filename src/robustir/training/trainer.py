@@ -32,7 +32,7 @@ import logging
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -449,7 +449,3 @@ def _trained_precision(config: TrainConfig, encoder: Encoder) -> str:
 
     resolved = resolve_precision(config.precision, encoder.device)
     return resolved if config.precision == resolved else f"{resolved} ({config.precision})"
-
-
-def config_summary(config: TrainConfig) -> dict:
-    return asdict(config)
