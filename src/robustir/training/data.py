@@ -47,6 +47,7 @@ import torch
 from ..data.arrow_store import TrainingRows, passage_hash
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
+from ..models.encoder import EncoderConfig
 
 logger = logging.getLogger(__name__)
 
@@ -332,18 +333,12 @@ Features = dict[str, torch.Tensor]
 CollatedBatch = tuple[Features, Features, torch.Tensor, torch.Tensor]
 
 
-def _batch_texts(groups: list[Group], query_instruction: str | None,
-                 passage_instruction: str | None) -> tuple[list[str], list[str], list[str]]:
-    """(queries with their instruction, passages as stored, passages with the passage instruction: the group's
-    own ``passage_prompt`` when it has one, a training source's)."""
-    default = query_instruction or ""
-    queries = [(g.prompt if g.prompt is not None else default) + g.query for g in groups]
+def _batch_texts(groups: list[Group], instructions: EncoderConfig) -> tuple[list[str], list[str], list[str]]:
+    """(queries with their instruction, passages as stored, passages with their instruction): a group's own
+    ``prompt`` / ``passage_prompt`` (a record's, a training source's) when it has one, else the encoder's."""
+    queries = [q for g in groups for q in instructions.with_instruction([g.query], "query", g.prompt)]
     passages = [p for g in groups for p in g.passages]
-    if any(g.passage_prompt is not None for g in groups):
-        prefixed = [((passage_instruction or "") if g.passage_prompt is None else g.passage_prompt) + x
-                    for g in groups for x in g.passages]
-    else:
-        prefixed = [passage_instruction + x for x in passages] if passage_instruction else passages
+    prefixed = [x for g in groups for x in instructions.with_instruction(g.passages, "passage", g.passage_prompt)]
     return queries, passages, prefixed
 
 
@@ -364,8 +359,7 @@ def collate(groups: list[Group], encoder, query_max_length: int,
 
     The reference: the ``transformers`` tokenizer's ``__call__`` on ``encoder.tokenizer``, on the calling thread.
     Training uses :class:`Collator`, which gives the same tensors."""
-    queries, passages, prefixed = _batch_texts(groups, encoder.config.query_instruction,
-                                               encoder.config.passage_instruction)
+    queries, passages, prefixed = _batch_texts(groups, encoder.config)
     q = encoder.tokenizer(queries, padding=True, truncation=True, max_length=query_max_length, return_tensors="pt")
     p = encoder.tokenizer(prefixed, padding=True, truncation=True, max_length=passage_max_length,
                           return_tensors="pt")
@@ -449,7 +443,8 @@ class Collator:
                  pad_to_multiple_of: int | None = None, fast: bool = True) -> None:
         self.tokenizer = copy.deepcopy(tokenizer)
         self.query_max_length, self.passage_max_length = query_max_length, passage_max_length
-        self.query_instruction, self.passage_instruction = query_instruction, passage_instruction
+        self.instructions = EncoderConfig(query_instruction=query_instruction or "",
+                                          passage_instruction=passage_instruction or "")
         self.pad_to_multiple_of = pad_to_multiple_of
         self.fast: tuple[_FastTokenizer, _FastTokenizer] | None = None
         if fast:
@@ -494,7 +489,7 @@ class Collator:
         return self._reference(texts, self.query_max_length if kind == "query" else self.passage_max_length)
 
     def __call__(self, groups: list[Group]) -> CollatedBatch:
-        queries, passages, prefixed = _batch_texts(groups, self.query_instruction, self.passage_instruction)
+        queries, passages, prefixed = _batch_texts(groups, self.instructions)
         return (self.features(queries, "query"), self.features(prefixed, "passage"), *_passage_ids(groups, passages))
 
 
