@@ -98,6 +98,37 @@ class SamplerSource:
                               f"got {self.task!r}")
 
 
+def source_items(source: SamplerSource, epoch_unit: str) -> int:
+    """What one epoch passes over in ``source``: its queries or its (query, positive) pairs, both directions of
+    each for a ``symmetric`` source."""
+    rows = source.rows
+    items = rows.num_pairs if epoch_unit == "pairs" else len(rows)
+    return 2 * items if source.task == "symmetric" else items
+
+
+def fit_batch_size(sources: list[SamplerSource], batch_size: int, world_size: int, epoch_unit: str, *,
+                   log: bool = True) -> int:
+    """The per-process batch size to train ``sources`` with: ``batch_size``, or, for training data (one source)
+    smaller than one global batch, ``items // world_size``, with one warning naming both numbers (``log``: on
+    the main process only).
+
+    A data set smaller than a batch then trains, as it does with sentence-transformers (whose only batch is
+    short), instead of failing. Not for a mixture, where one small source would shrink every source's batches
+    (:class:`GroupSampler` names the source instead), nor below one item per process."""
+    if len(sources) != 1:
+        return batch_size
+    items = source_items(sources[0], epoch_unit)
+    if items >= batch_size * world_size or items < world_size:
+        return batch_size
+    capped = items // world_size
+    if log:
+        unit = "(query, positive) pairs" if epoch_unit == "pairs" else "queries"
+        per = f" over {world_size} processes" if world_size > 1 else ""
+        logger.warning("the training data has %d %s (epoch_unit %s), fewer than one batch of %d%s: batch_size capped "
+                       "at %d", items, unit, epoch_unit, batch_size * world_size, per, capped)
+    return capped
+
+
 class _Pool(Sequence):
     """The passages examples without negatives draw from, read by index (``rng.choice`` takes one)."""
 
@@ -170,9 +201,7 @@ class GroupSampler:
                 self._check_pool(index)
 
     def _items(self, source: SamplerSource) -> int:
-        rows = source.rows
-        items = rows.num_pairs if self.epoch_unit == "pairs" else len(rows)
-        return 2 * items if source.task == "symmetric" else items
+        return source_items(source, self.epoch_unit)
 
     def _check_pool(self, index: int) -> None:
         """Every example without negatives must find one in its source's pool that is not one of its own
