@@ -54,7 +54,8 @@ __all__ = ["TrainingRows", "convert_training_files", "convert_examples", "passag
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: an empty positive list is an error (or skipped and counted with skip_empty_positives). Bump when the columns or the stats change: older cache entries are then converted again
+# 2: an empty positive list is an error (or skipped and counted with skip_empty_positives)
+FORMAT = 2  # bump when the columns or the stats change: older cache entries are then converted again
 DATA_FILE, STATS_FILE, MARKER = "data.arrow", "stats.json", "COMPLETE"
 BATCH_ROWS = 4096
 BATCH_BYTES = 64 << 20  # list<string> offsets are 32-bit: keep every record batch far below 2 GiB of text
