@@ -447,9 +447,6 @@ def test_configs_check_ranges_when_built_in_python():
 # --- 10 (secrets). an API key given in a config never lands in any file a stage writes ---------------------------
 
 def test_api_key_never_written_to_disk(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from fake_llm_server import FakeLLMServer, write_passages
 
     secret = "sk-test-SECRET-123456"

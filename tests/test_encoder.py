@@ -115,3 +115,49 @@ def test_bf16_copy_follows_weight_updates(tiny_model_dir):
     assert enc._half_cache[1] is not copy_before
     assert not np.allclose(first, second, atol=1e-3)
     np.testing.assert_allclose(second, enc.encode(TEXTS), atol=0.05)
+
+
+def test_with_instruction_is_the_one_rule_for_instructions():
+    from robustir.models.encoder import EncoderConfig
+
+    config = EncoderConfig(query_instruction="query: ", passage_instruction="passage: ")
+    assert config.with_instruction(["a", "b"], "query") == ["query: a", "query: b"]
+    assert config.with_instruction(["a"], "passage") == ["passage: a"]
+    assert config.with_instruction(["a"], "query", None) == ["query: a"]  # None: the config's own
+    assert config.with_instruction(["a"], "query", "") == ["a"]  # "": none, even where the config has one
+    assert config.with_instruction(["a"], "passage", "topic: ") == ["topic: a"]  # given: replaces the config's
+    assert config.with_instruction(iter(["a"]), "query") == ["query: a"]  # any iterable; a list comes back
+    plain = EncoderConfig()  # empty instructions: the texts unchanged
+    assert plain.with_instruction(["a"], "query") == ["a"] and plain.with_instruction(["a"], "passage") == ["a"]
+    assert plain.with_instruction([], "query") == []
+
+
+def test_every_path_that_adds_an_instruction_goes_through_with_instruction(tiny_model_dir, tmp_path, monkeypatch):
+    """Encoding, the training batches (reference collate and Collator) and the ST baseline's rows all prefix through
+    ``EncoderConfig.with_instruction``: one replaced by a marker shows up in each."""
+    import json
+
+    from robustir.models.encoder import EncoderConfig
+    from robustir.robustness.sidebyside import _st_dataset
+    from robustir.training.data import Collator, Group, collate
+
+    enc = Encoder.from_pretrained(tiny_model_dir, query_instruction="query: ")
+    reference = enc.encode(["marker hello"], "passage")
+    original = EncoderConfig.with_instruction
+    monkeypatch.setattr(EncoderConfig, "with_instruction",
+                        lambda self, texts, kind, instruction=None: ["marker " + t for t in
+                                                                     original(self, texts, kind, instruction)])
+    decode = enc.tokenizer.decode
+    assert decode(enc.tokenize(["hello"], "query")["input_ids"][0], skip_special_tokens=True) == "marker query : hello"
+    np.testing.assert_allclose(enc.encode(["hello"], "passage"), reference, atol=1e-6)
+
+    groups = [Group("what", None, ["yes", "no"]), Group("who", "own: ", ["me", "you"], passage_prompt="p: ")]
+    for q, p, *_ in (collate(groups, enc, 16, 16), Collator.for_encoder(enc, 16, 16)(groups)):
+        assert [decode(x, skip_special_tokens=True) for x in q["input_ids"]] == ["marker query : what",
+                                                                                  "marker own : who"]
+        assert [decode(x, skip_special_tokens=True) for x in p["input_ids"]] == ["marker yes", "marker no",
+                                                                                  "marker p : me", "marker p : you"]
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"query": "q", "pos": ["p"], "neg": ["n"], "prompt": "own: "}) + "\n")
+    assert _st_dataset(rows, 1)["anchor"] == ["marker own: q"]

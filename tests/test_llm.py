@@ -22,7 +22,6 @@ from robustir.queries.generate import (DEFAULT_TEMPLATE_EN, generate_queries, pa
 from robustir.llm import LLMCache, LLMClient, LLMConfig, RateLimiter, strip_reasoning
 from robustir.filtering.llm_judge import judge_negatives, parse_yes_no
 
-sys.path.insert(0, str(Path(__file__).parent))
 from fake_llm_server import FakeLLMServer, read_lines, write_passages, last_user  # noqa: E402
 
 

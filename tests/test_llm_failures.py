@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from robustir.outputs import StageOutput
 from robustir.queries.generate import (DEFAULT_TEMPLATE_EN, DEFAULT_TEMPLATE_ZH, GenerateConfig, check_query,
                                       generate_queries, render_template, select_queries)
 
-sys.path.insert(0, str(Path(__file__).parent))
 from fake_llm_server import FakeLLMServer, read_lines, write_passages as _write_passages, last_user  # noqa: E402
 
 REFUSAL = "Sorry, I cannot help with that."

@@ -127,9 +127,6 @@ def test_example_config_is_valid_and_uses_bundled_data():
 
 def test_pipeline_generated_queries_retromae_and_teacher_filter(tiny_model_dir, tmp_path):
     """The other branches: LLM queries (fake server), RetroMAE, mining against the corpus, a filter stage."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from fake_llm_server import FakeLLMServer, last_user
 
     def reply(messages):

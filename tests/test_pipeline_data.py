@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,7 @@ from robustir.errors import ConfigError, DataError
 from robustir.filtering import teacher as teacher_module
 from robustir.pipeline import STAGES, load_pipeline_config, run_pipeline
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_llm_server import FakeLLMServer, last_user  # noqa: E402
+from fake_llm_server import FakeLLMServer, last_user  # tests/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 TOPICS = ["protein folding in yeast cells", "insulin signalling in liver cells", "tumour growth in mice",

@@ -349,7 +349,8 @@ def test_negative_sampling_is_bounded_when_the_pool_is_mostly_own_positives(monk
     assert len(draws) <= 1 + 64 + 2  # the positive, at most 64 draws from the whole pool, then direct draws
 
 
-def test_too_little_data_for_one_batch_is_a_config_error(tiny_model_dir, tmp_path, capsys):
+def test_too_little_data_for_one_batch_the_sampler_refuses_and_the_trainer_caps(tiny_model_dir, tmp_path, capsys,
+                                                                                 caplog):
     examples = [TrainingExample(f"q{i}", [f"p{i}"], [f"n{i}"]) for i in range(5)]
     with pytest.raises(ConfigError, match=r"5 \(query, positive\) pairs .*batch_size 4 x 2 process\(es\) = 8.*"
                                           r"lower batch_size to 2"):
@@ -359,5 +360,6 @@ def test_too_little_data_for_one_batch_is_a_config_error(tiny_model_dir, tmp_pat
                      "--batch-size", "8", "--max-steps", "1", "--no-mine", "passage_max_length=32",
                      "query_max_length=16"])
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err
-    assert "3 (query, positive) pairs" in err and "lower batch_size to 3" in err
+    assert code == 0 and "Traceback" not in err  # training (fit_batch_size) caps the batch at the data's size
+    assert "has 3 (query, positive) pairs (epoch_unit pairs), fewer than one batch of 8: batch_size capped at 3" \
+        in caplog.text

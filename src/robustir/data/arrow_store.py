@@ -57,7 +57,8 @@ __all__ = ["TrainingRows", "convert_training_files", "convert_examples", "passag
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when the columns or the stats change: older cache entries are then converted again
+# 2: an empty positive list is an error (or skipped and counted with skip_empty_positives)
+FORMAT = 2  # bump when the columns or the stats change: older cache entries are then converted again
 DATA_FILE, STATS_FILE = "data.arrow", "stats.json"
 BATCH_ROWS = 4096
 BATCH_BYTES = 64 << 20  # list<string> offsets are 32-bit: keep every record batch far below 2 GiB of text
@@ -228,17 +229,20 @@ def _build(folder: Path, fill: Callable[[_Writer], dict], describe: str) -> None
 
 
 def convert_training_files(path: str | Path, cache_dir: str | Path, *, digest: dict | None = None,
-                           convert: bool = True) -> "TrainingRows":
+                           convert: bool = True, skip_empty_positives: bool = False) -> "TrainingRows":
     """The training JSONL file or folder ``path`` as :class:`TrainingRows`, converted on first use.
 
     ``digest``: :func:`~robustir.io.input_digest` of ``training_files(path)`` when the caller has it already (the
     run fingerprint's), else computed here. ``convert=False`` (processes other than the main one, after it
     converted): the entry must exist. Raises :class:`~robustir.errors.DataError` for a malformed record (the
     message of :func:`~robustir.data.training_data.parse_example`) and when no record is usable.
+    ``skip_empty_positives``: skip records with an empty ``pos`` list instead (part of the cache key: a conversion
+    that skipped them is not reused by a run that refuses them).
     """
     files = training_files(path)
     digest = digest if digest is not None else input_digest(files)
-    folder = Path(cache_dir) / _cache_key("jsonl", digest)
+    folder = Path(cache_dir) / _cache_key("jsonl", digest, {"skip_empty_positives": True} if skip_empty_positives
+                                          else None)
     if not _usable(folder, convert):
         if not convert:
             raise FileNotFoundError(f"{folder}: the converted training data is not there (the main process "
@@ -246,7 +250,8 @@ def convert_training_files(path: str | Path, cache_dir: str | Path, *, digest: d
 
         def fill(writer: _Writer) -> dict:
             stats: dict = {}
-            for index, line, example in iter_training_records(path, stats, files):
+            for index, line, example in iter_training_records(path, stats, files,
+                                                              skip_empty_positives=skip_empty_positives):
                 writer.add(example, index, line)
             if not writer.rows:
                 raise DataError(path, "no usable training example", fix="each line needs a non-empty query and pos")

@@ -123,9 +123,26 @@ def check_record(obj: dict, path: Path, line: int) -> tuple[str, list[str], list
     return query, pos, neg
 
 
-def parse_example(obj: dict, path: Path, line: int) -> TrainingExample | None:
-    """Validate one JSON object; returns ``None`` for a record to skip (empty query / no non-empty positive)."""
+def positives_removed_by_filter(obj: dict) -> bool:
+    """A record whose positives a robustir filter removed (``"pos": []``, each in ``removed`` with reason
+    ``suspect_positive``): kept as a line so the filter's output stays aligned with its input; training skips it,
+    later filters pass it on."""
+    removed = obj.get("removed")
+    return isinstance(removed, list) and any(isinstance(r, dict) and r.get("reason") == "suspect_positive"
+                                             for r in removed)
+
+
+def parse_example(obj: dict, path: Path, line: int, *, skip_empty_positives: bool = False) -> TrainingExample | None:
+    """Validate one JSON object; returns ``None`` for a record to skip (empty query / no non-empty positive).
+
+    An empty ``pos`` list is a :class:`DataError` naming the file and line (a query without a positive cannot be
+    trained on, and dropping it silently hides a broken data set), unless a filter emptied it
+    (:func:`positives_removed_by_filter`) or ``skip_empty_positives`` asks to skip such records."""
     query, pos, neg = check_record(obj, path, line)
+    if not pos and not skip_empty_positives and not positives_removed_by_filter(obj):
+        raise DataError(path, "empty positive list: a query needs at least one positive passage to train on",
+                        line=line, field="pos", fix="add the query's positive(s) or remove the line; or set "
+                        "skip_empty_positives=true to skip such records (they are counted in the log and model card)")
     pos_scores = _score_list(obj, "pos_scores", len(pos), path, line)
     neg_scores = _score_list(obj, "neg_scores", len(neg), path, line)
     prompt = obj.get("prompt")
@@ -158,19 +175,23 @@ def training_files(path: str | Path) -> list[Path]:
     return [path]
 
 
-def iter_training_records(path: str | Path, stats: dict | None = None,
-                          files: list[Path] | None = None) -> Iterator[tuple[int, int, TrainingExample]]:
+def iter_training_records(path: str | Path, stats: dict | None = None, files: list[Path] | None = None, *,
+                          skip_empty_positives: bool = False) -> Iterator[tuple[int, int, TrainingExample]]:
     """Stream ``(file index, line, example)`` of the validated examples of a file or folder (``files``: its
-    :func:`training_files`, when already listed). ``stats`` (if given) counts read / skipped records."""
+    :func:`training_files`, when already listed). ``stats`` (if given) counts read / skipped records
+    (``skipped_empty``: all skipped; ``skipped_empty_positives``, when any: those skipped for an empty ``pos``
+    list under ``skip_empty_positives``). ``skip_empty_positives``: see :func:`parse_example`."""
     stats = stats if stats is not None else {}
     stats.setdefault("read", 0)
     stats.setdefault("skipped_empty", 0)
     for index, file in enumerate(files if files is not None else training_files(path)):
         for line, obj in read_jsonl(file):
             stats["read"] += 1
-            example = parse_example(obj, file, line)
+            example = parse_example(obj, file, line, skip_empty_positives=skip_empty_positives)
             if example is None:
                 stats["skipped_empty"] += 1
+                if skip_empty_positives and not obj["pos"] and not positives_removed_by_filter(obj):
+                    stats["skipped_empty_positives"] = stats.get("skipped_empty_positives", 0) + 1
                 continue
             yield index, line, example
 
@@ -181,9 +202,9 @@ def iter_training_examples(path: str | Path, stats: dict | None = None) -> Itera
         yield example
 
 
-def load_training_data(path: str | Path) -> tuple[list[TrainingExample], dict]:
+def load_training_data(path: str | Path, *, skip_empty_positives: bool = False) -> tuple[list[TrainingExample], dict]:
     stats: dict = {}
-    examples = list(iter_training_examples(path, stats))
+    examples = [e for _, _, e in iter_training_records(path, stats, skip_empty_positives=skip_empty_positives)]
     if not examples:
         raise DataError(path, "no usable training example", fix="each line needs a non-empty query and pos")
     return examples, stats

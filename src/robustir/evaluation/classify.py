@@ -2,7 +2,8 @@
 
 GUR's test-time use besides retrieval: "the learned text encoder synthesizes a zero-shot classifier by embedding the
 names of the target dataset's classes"; "the models encode both the samples and the labels into vectors,
-subsequently searching for the nearest label for each sample" (shared/papers/gur-generate-to-understand.txt).
+subsequently searching for the nearest label for each sample"
+(docs/methods.md#zero-shot-classification-with-the-encoder).
 
 * **zero-shot**: each class is the embedding of its name, or of ``"name: description"`` when a description is
   given (``--descriptions``); a sample gets the class of highest cosine similarity;

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..runs import Artifact, fingerprint, operational
 from ..errors import ConfigError
-from ..io import Shard, write_json
+from ..io import Shard
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 from ..precision import Precision
 from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,

@@ -34,11 +34,11 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
-from ..data.training_data import check_record
+from ..data.training_data import check_record, positives_removed_by_filter
 from ..runs import operational
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl
@@ -119,17 +119,10 @@ class FilterReport:
 def parse_record(path: Path, line: int, obj: dict) -> FilterRecord:
     """Validate ``query`` (str), ``pos`` (non-empty list of str) and ``neg`` (list of str, may be absent)."""
     query, pos, neg = check_record(obj, path, line)
-    if not pos and not _dropped_earlier(obj):
+    if not pos and not positives_removed_by_filter(obj):
         raise DataError(path, "empty positive list", line=line, field="pos",
                         fix="every record needs at least one positive to compare its negatives with")
     return FilterRecord(line, obj, query, pos, neg)
-
-
-def _dropped_earlier(obj: dict) -> bool:
-    """A record whose positives an earlier filter removed (kept as a line so outputs stay aligned)."""
-    removed = obj.get("removed")
-    return isinstance(removed, list) and any(isinstance(r, dict) and r.get("reason") == REASON_SUSPECT_POSITIVE
-                                             for r in removed)
 
 
 def check_paths(input_path: str | Path, output_path: str | Path, overwrite: bool) -> tuple[Path, Path]:
@@ -477,10 +470,3 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
     return run_filter(input_path, output_path, decide, method="teacher", config=asdict(config),
                       batch_records=config.batch_records, keep_removed=config.keep_removed,
                       shard=Shard.parse(config.shard), overwrite=False, progress=config.progress)
-
-
-def iter_records(path: str | Path) -> Iterator[FilterRecord]:
-    """Validated records of a training JSONL (for callers that want the same checks as the filters)."""
-    path = Path(path)
-    for line, obj in read_jsonl(path):
-        yield parse_record(path, line, obj)

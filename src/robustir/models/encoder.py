@@ -54,6 +54,15 @@ class EncoderConfig(Checked):
     def instruction(self, kind: TextKind) -> str:
         return self.query_instruction if kind == "query" else self.passage_instruction
 
+    def with_instruction(self, texts: Iterable[str], kind: TextKind, instruction: str | None = None) -> list[str]:
+        """``texts`` as the model reads them: each preceded by ``instruction``, or when that is None by this config's
+        instruction for ``kind`` (``"query"``; anything else is a passage); ``""`` adds nothing.
+
+        The one place robustir adds an instruction (encoding, training batches, serving's token counts, the
+        sentence-transformers baseline), so a model is trained on, and queried with, the same text."""
+        prefix = self.instruction(kind) if instruction is None else instruction
+        return [prefix + t for t in texts] if prefix else list(texts)
+
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -380,8 +389,7 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ training path
     def tokenize(self, texts: Sequence[str], kind: TextKind, max_length: int | None = None,
                  instruction: str | None = None) -> dict[str, Tensor]:
-        prefix = self.config.instruction(kind) if instruction is None else instruction
-        texts = [prefix + t for t in texts] if prefix else list(texts)
+        texts = self.config.with_instruction(texts, kind, instruction)
         return self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt",
                               max_length=max_length or self.config.max_length(kind))
 
@@ -453,7 +461,6 @@ class Encoder(nn.Module):
             return out
         was_training = self.training
         self.eval()
-        prefix = self.config.instruction(kind) if instruction is None else instruction
         limit = max_length or self.config.max_length(kind)
         show = n >= 2000 if show_progress is None else show_progress
         block = ENCODE_BLOCK  # bound tokenizer memory on very large inputs
@@ -463,7 +470,7 @@ class Encoder(nn.Module):
         transformer = self._inference_transformer(self.resolve_precision(precision, bf16))
         try:
             for start in range(0, n, block):
-                chunk = [prefix + t for t in texts[start:start + block]] if prefix else list(texts[start:start + block])
+                chunk = self.config.with_instruction(texts[start:start + block], kind, instruction)
                 ids = self.tokenizer(chunk, truncation=True, max_length=limit, padding=False,
                                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
                 order = np.argsort([-len(x) for x in ids], kind="stable")
@@ -481,9 +488,6 @@ class Encoder(nn.Module):
             bar.close()
             self.train(was_training)
         return out
-
-    def encode_queries(self, queries: Sequence[str], **kwargs) -> np.ndarray:
-        return self.encode(queries, "query", **kwargs)
 
     def encode_corpus(self, passages: Sequence[str], *, cache_dir: str | os.PathLike | None = None,
                       **kwargs) -> np.ndarray:

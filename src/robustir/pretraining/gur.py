@@ -1,6 +1,6 @@
 """GUR: joint span-masked language modelling and in-pair contrastive learning (docs/methods.md#gur-joint-pre-training).
 
-Xue et al., "Generate to Understand for Representation" (shared/papers/gur-generate-to-understand.txt).
+Xue et al., "Generate to Understand for Representation" (the paper and the authors' code: docs/methods.md#gur).
 The authors train a T5 encoder-decoder (that form: :mod:`robustir.pretraining.t5_gur`, chosen by pre-training for a
 T5-family model); here the recipe is adapted to an encoder-only BERT masked LM:
 

@@ -59,7 +59,7 @@ import os
 import random
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -613,7 +613,3 @@ def write_pretrain_report(output: str | Path) -> Path | None:
     fig.savefig(png, dpi=90)
     plt.close(fig)
     return png
-
-
-def config_summary(config: PretrainConfig) -> dict:
-    return asdict(config)

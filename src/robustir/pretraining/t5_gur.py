@@ -1,7 +1,7 @@
 """GUR as the paper builds it: a T5 encoder-decoder (docs/methods.md#gur-on-t5-the-papers-architecture).
 
-Xue et al., "Generate to Understand for Representation" (shared/papers/gur-generate-to-understand.txt, §III-A,
-§III-C, Fig. 3; the authors' ``GurT5ForPretraining``, design/methods-notes.md §3.4):
+Xue et al., "Generate to Understand for Representation" (§III-A, §III-C, Fig. 3; the authors' ``GurT5ForPretraining``
+in ``laohur/GUR``, compared with the paper in the table of docs/methods.md#gur-on-t5-the-papers-architecture):
 
 * **language modelling through the decoder**, as T5 does: every sentence of a pair is span-corrupted
   (:func:`span_corrupt`): each masked span (hump-geometric lengths, :class:`~robustir.pretraining.masking.SpanMasker`,
@@ -148,7 +148,8 @@ class T5GURCollator:
 
     Returns (2B rows, interleaved ``[a1, b1, a2, b2, ...]``): ``input_ids`` / ``attention_mask`` (2B, L), the
     corrupted encoder inputs padded with the pad token; ``labels`` (2B, T), the decoder targets padded with -100
-    (padding is not a target; the authors' code counted it, design/methods-notes.md §3.2).
+    (padding is not a target; the authors' code counted it: the table of
+    docs/methods.md#gur-on-t5-the-papers-architecture).
     """
 
     def __init__(self, tokenizer: Any, max_length: int = 128, masker: SpanMasker | None = None, *,

@@ -157,13 +157,16 @@ def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, se
 def _st_dataset(rows_path: Path, k: int):
     from datasets import Dataset
 
+    from ..models.encoder import EncoderConfig
+
+    plain = EncoderConfig()  # a row's own prompt, no model instruction
     columns: dict[str, list[str]] = {"anchor": [], "positive": [], **{f"negative_{n + 1}": [] for n in range(k)}}
     with open(rows_path, encoding="utf-8") as handle:
         for line in handle:
             if not line.strip():
                 continue
             row = json.loads(line)
-            columns["anchor"].append(row.get("prompt", "") + row["query"] if row.get("prompt") else row["query"])
+            columns["anchor"].append(plain.with_instruction([row["query"]], "query", row.get("prompt"))[0])
             columns["positive"].append(row["pos"][0])
             for n in range(k):
                 columns[f"negative_{n + 1}"].append(row["neg"][n])

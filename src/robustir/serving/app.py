@@ -185,8 +185,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     def encode(texts: list[str], kind: str) -> tuple[np.ndarray, list[int]]:
         model = worker_encoder()
         vectors = model.encode(texts, kind, batch_size=encode_batch, precision=precision, show_progress=False)
-        prefix = model.config.instruction(kind)
-        ids = model.tokenizer([prefix + t for t in texts] if prefix else texts, truncation=True,
+        ids = model.tokenizer(model.config.with_instruction(texts, kind), truncation=True,
                               max_length=model.config.max_length(kind), return_attention_mask=False,
                               return_token_type_ids=False)["input_ids"]
         return vectors, [len(x) for x in ids]

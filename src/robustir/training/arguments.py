@@ -63,6 +63,9 @@ class TrainConfig(LoopConfig):
     """Folder of the training data converted to Arrow (memory-mapped, reused while the files are unchanged);
     None = <output>/data-cache."""
     train_split: str = "train"
+    skip_empty_positives: bool = False
+    """A training record with an empty ``pos`` list is an error naming its file and line (a query without a positive
+    cannot be trained on); true skips such records and counts them in the log and the model card."""
     mine: Literal["bm25", "dense", "none"] = "bm25"  # mine negatives for examples without any; none = in-batch only
     mine_negatives: PositiveInt = 20  # negatives kept per query by mining (training samples from these)
     mine_range_min: NonNegativeInt = 0  # skip this many top-ranked non-positives (likely false negatives)

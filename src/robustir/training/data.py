@@ -47,6 +47,7 @@ import torch
 from ..data.arrow_store import TrainingRows, passage_hash
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
+from ..models.encoder import EncoderConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,37 @@ class SamplerSource:
         if self.task not in TASKS:
             raise ConfigError(f"training source {self.name!r}: task must be one of {', '.join(TASKS)}, "
                               f"got {self.task!r}")
+
+
+def source_items(source: SamplerSource, epoch_unit: str) -> int:
+    """What one epoch passes over in ``source``: its queries or its (query, positive) pairs, both directions of
+    each for a ``symmetric`` source."""
+    rows = source.rows
+    items = rows.num_pairs if epoch_unit == "pairs" else len(rows)
+    return 2 * items if source.task == "symmetric" else items
+
+
+def fit_batch_size(sources: list[SamplerSource], batch_size: int, world_size: int, epoch_unit: str, *,
+                   log: bool = True) -> int:
+    """The per-process batch size to train ``sources`` with: ``batch_size``, or, for training data (one source)
+    smaller than one global batch, ``items // world_size``, with one warning naming both numbers (``log``: on
+    the main process only).
+
+    A data set smaller than a batch then trains, as it does with sentence-transformers (whose only batch is
+    short), instead of failing. Not for a mixture, where one small source would shrink every source's batches
+    (:class:`GroupSampler` names the source instead), nor below one item per process."""
+    if len(sources) != 1:
+        return batch_size
+    items = source_items(sources[0], epoch_unit)
+    if items >= batch_size * world_size or items < world_size:
+        return batch_size
+    capped = items // world_size
+    if log:
+        unit = "(query, positive) pairs" if epoch_unit == "pairs" else "queries"
+        per = f" over {world_size} processes" if world_size > 1 else ""
+        logger.warning("the training data has %d %s (epoch_unit %s), fewer than one batch of %d%s: batch_size capped "
+                       "at %d", items, unit, epoch_unit, batch_size * world_size, per, capped)
+    return capped
 
 
 class _Pool(Sequence):
@@ -169,9 +201,7 @@ class GroupSampler:
                 self._check_pool(index)
 
     def _items(self, source: SamplerSource) -> int:
-        rows = source.rows
-        items = rows.num_pairs if self.epoch_unit == "pairs" else len(rows)
-        return 2 * items if source.task == "symmetric" else items
+        return source_items(source, self.epoch_unit)
 
     def _check_pool(self, index: int) -> None:
         """Every example without negatives must find one in its source's pool that is not one of its own
@@ -332,18 +362,12 @@ Features = dict[str, torch.Tensor]
 CollatedBatch = tuple[Features, Features, torch.Tensor, torch.Tensor]
 
 
-def _batch_texts(groups: list[Group], query_instruction: str | None,
-                 passage_instruction: str | None) -> tuple[list[str], list[str], list[str]]:
-    """(queries with their instruction, passages as stored, passages with the passage instruction: the group's
-    own ``passage_prompt`` when it has one, a training source's)."""
-    default = query_instruction or ""
-    queries = [(g.prompt if g.prompt is not None else default) + g.query for g in groups]
+def _batch_texts(groups: list[Group], instructions: EncoderConfig) -> tuple[list[str], list[str], list[str]]:
+    """(queries with their instruction, passages as stored, passages with their instruction): a group's own
+    ``prompt`` / ``passage_prompt`` (a record's, a training source's) when it has one, else the encoder's."""
+    queries = [q for g in groups for q in instructions.with_instruction([g.query], "query", g.prompt)]
     passages = [p for g in groups for p in g.passages]
-    if any(g.passage_prompt is not None for g in groups):
-        prefixed = [((passage_instruction or "") if g.passage_prompt is None else g.passage_prompt) + x
-                    for g in groups for x in g.passages]
-    else:
-        prefixed = [passage_instruction + x for x in passages] if passage_instruction else passages
+    prefixed = [x for g in groups for x in instructions.with_instruction(g.passages, "passage", g.passage_prompt)]
     return queries, passages, prefixed
 
 
@@ -364,8 +388,7 @@ def collate(groups: list[Group], encoder, query_max_length: int,
 
     The reference: the ``transformers`` tokenizer's ``__call__`` on ``encoder.tokenizer``, on the calling thread.
     Training uses :class:`Collator`, which gives the same tensors."""
-    queries, passages, prefixed = _batch_texts(groups, encoder.config.query_instruction,
-                                               encoder.config.passage_instruction)
+    queries, passages, prefixed = _batch_texts(groups, encoder.config)
     q = encoder.tokenizer(queries, padding=True, truncation=True, max_length=query_max_length, return_tensors="pt")
     p = encoder.tokenizer(prefixed, padding=True, truncation=True, max_length=passage_max_length,
                           return_tensors="pt")
@@ -449,7 +472,8 @@ class Collator:
                  pad_to_multiple_of: int | None = None, fast: bool = True) -> None:
         self.tokenizer = copy.deepcopy(tokenizer)
         self.query_max_length, self.passage_max_length = query_max_length, passage_max_length
-        self.query_instruction, self.passage_instruction = query_instruction, passage_instruction
+        self.instructions = EncoderConfig(query_instruction=query_instruction or "",
+                                          passage_instruction=passage_instruction or "")
         self.pad_to_multiple_of = pad_to_multiple_of
         self.fast: tuple[_FastTokenizer, _FastTokenizer] | None = None
         if fast:
@@ -494,7 +518,7 @@ class Collator:
         return self._reference(texts, self.query_max_length if kind == "query" else self.passage_max_length)
 
     def __call__(self, groups: list[Group]) -> CollatedBatch:
-        queries, passages, prefixed = _batch_texts(groups, self.query_instruction, self.passage_instruction)
+        queries, passages, prefixed = _batch_texts(groups, self.instructions)
         return (self.features(queries, "query"), self.features(prefixed, "passage"), *_passage_ids(groups, passages))
 
 

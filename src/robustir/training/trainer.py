@@ -32,7 +32,7 @@ import logging
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,7 @@ from ..resources import default_model_path
 from .arguments import TrainConfig, TrainSource
 from .batch_engine import BatchEngine
 from .checkpoints import input_digest
-from .data import Collator, GroupSampler, SamplerSource, StepBatches
+from .data import Collator, GroupSampler, SamplerSource, StepBatches, fit_batch_size
 from .input_pipeline import InputPipeline
 from .loop import TrainingLoop
 
@@ -137,11 +137,16 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
                 key_extra={"split": config.train_split}, describe=f"{path} ({config.train_split} split)",
                 convert=convert))
         else:
-            rows = _on_main(is_main, wait, lambda convert: convert_training_files(path, cache, digest=digest,
-                                                                                 convert=convert))
-        if rows.stats.get("skipped_empty"):
-            logger.warning("%sskipped %d training record(s) with an empty query or positive",
-                           f"{spec.label}: " if mixture else "", rows.stats["skipped_empty"])
+            rows = _on_main(is_main, wait, lambda convert: convert_training_files(
+                path, cache, digest=digest, convert=convert, skip_empty_positives=config.skip_empty_positives))
+        where = f"{spec.label}: " if mixture else ""
+        if rows.stats.get("skipped_empty_positives"):
+            logger.warning("%sskipped %d training record(s) with an empty positive list (skip_empty_positives)",
+                           where, rows.stats["skipped_empty_positives"])
+        others = rows.stats.get("skipped_empty", 0) - rows.stats.get("skipped_empty_positives", 0)
+        if others:
+            logger.warning("%sskipped %d training record(s) with an empty query or positive, or whose positives a "
+                           "filter removed", where, others)
         if config.num_negatives > 0 and config.mine != "none" and not rows.num_negatives:
             mined_any = True
             mined = Path(config.output) / (f"mined-{config.mine}-{spec.label}.jsonl" if mixture
@@ -239,7 +244,13 @@ def _describe_data(config: TrainConfig) -> str:
 
 
 def _model_card(config: TrainConfig, encoder: Encoder, loss_config: dict, steps: int, examples: int,
-                metrics: dict, base_metrics: dict) -> str:
+                metrics: dict, base_metrics: dict, *, requested_batch_size: int | None = None,
+                sources: list[SamplerSource] | None = None) -> str:
+    capped = (f" (batch_size {requested_batch_size} capped at the size of the training data)"
+              if requested_batch_size is not None and requested_batch_size != config.batch_size else "")
+    skipped = sum(s.rows.stats.get("skipped_empty_positives", 0) for s in sources or [])
+    examples_text = f"{examples} examples" + (f" ({skipped} record(s) with an empty positive list skipped: "
+                                              "skip_empty_positives)" if skipped else "")
     rows = ""
     if metrics:
         keys = [k for k in ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100") if k in metrics]
@@ -256,11 +267,11 @@ pipeline_tag: sentence-similarity
 # Retrieval embedding model trained with robustir
 
 - **Base model:** `{config.model or 'all-MiniLM-L6-v2 (bundled)'}`
-- **Training data:** {_describe_data(config)} (split `{config.train_split}` for BEIR folders), {examples} examples;
+- **Training data:** {_describe_data(config)} (split `{config.train_split}` for BEIR folders), {examples_text};
   hard negatives: {'as given in the data (or in-batch only)' if config.mine == 'none' else f'mined with {config.mine} ({config.mine_negatives} per query, skipping the top {config.mine_range_min})'};
   {config.num_negatives} hard negative(s) per query per step.
 - **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
-- **Steps:** {steps}; batch {config.batch_size} queries per process{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
+- **Steps:** {steps}; batch {config.batch_size} queries per process{capped}{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
   lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, precision {_trained_precision(config, encoder)}.
 - **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
   query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length}
@@ -320,6 +331,11 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     sources = prepare_examples(config, encoder, is_main, accelerator.wait_for_everyone, inputs)
     examples = sources[0].rows if len(sources) == 1 else _AllRows(sources)  # memory-mapped rows, read by index
     loss = get_loss(config.loss, **config.loss_options)
+    # a data set smaller than one batch trains with a batch capped at its size; config.batch_size is the batch
+    # the loop, the checkpoints, training_config.json and the model card state (the fingerprint keeps the request)
+    requested_batch_size = config.batch_size
+    config.batch_size = fit_batch_size(sources, config.batch_size, accelerator.num_processes, config.epoch_unit,
+                                       log=is_main)
     sampler = GroupSampler(sources, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
                            epoch_unit=config.epoch_unit)
     total_steps = config.max_steps or max(1, math.ceil(config.epochs * sampler.steps_per_epoch))
@@ -396,7 +412,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         if eval_dataset is not None:
             metrics = _evaluate(unwrapped, eval_dataset, config)
             write_json(out / "eval_metrics.json", {"model": metrics, "base": base_metrics})
-        card = _model_card(config, unwrapped, loss.config(), total_steps, len(examples), metrics, base_metrics)
+        card = _model_card(config, unwrapped, loss.config(), total_steps, len(examples), metrics, base_metrics,
+                           requested_batch_size=requested_batch_size, sources=sources)
         unwrapped.save(model_path, model_card=card)
         write_json(model_path / "training_config.json", to_dict(config))
         if config.report:
@@ -443,7 +460,3 @@ def _trained_precision(config: TrainConfig, encoder: Encoder) -> str:
 
     resolved = resolve_precision(config.precision, encoder.device)
     return resolved if config.precision == resolved else f"{resolved} ({config.precision})"
-
-
-def config_summary(config: TrainConfig) -> dict:
-    return asdict(config)
