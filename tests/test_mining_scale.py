@@ -318,7 +318,7 @@ def test_corpus_embeddings_share_the_encoder_cache_and_resume(tmp_path, tiny_mod
     with pytest.raises(RuntimeError):
         corpus_embeddings(encoder, documents, config, tmp_path)
     assert [p.name.split(".", 1)[1] for p in sorted((tmp_path / "cache").glob("*.npy.*"))] == \
-        ["npy.lock", "npy.partial", "npy.progress.json"]
+        ["npy.lock", "npy.partial", "npy.run.json"]
     calls.clear()
     monkeypatch.setattr(Encoder, "encode", lambda self, batch, *a, **k: calls.append(len(batch))
                         or real_encode(self, batch, *a, **k))
@@ -331,6 +331,16 @@ def test_corpus_embeddings_share_the_encoder_cache_and_resume(tmp_path, tiny_mod
                           reference)
     assert np.array_equal(corpus_embeddings(encoder, documents, config, tmp_path).load(), reference)
     assert not calls  # both read the one cached file
+    # a damaged cache file (cut short, or bytes changed at its full size) is encoded again, never read
+    raw = cached[0].read_bytes()
+    for damaged in (raw[: len(raw) // 2], raw[:-8] + bytes(8)):
+        cached[0].write_bytes(damaged)
+        calls.clear()
+        assert np.array_equal(corpus_embeddings(encoder, documents, config, tmp_path).load(), reference)
+        assert calls == [8, 8, 8, 6]
+    cached[0].write_bytes(raw[:-8] + bytes(8))
+    assert np.array_equal(encoder.encode_corpus(texts, cache_dir=tmp_path / "cache", batch_size=4, precision="fp32"),
+                          reference)
     documents.close()
 
 

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ..errors import ConfigError
 from ..io import write_json
 from ..validation import Checked, PositiveInt
+from ..runs import Artifact, Fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -496,14 +497,21 @@ class Encoder(nn.Module):
         if cache_dir is None:
             return self.encode(passages, "passage", **kwargs)
         cache = self.corpus_cache_file(passages, cache_dir, **kwargs)
-        if cache.exists():
+        entry = corpus_cache_entry(cache)
+        if entry.complete():
             logger.info("reusing cached corpus embeddings %s", cache)
             return np.load(cache, allow_pickle=False)
+        if cache.exists() or entry.record_path.exists():  # damaged, or written without a record: made again
+            logger.warning("cached corpus embeddings %s do not match their record (%s): encoding again", cache,
+                           "; ".join(entry.check().problems) or "no complete record")
+            entry.clear()
         emb = self.encode(passages, "passage", **kwargs)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(cache.name + ".tmp.npy")
         np.save(tmp, emb)
         os.replace(tmp, cache)
+        entry.begin(Fingerprint("corpus-embeddings", {"key": cache.stem}))
+        entry.finish({"rows": int(emb.shape[0])}, checksums=True)
         return emb
 
     def corpus_cache_file(self, passages: Iterable[str], cache_dir: str | os.PathLike, **kwargs) -> Path:
@@ -518,3 +526,15 @@ class Encoder(nn.Module):
         key = f"{self.fingerprint()}-{digest.hexdigest()[:16]}-" + hashlib.sha256(
             json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
         return Path(cache_dir) / f"{key}.npy"
+
+
+#: the corpus-embedding caches' checksums are verified on use up to this size; larger files (a 100M-passage
+#: corpus is hundreds of GB) are checked by size, since re-hashing them on every use (about 2 GB/s here) would cost
+#: minutes each time
+CACHE_CHECKSUM_LIMIT = 4 << 30
+
+
+def corpus_cache_entry(path: Path) -> Artifact:
+    """The record (:class:`robustir.runs.Artifact`) of one corpus-embedding cache file, shared by
+    :meth:`Encoder.encode_corpus` and dense mining (either reuses the other's)."""
+    return Artifact(path, what="corpus-embedding cache", checksum_limit=CACHE_CHECKSUM_LIMIT)

@@ -52,11 +52,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.beir import BeirDataset, CorpusFile, encoding_text, load_beir
-from ..runs import operational
+from ..runs import Fingerprint, operational
 from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import TIE_MARGIN, ChunkedFlatIndex, DenseIndex, DenseIndexConfig, EmbeddingFile, sort_hits
-from ..io import ResumableJsonlWriter, Shard, write_json
+from ..io import ResumableJsonlWriter, Shard
 from ..outputs import StageOutput, refuse_overwriting_inputs
 from .margins import margin_reason
 from .score_stats import ScoreStats
@@ -379,32 +379,45 @@ def corpus_embeddings(encoder, documents: Documents, config: MiningConfig, work_
                                      **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path.with_name(path.name + ".lock")):
-        if path.exists():
+        entry = encoder_module.corpus_cache_entry(path)
+        check = entry.check()
+        if check.reusable:
             logger.info("reusing cached corpus embeddings %s", path)
             return EmbeddingFile(path)
+        if check.state == "complete" or (path.exists() and check.state == "started"):
+            logger.warning("cached corpus embeddings %s do not match their record (%s): encoding again", path,
+                           "; ".join(check.problems) or "no complete record")
+            path.unlink(missing_ok=True)
         return _encode_to_file(encoder, documents, path, block, kwargs, resumable=True)
 
 
 def _encode_to_file(encoder, documents: Documents, path: Path, block: int, kwargs: dict,
                     resumable: bool = False) -> EmbeddingFile:
-    """Encode the documents into ``path`` (through ``path.partial``, renamed when complete); ``resumable``:
-    continue a ``.partial`` whose ``.progress.json`` says how many rows are done."""
+    """Encode the documents into ``path`` (through ``path.partial``, renamed when complete, then recorded complete
+    in ``path.run.json``); ``resumable``: continue a ``.partial`` whose record says how many rows are done (same
+    block size and document count)."""
+    from ..models.encoder import corpus_cache_entry
+
     partial = path.with_name(path.name + ".partial")
-    progress = path.with_name(path.name + ".progress.json")
+    entry = corpus_cache_entry(path)
     n = len(documents)
     start, file = 0, None
-    if resumable and partial.exists() and progress.exists():
+    made = Fingerprint("corpus-embeddings", {"key": path.stem, "block": block, "documents": n})
+    if resumable and partial.exists():
+        saved = entry.fingerprint
+        rows = entry.progress.get("rows")
         try:
-            saved = json.loads(progress.read_text(encoding="utf-8"))
-            candidate = EmbeddingFile(partial, writable=True)
-            if saved.get("block") == block and saved.get("documents") == n == len(candidate) \
-                    and 0 < int(saved.get("rows", 0)) <= n:
-                file, start = candidate, int(saved["rows"])
-                logger.info("resuming the corpus encoding at document %d of %d (%s)", start, n, partial)
-            else:
-                candidate.close()
+            if saved is not None and saved.digest == made.digest and isinstance(rows, int) and 0 < rows <= n:
+                candidate = EmbeddingFile(partial, writable=True)
+                if len(candidate) == n:
+                    file, start = candidate, rows
+                    logger.info("resuming the corpus encoding at document %d of %d (%s)", start, n, partial)
+                else:
+                    candidate.close()
         except (OSError, ValueError, ConfigError):
-            file, start = None, 0  # a damaged record: encode from the start
+            file, start = None, 0  # a damaged partial file: encode from the start
+    if start == 0:
+        entry.begin(made, resume=False)
     bar = tqdm(total=n, initial=start, desc="encode corpus", unit="doc", disable=n < 2000)
     try:
         for first in range(start, n, block):
@@ -414,7 +427,7 @@ def _encode_to_file(encoder, documents: Documents, path: Path, block: int, kwarg
             file.write(first, emb)
             if resumable:
                 file.flush()
-                write_json(progress, {"rows": first + len(emb), "block": block, "documents": n})
+                entry.note(rows=first + len(emb))
             bar.update(len(emb))
             del emb  # before the next block is encoded: one block of vectors at a time
     finally:
@@ -422,7 +435,7 @@ def _encode_to_file(encoder, documents: Documents, path: Path, block: int, kwarg
     file.flush()
     file.close()
     os.replace(partial, path)
-    progress.unlink(missing_ok=True)
+    entry.finish({"rows": n}, checksums=True)
     return EmbeddingFile(path)
 
 
