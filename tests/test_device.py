@@ -193,7 +193,7 @@ def test_every_stage_runs_with_device_cpu(stage, data, tiny_model_dir, tiny_demo
         written = json.loads((folder / ("training_config.json" if stage == "train" else "pretrain_config.json"))
                              .read_text())
         assert written["device"] == "cpu"
-        assert "device" not in json.loads((folder / "run_fingerprint.json").read_text())["settings"]
+        assert "device" not in json.loads((folder / "run.json").read_text())["fingerprint"]["settings"]
     if stage == "run":  # the pipeline's device reaches its stages, and is no part of their caches
         work = tmp_path / "pipeline"
         assert json.loads((work / "pipeline_config.json").read_text())["device"] == "cpu"

@@ -163,7 +163,8 @@ def test_resume_false_starts_over_without_the_old_checkpoints(finished, tmp_path
     assert not (run / "mined-bm25.jsonl").exists()
     assert [json.loads(x)["step"] for x in (run / "train_log.jsonl").read_text().splitlines()] == [1, 2, 3]
     saved = json.loads((run / FINGERPRINT_FILE).read_text())
-    assert saved["settings"]["lr"] == 2e-3 and saved["settings"]["max_steps"] == 3 and saved["complete"]
+    settings = saved["fingerprint"]["settings"]
+    assert settings["lr"] == 2e-3 and settings["max_steps"] == 3 and saved["complete"]
     assert json.loads((run / "model" / "training_config.json").read_text())["lr"] == 2e-3
     # and the new run is now the folder's run: the same settings again are complete
     assert train(small_config(finished["model"], finished["data"], run, lr=2e-3, max_steps=3,

@@ -43,7 +43,7 @@ Output folder::
     projection_head/         GUR's projection head config (+ weights when ``projection``)
     checkpoints/step-N/      model incl. head, optimizer, scheduler, RNG states (safetensors + JSON,
                              robustir.training.checkpoints) + trainer_state.json
-    run_fingerprint.json     the settings and input digests of the run the folder holds (resume and reuse check)
+    run.json                 the settings and input digests of the run the folder holds (resume and reuse check)
     train_log.jsonl          one line per logged step: step, epoch (unless max_steps), lr, grad_norm, examples_per_s,
                              every loss component
     pretrain_config.json     the configuration

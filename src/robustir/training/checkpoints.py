@@ -22,7 +22,7 @@ code). Any other file in a step folder is ignored. The main process writes the s
 
 Run fingerprint
 ---------------
-``<output>/run_fingerprint.json`` (:func:`run_fingerprint`) records what determines a run's result: its settings (the
+``<output>/run.json`` (the run folder's :class:`robustir.runs.Artifact` record of :func:`run_fingerprint`) records what determines a run's result: its settings (the
 whole configuration minus the fields marked operational on the config itself, plus the number of processes) and a digest of every input it reads (:func:`input_digest`). The loop writes it when a run starts afresh
 and compares it before resuming from a checkpoint or reusing a finished model, so an output folder never mixes two
 runs (:meth:`~robustir.training.loop.TrainingLoop.open_output`).
@@ -37,24 +37,24 @@ import random
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..io import describe_changes, input_digest, write_json  # input_digest: part of this module's API (run fingerprints)
+from ..io import input_digest, write_json  # input_digest: part of this module's API (run fingerprints)
 
-__all__ = ["FINGERPRINT_FILE", "compare_fingerprints", "input_digest", "list_checkpoints",
+__all__ = ["FINGERPRINT_FILE", "input_digest", "list_checkpoints",
            "load_checkpoint", "load_state_files", "resume_latest", "run_fingerprint", "save_checkpoint",
            "save_state_files"]
 
+if TYPE_CHECKING:
+    from ..runs import Fingerprint
+
 logger = logging.getLogger(__name__)
 
-FINGERPRINT_FILE = "run_fingerprint.json"
-FINGERPRINT_FORMAT = 1
-
-
+FINGERPRINT_FILE = "run.json"  # the run folder's record (robustir.runs.Artifact, kept inside the folder)
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -239,25 +239,14 @@ def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int, *, 
 
 # ---------------------------------------------------------------------------- run fingerprint
 
-def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None) -> "Fingerprint":
     """The fingerprint of a run: ``settings`` (``config`` without the fields marked operational on the config
     itself, :func:`robustir.runs.settings_of`; ``epochs`` dropped when ``max_steps`` is set; ``processes`` added)
     and ``inputs`` (name -> :func:`input_digest`)."""
-    from ..runs import settings_of
+    from ..runs import Fingerprint, settings_of
 
     settings = settings_of(config)
     if settings.get("max_steps") is not None:
         settings.pop("epochs", None)
     settings["processes"] = int(processes)
-    return {"format": FINGERPRINT_FORMAT, "config": type(config).__name__, "settings": settings,
-            "inputs": dict(inputs or {})}
-
-
-def compare_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """What differs between two fingerprints, one line each (``lr: 0.001 -> 0.002``, ``input train_data: ...``);
-    empty when they are equal."""
-    diffs = []
-    if old.get("config") != new.get("config"):
-        diffs.append(f"stage: {old.get('config')} -> {new.get('config')}")
-    return diffs + describe_changes(old.get("settings", {}), new.get("settings", {}), old.get("inputs", {}),
-                                    new.get("inputs", {}))
+    return Fingerprint(type(config).__name__, settings, json.loads(json.dumps(dict(inputs or {}), default=str)))

@@ -11,7 +11,7 @@ A stage builds its data, model and loss; :class:`TrainingLoop` does everything e
   launcher decides: each process takes the GPU of its ``LOCAL_RANK``, so ``device`` must be ``auto``, ``cuda`` or
   ``cpu`` there (``cuda:N`` is a :class:`~robustir.errors.ConfigError`; restrict the GPUs with
   ``CUDA_VISIBLE_DEVICES`` instead);
-* :meth:`TrainingLoop.open_output`: the run fingerprint (``run_fingerprint.json``: the settings that determine
+* :meth:`TrainingLoop.open_output`: the run fingerprint (the folder's record ``run.json``: the settings that determine
   the result and a digest of every input, :func:`~robustir.training.checkpoints.run_fingerprint`). An output
   folder holds one run: a folder with checkpoints or a finished model is resumed or reused only when its
   fingerprint equals this run's, otherwise a :class:`~robustir.errors.ConfigError` names what differs;
@@ -52,12 +52,12 @@ from typing import Any
 import torch
 
 from ..config import to_dict
-from ..runs import operational
+from ..runs import Artifact, Fingerprint, operational
 from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
 from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
-from .checkpoints import (FINGERPRINT_FILE, compare_fingerprints, list_checkpoints, resume_latest,
+from .checkpoints import (FINGERPRINT_FILE, list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
 from .input_pipeline import InputPipeline
 from .optim import adamw_with_linear_schedule
@@ -214,7 +214,7 @@ class TrainingLoop:
         self.start_step = 0
         self.checkpointed: tuple[Any, ...] = ()
         self.output_state = None
-        self.fingerprint: dict[str, Any] = {}
+        self.fingerprint: Fingerprint | None = None
         self._log_handle = None
 
     # ------------------------------------------------------------------------ conveniences
@@ -240,13 +240,18 @@ class TrainingLoop:
     # ------------------------------------------------------------------------ set-up and resume
 
     @property
+    def run_record(self) -> Artifact:
+        """The run folder's record (``<output>/run.json``): the run's fingerprint, whether it finished, its steps."""
+        return Artifact(self.out, what="training run", inside=True)
+
+    @property
     def fingerprint_path(self) -> Path:
-        return self.out / FINGERPRINT_FILE
+        return self.run_record.record_path
 
     @property
     def completed_steps(self) -> int | None:
         """Steps of the finished run this folder holds (``output_state == "complete"``), else None."""
-        return self.fingerprint.get("steps") if self.output_state == "complete" else None
+        return self.run_record.report.get("steps") if self.output_state == "complete" else None
 
     def open_output(self, inputs: Mapping[str, Any] | None = None, *, outputs: tuple[str, ...] = (),
                     finished: tuple[str, ...] = ()) -> str:
@@ -271,8 +276,9 @@ class TrainingLoop:
         if self.output_state is not None:
             return self.output_state
         config, accelerator = self.config, self.accelerator
-        fingerprint = run_fingerprint(config, processes=accelerator.num_processes, inputs=inputs)
-        saved = self._read_fingerprint()
+        made = run_fingerprint(config, processes=accelerator.num_processes, inputs=inputs)
+        record = self._read_record()
+        saved = Fingerprint.from_json(record.get("fingerprint")) if record is not None else None
         checkpoints = list_checkpoints(self.checkpoint_root)
         present = [name for name in finished if (self.out / name).exists()]
         earlier = ([f"{len(checkpoints)} checkpoint(s) (latest step {checkpoints[-1][0]})"] if checkpoints else []) \
@@ -283,11 +289,10 @@ class TrainingLoop:
                "command (or resume: false to the config file), which deletes the earlier run's checkpoints, log and "
                "outputs there.")
         if config.resume and saved is not None:
-            diffs = compare_fingerprints(saved, fingerprint)
+            diffs = made.differences(saved)
             if not diffs:
-                complete = bool(saved.get("complete")) and bool(finished) and len(present) == len(finished)
+                complete = bool(record.get("complete")) and bool(finished) and len(present) == len(finished)
                 state = "complete" if complete else "resume"
-                fingerprint = {**fingerprint, "complete": bool(saved.get("complete")), "steps": saved.get("steps")}
             elif earlier:
                 raise ConfigError(
                     f"output folder {self.out} holds another run ({' and '.join(earlier)}) made with other settings or "
@@ -301,22 +306,20 @@ class TrainingLoop:
                 f"output folder {self.out} holds {' and '.join(earlier)} but no {FINGERPRINT_FILE}: it was written by "
                 "an older robustir (or by hand), so nothing shows that it is this run, and older checkpoints are "
                 "pickle files, which are never loaded (they can run code). " + fix)
-        elif not config.resume and (earlier or saved is not None):
+        elif not config.resume and (earlier or record is not None):
             logger.warning("resume=false: starting over in %s (deleting the earlier run's checkpoints, log and "
                            "outputs)", self.out)
-        if state == "fresh":
-            fingerprint = {**fingerprint, "complete": False, "steps": None}
-            if self.is_main:
-                self._clear(outputs)
-                write_json(self.fingerprint_path, fingerprint)
+        if state == "fresh" and self.is_main:
+            self._clear(outputs)
+            self.run_record.start(made)
         elif state == "complete":
             logger.info("%s already holds this run, complete after %s steps (same settings and inputs): nothing to "
-                        "do. To train it again, add resume=false", self.out, saved.get("steps"))
+                        "do. To train it again, add resume=false", self.out, self.run_record.report.get("steps"))
         accelerator.wait_for_everyone()
-        self.fingerprint, self.output_state = fingerprint, state
+        self.fingerprint, self.output_state = made, state
         return state
 
-    def _read_fingerprint(self) -> dict[str, Any] | None:
+    def _read_record(self) -> dict[str, Any] | None:
         path = self.fingerprint_path
         if not path.exists():
             return None
@@ -325,8 +328,8 @@ class TrainingLoop:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{path} is unreadable ({exc}): the output folder's run cannot be identified. Fix: "
                               "use a new --output, or start over there with resume=false") from None
-        if not isinstance(saved, dict):
-            raise ConfigError(f"{path} is not a run fingerprint. Fix: use a new --output, or start over there with "
+        if not isinstance(saved, dict) or Fingerprint.from_json(saved.get("fingerprint")) is None:
+            raise ConfigError(f"{path} is not a run record. Fix: use a new --output, or start over there with "
                               "resume=false")
         return saved
 
@@ -501,8 +504,7 @@ class TrainingLoop:
         """After the stage saved its outputs (on the main process): mark the run complete in its fingerprint (a
         re-run with the same one then has nothing to do), wait for every process, end the run."""
         self.accelerator.wait_for_everyone()
-        if self.is_main and self.fingerprint and self.output_state != "complete":
-            self.fingerprint = {**self.fingerprint, "complete": True, "steps": self.total_steps}
-            write_json(self.fingerprint_path, self.fingerprint)
+        if self.is_main and self.fingerprint is not None and self.output_state != "complete":
+            self.run_record.finish({"steps": self.total_steps}, files=[])
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()

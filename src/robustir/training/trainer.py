@@ -11,7 +11,7 @@ negatives, GradCache and one loss call per optimizer step. ``eval_steps`` evalua
 Output folder::
 
     model/                 final sentence-transformers model (+ model card README.md)
-    run_fingerprint.json   the settings and input digests of the run the folder holds (resume and reuse check)
+    run.json               the settings and input digests of the run the folder holds (resume and reuse check)
     checkpoints/step-N/    model, optimizer, scheduler, loss state such as PEG's t, RNG states (safetensors +
                            JSON, robustir.training.checkpoints) + trainer_state.json
     train_log.jsonl        one line per logged step: step, epoch, lr, grad_norm, pairs_per_s, data_wait_seconds and
