@@ -357,3 +357,15 @@ def test_bench_reruns_a_cell_when_its_model_budget_or_data_change(tiny_model_dir
     assert len(mined) == 2 and len(calls) == 4
     assert edited[0]["cell"] != first[0]["cell"]
     assert edited[0]["rows"] != first[0]["rows"] or edited[0]["metrics"] != first[0]["metrics"]
+
+
+@pytest.mark.parametrize("override, key", [("teacher.relative_margn=0.1", "relative_margin"),
+                                           ("sieve.bta=0.5", "beta"), ("teacher_peg.suspect_positive_shar=0.5",
+                                                                        "suspect_positive_share"),
+                                           ("llm.temperatur=0", "temperature")])
+def test_method_options_are_typed_and_a_typo_fails_at_load(override, key):
+    from robustir.config import load_config
+    from robustir.robustness.bench import NoiseBenchConfig
+
+    with pytest.raises(ConfigError, match=f"did you mean '{key}'"):
+        load_config(NoiseBenchConfig, None, [override])

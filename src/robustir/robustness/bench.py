@@ -110,6 +110,28 @@ class NoiseBenchConfig(Checked):
     Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16 reply tokens) apply unless given."""
     plots: bool = True
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_method_options()
+
+    def check_method_options(self) -> None:
+        """Each method's options are typed by the stage config they configure (TeacherFilterConfig,
+        SieveConfig, LLMConfig, Budget): a typo or a bad value fails when the config loads, naming its key path."""
+        from ..filtering.sieve import SieveConfig
+        from ..filtering.teacher import TeacherFilterConfig
+
+        for key, cls in (("teacher", TeacherFilterConfig), ("teacher_peg", TeacherFilterConfig),
+                         ("sieve", SieveConfig)):
+            options = getattr(self, key)
+            if not isinstance(options, dict):
+                raise ConfigError(f"noise-bench.{key}: expected a mapping of {cls.__name__} options, got {options!r}")
+            from_dict(cls, options, where=f"noise-bench.{key}")
+        if not isinstance(self.llm, dict) or not isinstance(self.budget, dict):
+            raise ConfigError("noise-bench.llm and noise-bench.budget are mappings of options, e.g. {epochs: 2}")
+        self.llm_config()
+        if self.preset in BENCH_PRESETS:
+            self.budget_obj()
+
     def resolved(self) -> "NoiseBenchConfig":
         if self.preset not in BENCH_PRESETS:
             raise ConfigError(f"noise-bench: unknown preset {self.preset!r}; valid: {', '.join(BENCH_PRESETS)}")
