@@ -1,0 +1,11 @@
+"""One artifact layer: what an output depends on (:mod:`~robustir.runs.fingerprint`) and whether it is done with
+those settings and inputs (:mod:`~robustir.runs.artifact`). Every stage, the runner, the training run folder, the
+Arrow cache, the sieve's work model and the noise bench's cells ask here; nothing else names a completion
+sidecar or computes a fingerprint."""
+
+from .artifact import RECORD, Artifact, Check, file_sha256
+from .fingerprint import (OPERATIONAL, Fingerprint, digest_inputs, fingerprint, is_operational, operational,
+                          settings_of)
+
+__all__ = ["Artifact", "Check", "Fingerprint", "OPERATIONAL", "RECORD", "digest_inputs", "file_sha256",
+           "fingerprint", "is_operational", "operational", "settings_of"]
