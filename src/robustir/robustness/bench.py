@@ -330,8 +330,10 @@ class _Bench:
         variant = self.config.variant(method)
         target = noisy.with_name(f"{name}-{variant}.jsonl")
         report = StageOutput(target).report
+        used = {k: getattr(self.budget, k) for k in ("precision", "passage_max_length", "train_passage_max_length",
+                                                     "num_negatives", "pool")}  # the budget fields filters read
         made = fingerprint(f"bench-filter-{name}", {"options": self.config.method_options(method),
-                                                    "model": self.config.model, "budget": self.budget},
+                                                    "model": self.config.model, "budget": used},
                            {"model": self.config.model}, upstream={"noisy data": self.fingerprints[noisy]})
         self.fingerprints[target] = made
         artifact = Artifact(target, what=f"noise-bench {name} filter")
