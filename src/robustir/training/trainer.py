@@ -41,6 +41,7 @@ from ..config import to_dict
 from ..data.arrow_store import convert_examples, convert_training_files
 from ..data.training_data import TrainingExample, examples_from_beir, training_files
 from ..errors import ConfigError
+from ..runs import Artifact, fingerprint
 from ..io import write_json
 from ..losses import get_loss
 from ..models.encoder import Encoder, length_options, max_positions
@@ -56,8 +57,8 @@ from .loop import TrainingLoop
 logger = logging.getLogger(__name__)
 
 #: what fine-tuning writes into its output folder besides the loop's files (deleted when a run starts over)
-OUTPUTS = ("model", "mined-*.jsonl", "similarities.json", "base_metrics.json", "eval_metrics.json", "report.png",
-           "report.html", "report.json")
+OUTPUTS = ("model", "mined-*.jsonl", "mined-*.jsonl.run.json", "similarities.json", "base_metrics.json",
+           "eval_metrics.json", "report.png", "report.html", "report.json")
 
 
 @dataclass
@@ -151,8 +152,18 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
             mined_any = True
             mined = Path(config.output) / (f"mined-{config.mine}-{spec.label}.jsonl" if mixture
                                            else f"mined-{config.mine}.jsonl")
-            if is_main and not mined.exists():
-                mine_for_training(rows, path if _is_beir(path) else None, config, encoder, mined)
+            if is_main:
+                # the mined file is reused only for this source's content and these mining settings (dense: this
+                # model); a file from another run or an interrupted one is mined again
+                step = Artifact(mined, what="mined hard negatives")
+                source = digest or input_digest(training_files(path))  # the run fingerprint's: not hashed twice
+                made = fingerprint("train-mine", {"method": config.mine, "negatives": config.mine_negatives,
+                                                  "range_min": config.mine_range_min, "split": config.train_split,
+                                                  "precision": config.eval_precision, "source": source},
+                                   {"model": config.model if config.mine == "dense" else None})
+                if not step.begin(made, resume=False):
+                    mine_for_training(rows, path if _is_beir(path) else None, config, encoder, mined)
+                    step.finish()
             wait()
             rows = _on_main(is_main, wait, lambda convert: convert_training_files(mined, cache, convert=convert))
         prepared.append(SamplerSource(rows, name=spec.label, weight=spec.weight, task=spec.task,
