@@ -248,3 +248,22 @@ def test_cli_chunk(tmp_path: Path, capsys) -> None:
     assert "nothing to do" in capsys.readouterr().out
     assert main(["chunk", "--input", str(corpus), "--output", str(out)]) == 2  # other settings: not reused
     assert "max_tokens: 10 -> 256" in capsys.readouterr().err
+
+
+def test_cli_output_cut_short_after_it_finished_is_made_again(tmp_path: Path, capsys, caplog) -> None:
+    """A finished output that no longer matches its record (cut short, here) is made again with one warning, not
+    reported complete. (On 5245875 the cut file was "complete; nothing to do" and later stages read it.)"""
+    from robustir.cli.main import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    _write_corpus(corpus, 4)
+    out = tmp_path / "p.jsonl"
+    args = ["chunk", "--input", str(corpus), "--output", str(out), "--max-tokens", "10"]
+    assert main(args) == 0
+    whole = out.read_text()
+    out.write_text("".join(whole.splitlines(keepends=True)[:2]))
+    capsys.readouterr()
+    with caplog.at_level("WARNING", logger="robustir"):
+        assert main(args) == 0
+    assert "nothing to do" not in capsys.readouterr().out and out.read_text() == whole
+    assert "no longer matches its record" in caplog.text

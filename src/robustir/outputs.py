@@ -32,6 +32,7 @@ reports into ``OUT.report.json`` (numbers summed where every shard has them, the
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from typing import Any
 from .errors import ConfigError, DataError
 from .io import Shard, atomic_write, input_digest, write_json
 from .runs import Artifact, Fingerprint, settings_of
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["StageOutput", "MergeResult", "check_output_file", "refuse_overwriting_inputs", "refuse_run_over_inputs",
            "stage_settings"]
@@ -237,11 +240,22 @@ class StageOutput:
                                   f"{'; '.join(diffs)}. Fix: add --overwrite to redo it with these, or choose "
                                   "another --output")
         if not overwrite and self.complete():
-            print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
-            return True
+            damage = self.record.check().problems
+            if not damage:
+                print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
+                return True
+            logger.warning("%s no longer matches its record (%s): making it again", self.path, "; ".join(damage))
+            self.clear()
         if settings is not None:
             self.record.begin(settings, on_change="refuse")
         return False
+
+    def finished(self) -> None:
+        """After the stage ran: record the output complete (its size, and its report) when it is -- a later run
+        then finds a file cut short or replaced instead of taking it as done."""
+        if self.complete() and self.record.record() is not None:
+            report = json.loads(self.report.read_text(encoding="utf-8")) if self.report.exists() else {}
+            self.record.finish(report)
 
     def continue_finished(self) -> bool:
         """Continue a finished output (a re-run that retries failures): copy it to ``.partial`` (atomically).

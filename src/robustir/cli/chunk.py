@@ -49,4 +49,5 @@ def run(args: argparse.Namespace) -> int:
                                                     disable=None))
     elapsed = time.perf_counter() - started
     print(f"robustir chunk: {stats.summary()} in {elapsed:.1f}s; wrote {output}")
+    target.finished()
     return 0

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         report = sieve_negatives(args.input, output, config)
     print(f"robustir filter: {report.summary()}")
     print(f"robustir filter: report {report_path}")
+    target.finished()
     return 0
 
 

@@ -90,4 +90,5 @@ def run(args: argparse.Namespace) -> int:
     print(report.format())
     print(f"robustir mine: {report.queries} queries in {elapsed:.1f}s ({report.queries / elapsed:.1f} queries/s); "
           f"wrote {output} and {report_path.name}")
+    target.finished()
     return 0

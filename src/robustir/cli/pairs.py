@@ -53,4 +53,5 @@ def run(args: argparse.Namespace) -> int:
     elapsed = max(time.perf_counter() - started, 1e-9)
     print(f"robustir pairs: {stats.summary()} in {elapsed:.1f}s = {stats.pairs / elapsed:.0f} pairs/s, "
           f"{stats.documents / elapsed:.0f} documents/s; wrote {output}")
+    target.finished()
     return 0
