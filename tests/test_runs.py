@@ -97,3 +97,21 @@ def test_a_folder_can_carry_its_record_and_a_damaged_record_says_nothing(tmp_pat
     assert run.record() is None and run.fingerprint is None
     run.note(rows=5)
     assert json.loads(run.record_path.read_text())["progress"] == {"rows": 5} and run.progress == {"rows": 5}
+
+
+def test_a_run_reads_each_input_once_through_its_digest_cache(tmp_path, monkeypatch):
+    import importlib
+
+    fingerprint_module = importlib.import_module("robustir.runs.fingerprint")  # the module, not the function
+
+    data = tmp_path / "corpus.jsonl"
+    data.write_text('{"_id": "1"}\n')
+    calls = []
+    real = fingerprint_module.input_digest
+    monkeypatch.setattr(fingerprint_module, "input_digest", lambda *a, **k: calls.append(a) or real(*a, **k))
+    cache: dict = {}
+    first = fingerprint("corpus", {}, {"corpus": data}, cache=cache)
+    again = fingerprint("queries", {}, {"beir corpus": data}, cache=cache)
+    assert len(calls) == 1 and first.inputs["corpus"] == again.inputs["beir corpus"]
+    fingerprint("corpus", {}, {"corpus": data})
+    assert len(calls) == 2  # without a cache every call reads the input

@@ -202,12 +202,13 @@ class _Runner:
         self.force = force
         self.upstream = ""  # the previous stage's finished run: redone upstream means redone here
         self.status: dict[str, str] = {}
+        self.digests: dict = {}  # the inputs from outside work_dir (corpus, models, eval data): read once a run
 
     def stage(self, name: str, settings: Any, body: Callable[[Path], dict],
               inputs: dict[str, Any] | None = None) -> dict:
         folder = self.work / name
-        made = fingerprint(name, settings, inputs,
-                           {"previous stage": self.upstream} if self.upstream else None)
+        made = fingerprint(name, settings, inputs, {"previous stage": self.upstream} if self.upstream else None,
+                           cache=self.digests)
         artifact = Artifact(folder, what=f"stage {name}")
         if name in self.force:
             artifact.clear()

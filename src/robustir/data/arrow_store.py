@@ -219,7 +219,7 @@ def _build(folder: Path, fill: Callable[[_Writer], dict], describe: str) -> None
             shutil.rmtree(partial, ignore_errors=True)
         else:  # the record, written last, makes the entry complete: sizes and checksums of what was written
             entry = _entry(folder)
-            entry.begin(Fingerprint("arrow-cache", {"format": FORMAT}, {"source": describe}))
+            entry.start(Fingerprint("arrow-cache", {"format": FORMAT, "source": describe}))
             entry.finish({"rows": stats["rows"], "seconds": round(time.perf_counter() - started, 3)},
                          files=[DATA_FILE, STATS_FILE], checksums=True)
     except BaseException:

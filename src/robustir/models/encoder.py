@@ -497,20 +497,15 @@ class Encoder(nn.Module):
         if cache_dir is None:
             return self.encode(passages, "passage", **kwargs)
         cache = self.corpus_cache_file(passages, cache_dir, **kwargs)
-        entry = corpus_cache_entry(cache)
-        if entry.complete():
-            logger.info("reusing cached corpus embeddings %s", cache)
+        if reusable_corpus_cache(cache):
             return np.load(cache, allow_pickle=False)
-        if cache.exists() or entry.record_path.exists():  # damaged, or written without a record: made again
-            logger.warning("cached corpus embeddings %s do not match their record (%s): encoding again", cache,
-                           "; ".join(entry.check().problems) or "no complete record")
-            entry.clear()
         emb = self.encode(passages, "passage", **kwargs)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(cache.name + ".tmp.npy")
         np.save(tmp, emb)
         os.replace(tmp, cache)
-        entry.begin(Fingerprint("corpus-embeddings", {"key": cache.stem}))
+        entry = corpus_cache_entry(cache)
+        entry.start(Fingerprint("corpus-embeddings", {"key": cache.stem}))
         entry.finish({"rows": int(emb.shape[0])}, checksums=True)
         return emb
 
@@ -538,3 +533,18 @@ def corpus_cache_entry(path: Path) -> Artifact:
     """The record (:class:`robustir.runs.Artifact`) of one corpus-embedding cache file, shared by
     :meth:`Encoder.encode_corpus` and dense mining (either reuses the other's)."""
     return Artifact(path, what="corpus-embedding cache", checksum_limit=CACHE_CHECKSUM_LIMIT)
+
+
+def reusable_corpus_cache(path: Path) -> bool:
+    """True when the corpus-embedding cache file ``path`` is complete and matches its record. A file that does not
+    (damaged, or written without a record) is removed with one warning, to be encoded again; the record of an
+    encoding under way (no file yet) is kept, for it to resume."""
+    check = corpus_cache_entry(path).check()
+    if check.reusable:
+        logger.info("reusing cached corpus embeddings %s", path)
+        return True
+    if path.exists():
+        logger.warning("cached corpus embeddings %s do not match their record (%s): encoding again", path,
+                       "; ".join(check.problems) or "no complete record")
+        path.unlink()
+    return False

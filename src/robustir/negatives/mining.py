@@ -379,15 +379,8 @@ def corpus_embeddings(encoder, documents: Documents, config: MiningConfig, work_
                                      **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path.with_name(path.name + ".lock")):
-        entry = encoder_module.corpus_cache_entry(path)
-        check = entry.check()
-        if check.reusable:
-            logger.info("reusing cached corpus embeddings %s", path)
+        if encoder_module.reusable_corpus_cache(path):
             return EmbeddingFile(path)
-        if check.state == "complete" or (path.exists() and check.state == "started"):
-            logger.warning("cached corpus embeddings %s do not match their record (%s): encoding again", path,
-                           "; ".join(check.problems) or "no complete record")
-            path.unlink(missing_ok=True)
         return _encode_to_file(encoder, documents, path, block, kwargs, resumable=True)
 
 
@@ -417,7 +410,7 @@ def _encode_to_file(encoder, documents: Documents, path: Path, block: int, kwarg
         except (OSError, ValueError, ConfigError):
             file, start = None, 0  # a damaged partial file: encode from the start
     if start == 0:
-        entry.begin(made, resume=False)
+        entry.start(made)  # encoded from the first block: the record says so before the first block is written
     bar = tqdm(total=n, initial=start, desc="encode corpus", unit="doc", disable=n < 2000)
     try:
         for first in range(start, n, block):

@@ -261,6 +261,7 @@ class _Bench:
         self.results_path = self.out / "results.jsonl"
         self.cache: dict = {}
         self.fingerprints: dict = {}  # "clean" and every written data file -> the fingerprint it was made with
+        self.digests: dict = {}  # the data folder and the model, read once for the whole grid
         self._clean: list[TrainingExample] | None = None
         self._corpus = None
 
@@ -273,7 +274,8 @@ class _Bench:
             # a few spare negatives: fp-hard takes the top one away and planting pushes the lowest out
             mining = MiningConfig(method="bm25", num_negatives=self.budget.pool + 2)
             self.fingerprints["clean"] = made = fingerprint(
-                "bench-mine", {"mining": mining, "split": self.config.train_split}, {"data": self.data})
+                "bench-mine", {"mining": mining, "split": self.config.train_split}, {"data": self.data},
+                cache=self.digests)
             artifact = Artifact(mined, what="noise-bench clean data")
             if not artifact.begin(made, resume=False):
                 mine_beir(self.data, self.config.train_split, mined, mining)
@@ -334,7 +336,8 @@ class _Bench:
                                                      "num_negatives", "pool")}  # the budget fields filters read
         made = fingerprint(f"bench-filter-{name}", {"options": self.config.method_options(method),
                                                     "model": self.config.model, "budget": used},
-                           {"model": self.config.model}, upstream={"noisy data": self.fingerprints[noisy]})
+                           {"model": self.config.model}, upstream={"noisy data": self.fingerprints[noisy]},
+                           cache=self.digests)
         self.fingerprints[target] = made
         artifact = Artifact(target, what=f"noise-bench {name} filter")
         if not artifact.begin(made, resume=False):
@@ -413,7 +416,7 @@ class _Bench:
                                           "budget": self.budget, "per_query": self.config.per_query,
                                           "train_split": self.config.train_split, "eval_split": self.config.eval_split,
                                           "model": self.config.model},
-                           {"data": self.data, "model": self.config.model})
+                           {"data": self.data, "model": self.config.model}, cache=self.digests)
 
     def finished(self) -> dict[str, dict]:
         """Rows of results.jsonl by their cell digest (rows from before cells were fingerprinted are not reused)."""

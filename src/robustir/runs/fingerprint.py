@@ -60,17 +60,25 @@ def _secret(value: Any) -> str | None:
     return "<set>" if value else None
 
 
-def digest_inputs(inputs: Mapping[str, Any]) -> dict[str, dict]:
+def digest_inputs(inputs: Mapping[str, Any], cache: dict | None = None) -> dict[str, dict]:
     """``name -> input_digest(path)`` for every input that is given; a model folder (a name ending in ``model``)
     is digested as a model (its large weight files sampled). Names that are not local paths (hub ids) are kept by
-    name."""
+    name. ``cache``: digests already taken by the same caller (a pipeline run, a benchmark grid), keyed by path --
+    for inputs that do not change while it runs, so one model or data folder is read once, not once per stage."""
     out: dict[str, dict] = {}
     for name, item in inputs.items():
         if item is None or item == "":
             continue
         if isinstance(item, (list, tuple)) or Path(str(item)).expanduser().exists():
-            out[name] = input_digest(item if isinstance(item, (list, tuple)) else Path(str(item)).expanduser(),
-                                     model=name.endswith("model"))
+            target = item if isinstance(item, (list, tuple)) else Path(str(item)).expanduser()
+            key = (str(target), name.endswith("model"))
+            if cache is None or key not in cache:
+                digest = input_digest(target, model=key[1])
+                if cache is None:
+                    out[name] = digest
+                    continue
+                cache[key] = digest
+            out[name] = cache[key]
         else:
             out[name] = {"paths": [str(item)], "files": {"name": str(item)}}
     return out
@@ -141,9 +149,10 @@ _MISSING = object()
 
 def fingerprint(stage: str, settings: Any, inputs: Mapping[str, Any] | None = None,
                 upstream: Mapping[str, "Fingerprint | str | None"] | None = None, *,
-                skip: tuple[str, ...] = ()) -> Fingerprint:
+                skip: tuple[str, ...] = (), cache: dict | None = None) -> Fingerprint:
     """The fingerprint of ``stage`` run with ``settings`` (a config: operational fields and ``skip`` left out) on
-    ``inputs`` (name -> path, digested by content) after ``upstream`` outputs (name -> their fingerprint)."""
+    ``inputs`` (name -> path, digested by content; ``cache``: see :func:`digest_inputs`) after ``upstream`` outputs
+    (name -> their fingerprint)."""
     ups = {name: (value.digest if isinstance(value, Fingerprint) else str(value))
            for name, value in (upstream or {}).items() if value is not None}
-    return Fingerprint(stage, settings_of(settings, skip=skip), digest_inputs(inputs or {}), ups)
+    return Fingerprint(stage, settings_of(settings, skip=skip), digest_inputs(inputs or {}, cache), ups)
