@@ -696,6 +696,29 @@ def cases() -> list[Case]:
     add(OK("run-changed-corpus-is-redone", RUN + ["--until", "corpus", "corpus={docs_cjk}"],
            file_has("w/corpus/corpus.jsonl", lambda t: "北京" in t, "the old corpus was kept"), setup=[RUN + ["--until", "corpus"]],
            protect_setup=False))
+    # the runs layer (robustir.runs): outputs and caches damaged after they were recorded, unreadable records,
+    # operational-only changes
+    add(Case("chunk-output-cut-after-finish-is-redone", n, CHUNK, "warn", "no longer matches its record",
+             setup=[CHUNK, ["@truncate", "{out}/c.jsonl"]], protect_setup=False,
+             check=file_has("c.jsonl", lambda t: t.endswith("\n") and all(json.loads(x) for x in t.splitlines()),
+                            "the cut file was kept")))
+    add(OK("mine-garbage-record-is-ignored", MINE, setup=[MINE, ["@write", "{out}/m.jsonl.run.json", "{not json"]],
+           protect_setup=True, check=lambda out, text: None if "nothing to do" in text else "the output was redone"))
+    add(E("train-garbage-run-record", n, TRAIN[:5] + ["--output", "{run_copy}"] + TRAIN[7:], "run.json",
+          copies=("run",), setup=[["@write", "{run_copy}/run.json", "{not json"]]))
+    add(Case("train-arrow-cache-cut-is-rebuilt", n, TRAIN[:5] + ["--output", "{out}/t2"] + TRAIN[7:]
+             + ["data_cache={out}/cache"], "warn", "damaged",
+             setup=[TRAIN + ["data_cache={out}/cache"], ["@truncate", "{out}/cache/*/data.arrow"]], protect_setup=False))
+    add(Case("mine-dense-embedding-cache-cut-is-reencoded", n,
+             # the bundled model: the tiny fixture lacks pooler weights, drawn anew at each load, so its cache key
+             # (a hash of every weight) differs between runs
+             MINE_B[:3] + ["--output", "{out}/m2.jsonl", "--method", "dense", "--batch-size", "2",
+                           "--cache-dir", "{out}/cache"] + MINE_B[5:], "warn", "do not match their record",
+             setup=[MINE_B + ["--method", "dense", "--batch-size", "2", "--cache-dir", "{out}/cache"],
+                    ["@truncate", "{out}/cache/*.npy"]], protect_setup=False))
+    add(OK("run-operational-change-skips-every-stage", RUN[:-1] + ["mine", "mine.query_batch_size=7", "device=cpu"],
+           setup=[RUN[:-1] + ["mine"]], protect_setup=False,
+           check=lambda out, text: None if "mine skipped" in text and " ran" not in text else "a stage was redone"))
     # ======================================================================== 8. LLM endpoints
     n = "llm"
     add(E("generate-dead-endpoint", n, GEN[:7] + ["--base-url", "{dead_url}"] + GEN[9:], "127.0.0.1", timeout=60))
@@ -845,6 +868,13 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
             continue
         if step[0] == "@remove":
             os.unlink(step[1])
+            continue
+        if step[0] == "@truncate":  # cut every file the pattern matches to half its size (a damaged output)
+            matched = sorted(Path("/").glob(step[1].lstrip("/")))
+            if not matched:
+                return Result(case, "setup-failed", " ".join(step), tail="no file matches")
+            for path in matched:
+                path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
             continue
         if step[0] == "@write":
             Path(step[1]).parent.mkdir(parents=True, exist_ok=True)
