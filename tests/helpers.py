@@ -35,18 +35,23 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp: bool, world: int):
-    """One :class:`BatchEngine` step of a pre-training model inside an initialised process group, as multi-process
-    pre-training runs it: through DDP (as accelerate prepares it in ``robustir.pretraining.pretrain``), or on the bare
-    model with its gradients all-reduced by hand. Returns the step's output and its loss averaged over the processes
-    (float64)."""
+def multiprocess_engine_step(model, engine, a_rows, b_rows, use_ddp: bool, world: int, k: int = 0, *,
+                             backward: bool = True, find_unused_parameters: bool = True, **step_kwargs):
+    """One :class:`BatchEngine` step inside an initialised process group, as multi-process training runs it:
+    through DDP (as accelerate prepares it; ``backward=False`` runs the backward afterwards, from inside autograd),
+    or on the bare model with its gradients all-reduced by hand (what DDP does: the mean over the processes).
+    ``k`` and ``step_kwargs`` (``passage_ids``) go to the step. Returns the step's output and its loss averaged
+    over the processes (float64)."""
     import torch.distributed as dist
     from torch import nn
 
     if use_ddp:
-        out = engine.step(nn.parallel.DistributedDataParallel(model, find_unused_parameters=True), a_rows, b_rows, 0)
+        ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused_parameters)
+        out = engine.step(ddp, a_rows, b_rows, k, backward=backward, **step_kwargs)
+        if not backward:
+            out.loss.backward()
     else:
-        out = engine.step(model, a_rows, b_rows, 0)
+        out = engine.step(model, a_rows, b_rows, k, **step_kwargs)
         for p in model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)

@@ -13,7 +13,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
@@ -87,20 +86,11 @@ def _rank_results(rank: int) -> dict[str, object]:
             model = make_model()
             loss = get_loss(loss_name)
             engine = BatchEngine(loss, chunk_size=chunk_size)
-            if use_ddp:  # DDP averages the grads; no_sync defaults to ddp.no_sync
-                ddp = nn.parallel.DistributedDataParallel(model)
-                out = engine.step(ddp, queries, passages, K, passage_ids=ids, backward=backward)
-                if not backward:
-                    out.loss.backward()  # runs the replay from inside autograd
-            else:
-                out = engine.step(model, queries, passages, K, passage_ids=ids)
-                for p in model.parameters():  # what DDP would do: average over ranks
-                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                    p.grad /= WORLD
-            value = out.loss.detach().clone().double()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            # DDP averages the grads (no_sync defaults to ddp.no_sync); by hand: all-reduced and averaged
+            out, value = multiprocess_engine_step(model, engine, queries, passages, use_ddp, WORLD, K,
+                                                  backward=backward, find_unused_parameters=False, passage_ids=ids)
             results[f"{loss_name}/{label}"] = {
-                "loss": value / WORLD,
+                "loss": value,
                 "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
                 "t": loss.t.clone() if loss_name == "peg" else None,
             }
@@ -316,20 +306,11 @@ def _blocked_rank_results(rank: int) -> dict[str, object]:
                 model = make_model()
                 loss = blocked_loss(name)
                 engine = BatchEngine(loss, chunk_size=chunk_size, block_rows=block_rows)
-                if use_ddp:
-                    out = engine.step(nn.parallel.DistributedDataParallel(model), queries, passages, K,
-                                      passage_ids=ids, backward=backward)
-                    if not backward:
-                        out.loss.backward()
-                else:
-                    out = engine.step(model, queries, passages, K, passage_ids=ids)
-                    for p in model.parameters():
-                        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                        p.grad /= WORLD
-                value = out.loss.detach().clone().double()
-                dist.all_reduce(value, op=dist.ReduceOp.SUM)
+                out, value = multiprocess_engine_step(model, engine, queries, passages, use_ddp, WORLD, K,
+                                                      backward=backward, find_unused_parameters=False,
+                                                      passage_ids=ids)
                 results[f"{name}/{label}/{block_rows}"] = {
-                    "loss": value / WORLD,
+                    "loss": value,
                     "components": dict(out.components),
                     "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
                     "t": loss.t.clone() if name == "peg" else None,
