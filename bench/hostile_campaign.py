@@ -452,9 +452,10 @@ def cases() -> list[Case]:
                        (["warmup_ratio=-0.1"], "warmup_ratio = -0.1"), (["max_grad_norm=0"], "max_grad_norm = 0"),
                        (["--chunk-size", "0"], "chunk_size = 0"), (["--passage-max-length", "100000"], "128"),
                        (["loss_options.temperature=0"], "temperature"), (["loss_options.bogus=1"], "bogus"),
-                       (["mine_range_min=-1"], "mine_range_min = -1"), (["--batch-size", "100"], "batch_size"),
-                       (["train_passage_max_length=100000"], "128")]:
+                       (["mine_range_min=-1"], "mine_range_min = -1"), (["train_passage_max_length=100000"], "128")]:
         add(E("train" + "".join(extra[:2]).replace("--", "-"), n, TRAIN + extra, key))
+    # less data than one batch trains, as sentence-transformers does: the batch capped at the data, one warning
+    add(Case("train-batch-size100", n, TRAIN + ["--batch-size", "100"], "warn", "batch_size capped at 8"))
     for base, extra, key in [(PRE_G, ["--batch-size", "1"], "batch_size"), (PRE_R, ["--max-length", "100000"], "128"),
                              (PRE_R, ["decoder_mask_ratio=1"], "decoder_mask_ratio = 1"),
                              (PRE_G, ["mask_ratio_range=[0.1]"], "mask_ratio_range"),
