@@ -419,7 +419,7 @@ def cases() -> list[Case]:
     add = c.append
     # ======================================================================== 1. numbers out of range
     n = "numbers"
-    # one mechanism (validation.Checked) checks every range: a few fields of every stage and type, not all of them
+    # one mechanism (pydantic, validation.config_dataclass) checks every range: a few fields of every stage and type, not all of them
     for flag, value, key in [("--top-k", "0", "top_k = 0"), ("--passage-max-length", "-5", "passage_max_length = -5"),
                              ("--batch-size", "abc", "invalid int value"), ("--query-max-length", "100000", "128")]:
         add(E(f"eval{flag}={value}", n, EVAL + ["--index", "ivf", flag, value], key))
@@ -447,6 +447,12 @@ def cases() -> list[Case]:
                        (["dedup=foo"], "dedup"), (["short_text_weight=nan"], "short_text_weight = nan")]:
         add(E("pairs" + "".join(extra[:1]).replace("--", "-"), n, PAIRS + extra, key))
     add(E("merge-shards-negative", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "-2"], "shards = -2"))
+    # flags generated from every config field (issue 22): a field that had no flag before, a switch given a number,
+    # a flag of another --method, a mapping field (no flag: key=value only)
+    add(E("train--prefetch-batches=-1", n, TRAIN + ["--prefetch-batches", "-1"], "prefetch_batches = -1"))
+    add(E("train--loss-block-rows=true", n, TRAIN + ["loss_block_rows=true"], "loss_block_rows: expected an integer"))
+    add(E("teacher--base-url", n, TEACH + ["--base-url", "http://127.0.0.1:9/v1"], "--method teacher does not use"))
+    add(E("train--loss-options-flag", n, TRAIN + ["--loss-options", "{beta: 1}"], "unrecognized arguments"))
     add(E("merge-shards-abc", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "abc"], "invalid int value"))
     for extra, key in [(["--lr", "0"], "lr = 0"), (["--lr", "inf"], "lr = inf"), (["--epochs", "nan"], "epochs = nan"),
                        (["warmup_ratio=-0.1"], "warmup_ratio = -0.1"), (["max_grad_norm=0"], "max_grad_norm = 0"),

@@ -271,7 +271,7 @@ CASES = [
     # 6. config files and flags: a key given twice, a section given a value, another method's flag
     ("train-config-duplicate-key", ["train", "--config", "{dup}"], 2, "option 'lr' is given twice (line 3)"),
     ("run-section-is-a-value", ["run", "{pipeline}", "--until", "corpus", "train=5"], 2,
-     "config.train: is a section of options"),
+     "train: is a section of options"),
     ("filter-flag-of-another-method", ["filter", "--method", "teacher", "--input", "{train}", "--output",
                                        "{out}/f.jsonl", "--beta", "0.5"], 2, "--method teacher does not use --beta"),
 ]

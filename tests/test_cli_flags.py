@@ -1,28 +1,31 @@
-"""CLI flags generated from the config dataclasses (robustir.cli.common.add_config_flags)."""
+"""CLI flags generated from the stage configs' pydantic field info (robustir.cli.common.add_config_flags)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Optional
 
 import pytest
 
-from robustir.cli.common import add_config_flags, field_help, flags_from_args
+from robustir.cli.common import _argparse_kind, add_config_flags, config_flags, flags_from_args
 from robustir.cli.main import build_parser, main
 from robustir.config import load_config
+from robustir.validation import cli, config_dataclass, field_help
 
 
-@dataclass
+@config_dataclass
 class Inner:
     base_url: str = "http://localhost:8000/v1"
     """Where the server listens."""
-    retries: int = 3  # tries after a failure
+    retries: int = field(default=3, metadata=cli("tries"))
+    """Tries after a failure."""
 
 
-@dataclass
+@config_dataclass
 class Small:
-    lr: float = 2e-5  # learning rate
+    lr: float = 2e-5
+    """Learning rate."""
     steps: Optional[int] = None
     """Stop after
     this many steps."""
@@ -30,23 +33,32 @@ class Small:
     bf16: bool = False
     """bf16 autocast; 100% optional."""
     names: list[str] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)  # shares, e.g. 0 0.5
-    inner: Inner = field(default_factory=Inner)
+    rates: list[float] = field(default_factory=list)
+    """Shares, e.g. 0 0.5."""
+    inner: Inner = field(default_factory=Inner, metadata=cli(flatten=True))
     options: dict = field(default_factory=dict)
+    internal: int = field(default=1, metadata=cli(hidden=True))
     plain: str = ""
+    """A plain string."""
 
 
-def _small_parser(**kwargs) -> tuple[argparse.ArgumentParser, dict]:
+@config_dataclass
+class Derived(Small):
+    extra: int = 0
+    """A field of the subclass."""
+
+
+def _small_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(prog="t")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--config")
-    keys = add_config_flags(parser, Small, ["lr", "steps", "mode", "bf16", "names", "rates", "inner.base_url",
-                                            "inner.retries", "plain"], **kwargs)
-    return parser, keys
+    return parser, add_config_flags(parser, Small)
 
 
-def test_generator_maps_types_choices_switches_and_nested_keys():
-    parser, keys = _small_parser(rename={"inner.retries": "tries"})
+def test_generator_gives_every_field_a_flag_from_its_type_and_metadata():
+    parser, keys = _small_parser()
+    # no field list anywhere: every field that can be a flag is one; the section's fields under their own names,
+    # a renamed one under its new name; the mapping and the hidden field have none
     assert keys == {"lr": "lr", "steps": "steps", "mode": "mode", "bf16": "bf16", "names": "names", "rates": "rates",
                     "base_url": "inner.base_url", "tries": "inner.retries", "plain": "plain"}
     args = parser.parse_args(["--lr", "0.5", "--steps", "7", "--mode", "slow", "--bf16", "--names", "a", "b",
@@ -63,46 +75,50 @@ def test_generator_maps_types_choices_switches_and_nested_keys():
     assert all(getattr(absent, dest) is None for dest in keys) and flags_from_args(absent, keys) == {}
 
 
-@pytest.mark.parametrize("argv", [["--mode", "medium"], ["--steps", "1.5"], ["--lr", "x"], ["--retries", "1"]])
-def test_generator_rejects_bad_values_and_old_names(argv):
-    parser, _ = _small_parser(rename={"inner.retries": "tries"})
+def test_a_subclass_gets_its_bases_flags_and_help():
+    parser = argparse.ArgumentParser()
+    keys = add_config_flags(parser, Derived)
+    assert keys["extra"] == "extra" and keys["lr"] == "lr"
+    assert field_help(Derived, "lr") == "Learning rate."  # pydantic documents a field in the class declaring it
+    assert field_help(Derived, "extra") == "A field of the subclass."
+
+
+@pytest.mark.parametrize("argv", [["--mode", "medium"], ["--steps", "1.5"], ["--lr", "x"], ["--retries", "1"],
+                                  ["--options", "{}"], ["--internal", "2"]])
+def test_generator_rejects_bad_values_old_names_and_fields_without_a_flag(argv):
+    parser, _ = _small_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(argv)
 
 
-def test_generator_help_from_docstrings_comments_defaults_and_overrides():
-    assert field_help(Small, "lr") == "learning rate"  # trailing comment
+def test_generator_help_from_field_docstrings_and_defaults():
+    assert field_help(Small, "lr") == "Learning rate."
     assert field_help(Small, "steps") == "Stop after this many steps."  # attribute docstring, one line
-    assert field_help(Inner, "retries") == "tries after a failure"
+    assert field_help(Inner, "retries") == "Tries after a failure."
     assert field_help(Small, "mode") == ""
-    parser, _ = _small_parser(help={"plain": "a plain string"})
+    parser, _ = _small_parser()
     text = " ".join(parser.format_help().split())
-    assert "--lr LR learning rate (default: 2e-05)" in text
+    assert "--lr LR Learning rate (default: 2e-05)" in text
     assert "--steps STEPS Stop after this many steps (default: None)" in text
     assert "--mode {fast,slow} default: fast" in text
     assert "--bf16, --no-bf16 bf16 autocast; 100% optional (default: False)" in text  # % survives argparse
     assert "--base-url BASE_URL Where the server listens (default: http://localhost:8000/v1)" in text
-    assert "--rates RATES [RATES ...] shares, e.g. 0 0.5 (default: [])" in text
-    assert "--plain PLAIN a plain string (default: '')" in text
+    assert "--rates RATES [RATES ...] Shares, e.g. 0 0.5 (default: [])" in text
+    assert "--plain PLAIN A plain string (default: '')" in text
 
 
-def test_generator_refuses_what_cannot_be_a_flag():
+def test_a_flag_the_command_defines_itself_is_left_to_it():
     parser = argparse.ArgumentParser()
-    with pytest.raises(TypeError, match="key=value"):
-        add_config_flags(parser, Small, ["options"])
-    with pytest.raises(ValueError, match="no field 'lrr'"):
-        add_config_flags(parser, Small, ["lrr"])
-    with pytest.raises(ValueError, match="not a section"):
-        add_config_flags(parser, Small, ["lr.x"])
-    with pytest.raises(ValueError, match="not listed"):
-        add_config_flags(parser, Small, ["lr"], rename={"steps": "n"})
+    parser.add_argument("--lr", type=str, help="the command's own")
+    keys = add_config_flags(parser, Small)
+    assert "lr" not in keys and parser.parse_args(["--lr", "x"]).lr == "x"
 
 
 def test_precedence_defaults_file_flags_overrides(tmp_path):
     parser, keys = _small_parser()
     cfg = tmp_path / "c.yaml"
     cfg.write_text("lr: 0.1\nsteps: 5\nmode: slow\nbf16: true\ninner:\n  retries: 9\n  base_url: http://file/v1\n")
-    args = parser.parse_args(["--config", str(cfg), "--lr", "0.2", "--retries", "1", "--no-bf16", "steps=6",
+    args = parser.parse_args(["--config", str(cfg), "--lr", "0.2", "--tries", "1", "--no-bf16", "steps=6",
                               "inner.retries=2"])
     config = load_config(Small, args.config, args.overrides, flags_from_args(args, keys))
     assert config.lr == 0.2  # flag over file
@@ -120,7 +136,7 @@ HELP_FLAGS = {
               "--epochs", "--max-steps", "--lr", "--seed", "--num-negatives", "--mine {bm25,dense,none}", "--no-mine",
               "--query-max-length", "--passage-max-length", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing",
               "--device"],
-    "pretrain": ["--mode {retromae,gur}", "--model", "--data", "--data-format", "--output", "--resume-heads PATH",
+    "pretrain": ["--mode {retromae,gur}", "--model", "--data", "--data-format", "--output", "--resume-heads",
                  "--max-length", "--batch-size", "--epochs", "--max-steps", "--lr", "--seed", "--save-steps",
                  "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing", "--device"],
     "generate": ["--input", "--output", "--base-url", "--model", "--api-key-env", "--backend {openai,hf}",
@@ -263,3 +279,49 @@ def test_eval_and_chunk_flags_reach_the_config():
     assert eval_config(_args(["eval", "--precision", "fp16"])).precision == "fp16"
     config = chunk_config(_args(["chunk", "--input", "i", "--output", "o", "--max-tokens", "10", "--tokenizer", "tok"]))
     assert (config.max_tokens, config.overlap, config.min_tokens, config.tokenizer) == (10, 1, 32, "tok")
+
+
+COMMAND_CONFIGS = {  # command -> its config class (module, name)
+    "train": ("robustir.training.arguments", "TrainConfig"),
+    "pretrain": ("robustir.pretraining.pretrain", "PretrainConfig"),
+    "generate": ("robustir.queries.generate", "GenerateConfig"),
+    "mine": ("robustir.negatives.mining", "MiningConfig"),
+    "eval": ("robustir.evaluation.retrieval", "EvalConfig"),
+    "index": ("robustir.serving.index", "IndexConfig"),
+    "serve": ("robustir.serving.config", "ServeConfig"),
+    "noise-bench": ("robustir.robustness.bench", "NoiseBenchConfig"),
+    "classify": ("robustir.evaluation.classify", "ClassifyConfig"),
+    "pairs": ("robustir.queries.pairs", "PairMiningConfig"),
+    "chunk": ("robustir.data.chunking", "ChunkConfig"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_CONFIGS))
+def test_every_field_of_a_stage_config_has_a_flag(command):
+    """No command keeps a field list: a field added to a config is a flag of its command at once."""
+    import importlib
+
+    module, name = COMMAND_CONFIGS[command]
+    cls = getattr(importlib.import_module(module), name)
+    parser = build_parser(only=command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    keys = sub.get_default("_flag_keys")
+    wanted = {path for path, _, _, hint, _, _ in config_flags(cls) if _argparse_kind(hint) is not None}
+    taken = {path for path, _, _, hint, _, flag in config_flags(cls)
+             if _argparse_kind(hint) is not None and path not in keys.values()}
+    # the only fields without a generated flag are those whose flag the command defines itself (--input, --output)
+    assert all(f"--{dict((p, f) for p, *_, f in config_flags(cls))[path]}" in sub._option_string_actions
+               for path in taken), taken
+    assert wanted - taken == set(keys.values())
+
+
+def test_filter_exposes_every_field_of_the_three_methods():
+    from robustir.cli.filter import CONFIGS
+
+    parser = build_parser(only="filter")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["filter"]
+    keys = sub.get_default("_flag_keys")
+    for method, cls in CONFIGS.items():
+        wanted = {path for path, _, _, hint, _, flag in config_flags(cls)
+                  if _argparse_kind(hint) is not None and flag not in ("input", "output")}
+        assert wanted == set(keys[method].values()), method

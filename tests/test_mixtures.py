@@ -230,8 +230,8 @@ def test_mixture_config_from_yaml_and_bad_mixtures(tmp_path):
 
     bad = {
         "  - {path: a.jsonl, wieght: 2}\n":
-            r"train_data\[0\]: unknown option\(s\) 'wieght' \(did you mean 'weight'\?\)",
-        "  - {path: a.jsonl, weight: -1}\n": r"train_data\[0\]\.weight = -1\.0 is out of range: it must be > 0",
+            r"train_data\[0\]: unknown option 'wieght' \(did you mean 'weight'\?\)",
+        "  - {path: a.jsonl, weight: -1}\n": r"train_data\[0\]\.weight = -1 is out of range: it must be > 0",
         "  - {path: a.jsonl, task: qa}\n": r"train_data\[0\]\.task: 'qa' is not one of",
         "  - a.jsonl\n": r"train_data\[0\]: is a section of options",
         "  - {path: a.jsonl, weight: 1}\n  - {path: b.jsonl}\n": r"source\(s\) 'b' have no weight while others have",

@@ -262,8 +262,10 @@ def test_bench_config_typos_fail_at_load():
 
     with pytest.raises(ConfigError, match="did you mean 'kinds'"):
         load_config(NoiseBenchConfig, None, ["kindz=chunk-fn"])
-    with pytest.raises(ConfigError, match="unknown method"):
-        NoiseBenchConfig(methods=["infonse"]).resolved()
+    with pytest.raises(ConfigError, match=r"methods\[0\]: 'infonse' is not one of \['infonce'"):
+        NoiseBenchConfig(methods=["infonse"])  # refused when built, not when the grid is resolved
+    with pytest.raises(ConfigError, match=r"kinds\[1\]: 'fp-randm' is not one of"):
+        load_config(NoiseBenchConfig, None, ["kinds=chunk-fn,fp-randm"])
     with pytest.raises(ConfigError, match="budget field"):
         NoiseBenchConfig(budget={"epoch": 1}).resolved()
     with pytest.raises(ConfigError, match="needs an endpoint"):

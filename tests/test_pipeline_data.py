@@ -97,19 +97,19 @@ def test_cli_until_with_max_documents_and_no_filter(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("override, path", [
-    ("max_document=3", "config: unknown option(s) 'max_document'"),
-    ("chunk.max_tokn=3", "config.chunk: unknown option(s) 'max_tokn'"),
-    ("queries.pairs.min_weigth=2", "config.queries.pairs: unknown option(s) 'min_weigth'"),
-    ("queries.generate.num_querys=2", "config.queries.generate: unknown option(s) 'num_querys'"),
-    ("queries.generate.llm.modle=x", "config.queries.generate.llm: unknown option(s) 'modle'"),
-    ("pretrain={mode: gur, max_step: 2}", "config.pretrain: unknown option(s) 'max_step'"),
-    ("mine.num_negativs=3", "config.mine: unknown option(s) 'num_negativs'"),
-    ("filter.teacher.relative_margn=0.1", "config.filter.teacher: unknown option(s) 'relative_margn'"),
-    ("filter.sieve.betta=0.1", "config.filter.sieve: unknown option(s) 'betta'"),
-    ("filter.llm.llm.base_ur=x", "config.filter.llm.llm: unknown option(s) 'base_ur'"),
-    ("train.lrate=1", "config.train: unknown option(s) 'lrate'"),
-    ("eval.splt=dev", "config.eval: unknown option(s) 'splt'"),
-    ("mine.num_negatives=many", "config.mine.num_negatives"),
+    ("max_document=3", "config: unknown option 'max_document'"),
+    ("chunk.max_tokn=3", "chunk: unknown option 'max_tokn'"),
+    ("queries.pairs.min_weigth=2", "queries.pairs: unknown option 'min_weigth'"),
+    ("queries.generate.num_querys=2", "queries.generate: unknown option 'num_querys'"),
+    ("queries.generate.llm.modle=x", "queries.generate.llm: unknown option 'modle'"),
+    ("pretrain={mode: gur, max_step: 2}", "pretrain: unknown option 'max_step'"),
+    ("mine.num_negativs=3", "mine: unknown option 'num_negativs'"),
+    ("filter.teacher.relative_margn=0.1", "filter.teacher: unknown option 'relative_margn'"),
+    ("filter.sieve.betta=0.1", "filter.sieve: unknown option 'betta'"),
+    ("filter.llm.llm.base_ur=x", "filter.llm.llm: unknown option 'base_ur'"),
+    ("train.lrate=1", "train: unknown option 'lrate'"),
+    ("eval.splt=dev", "eval: unknown option 'splt'"),
+    ("mine.num_negatives=many", "mine.num_negatives"),
 ])
 def test_a_typo_in_any_stage_section_fails_at_load_naming_its_key_path(tmp_path, override, path):
     with pytest.raises(ConfigError) as info:

@@ -124,6 +124,11 @@ def test_config_file_flags_and_overrides(tmp_path):
         load_config(TrainConfig, None, ["batchsize=3"])
     with pytest.raises(ConfigError, match="expected an integer"):
         load_config(TrainConfig, None, ["batch_size=abc"])
+    with pytest.raises(ConfigError, match="batch_size: expected an integer, got True"):  # pydantic's lax mode: 1
+        load_config(TrainConfig, None, ["batch_size=true"])
+    with pytest.raises(ConfigError, match="lr: expected a number, got False"):
+        TrainConfig(lr=False)
+    assert load_config(TrainConfig, None, ["resume=false", "eval_base=yes"]).eval_base is True  # a switch takes them
     with pytest.raises(ConfigError, match="not one of"):
         load_config(TrainConfig, None, ["loss=focal"])
 

@@ -1,16 +1,15 @@
-"""Argument dataclasses loaded from YAML/JSON files with ``key=value`` command-line overrides.
+"""Stage configs loaded from YAML/JSON files, flags and ``key=value`` command-line overrides.
 
-Every stage has a dataclass of its arguments (Tevatron style). ``load_config`` reads a file, applies
-overrides such as ``loss.temperature=0.02`` or ``batch_size=64`` (values parsed as YAML, so numbers,
-booleans and lists work), and builds the dataclass, rejecting unknown keys with a helpful message.
+Every stage has a config dataclass (Tevatron style; pydantic v2 validates it, see :mod:`robustir.validation`).
+``load_config`` reads a file (a key given twice is an error), merges the flags and the overrides such as
+``loss_options.beta=0.2`` or ``batch_size=64`` (values parsed as YAML, so numbers, booleans and lists work),
+and builds the config; pydantic rejects unknown keys and bad values, named by their key path.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from .errors import ConfigError
-from .validation import RangeError
+from .validation import OptionError
 
 T = TypeVar("T")
 
@@ -106,36 +105,14 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
     return data
 
 
-def from_dict(cls: type[T], data: dict, *, where: str = "config") -> T:
-    """Build dataclass ``cls`` from ``data``; nested dataclass fields take nested dicts."""
+def from_dict(cls: type[T], data: Any, *, where: str = "") -> T:
+    """Build config ``cls`` from mapping ``data`` (pydantic validates it); errors name keys under ``where``."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    data = precision_aliases(data, fields, where)
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(hints)}; known: {', '.join(sorted(fields))}")
-    hints_by_name = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in data.items():
-        field = fields[key]
-        if isinstance(value, dict) and field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-            if dataclasses.is_dataclass(default):
-                # a section given in part keeps the *field's* defaults for the rest (JudgeConfig.llm defaults to
-                # temperature 0 and 16 tokens, not LLMConfig's generation defaults)
-                value = _deep_merge(_shallow_fields(default), value)
-        kwargs[key] = _coerce(hints_by_name[key], value, f"{where}.{key}")
+        raise ConfigError(f"{where or 'config'}: expected a mapping of option: value, got {type(data).__name__}")
     try:
-        return cls(**kwargs)
-    except RangeError as exc:  # name the key by its path: train.lr, filter.teacher.relative_margin
-        raise exc.under(where.removeprefix("config").lstrip(".")) from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        return cls(**data)
+    except OptionError as exc:
+        raise exc.under(where) from None
 
 
 def precision_aliases(data: dict, fields: dict, where: str) -> dict:
@@ -151,76 +128,13 @@ def precision_aliases(data: dict, fields: dict, where: str) -> dict:
         if target in data:
             raise ConfigError(f"{where}: {key} and {target} are both given; {key} is the older spelling of "
                               f"{target}: keep only {target}")
-        value = _coerce(bool, data[key], f"{where}.{key}")
+        value = data[key]
+        if isinstance(value, str) and value.lower() in {"true", "false", "yes", "no", "1", "0"}:
+            value = value.lower() in {"true", "yes", "1"}
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected true/false, got {value!r}")
         out = {(target if k == key else k): (legacy_bf16(value) if k == key else v) for k, v in out.items()}
     return out
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: is a section of options (a mapping such as {{key: value}}), got {value!r}")
-        return from_dict(hint, value, where=where)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None:
-            return None
-        sections = [a for a in args if dataclasses.is_dataclass(a)]
-        if isinstance(value, dict) and len(sections) == 1:
-            return from_dict(sections[0], value, where=where)  # a section: its own error names the key path
-        lists = [a for a in args if typing.get_origin(a) in (list, tuple)]
-        if isinstance(value, (list, tuple)) and len(lists) == 1:
-            return _coerce(lists[0], value, where)  # e.g. a list of sections: its items' errors name their path
-        for arg in args:
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: cannot use {value!r} as {hint}")
-    if origin is typing.Literal:
-        if value not in typing.get_args(hint):
-            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(hint))}")
-        return value
-    if origin in (list, tuple):
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        (inner, *_) = typing.get_args(hint) or (Any,)
-        if dataclasses.is_dataclass(inner):  # a list of sections: name the item, train_data[1].weight
-            return [_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return [_coerce(inner, v, where) for v in value]
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in {"true", "false", "1", "0", "yes", "no"}:
-            return value.lower() in {"true", "1", "yes"}
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            as_float = float(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-        if as_float != int(as_float):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return int(as_float)
-    if hint is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if hint is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return str(value)
-    if hint is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return value
-    return value
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
@@ -264,12 +178,6 @@ def _deep_merge(low: dict, high: dict) -> dict:
         else:
             out[key] = value
     return out
-
-
-def _shallow_fields(obj: Any) -> dict:
-    """A dataclass instance as a dict of its fields, nested sections as dicts (values not deep-copied)."""
-    return {f.name: (_shallow_fields(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v)
-            for f in dataclasses.fields(obj)}
 
 
 def to_dict(obj: Any) -> dict:

@@ -65,7 +65,7 @@ from .filtering.sieve import SieveConfig
 from .filtering.teacher import TeacherFilterConfig
 from .training.arguments import TrainConfig
 from .pretraining.pretrain import PretrainConfig, resolve_data_path
-from .validation import Checked, NonNegativeInt, PositiveInt
+from .validation import config_dataclass, NonNegativeInt, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -80,21 +80,24 @@ ChunkStage = ChunkConfig
 generation and mining (the same options as ``robustir chunk``)."""
 
 
-@dataclass
-class QueriesStage(Checked):
+@config_dataclass
+class QueriesStage:
     """Where the (query, positive) training pairs come from."""
 
     source: Literal["pairs", "generate", "beir"] = "pairs"
-    pairs: PairMiningConfig = field(default_factory=PairMiningConfig)  # source pairs: GUR LCS pair mining
+    pairs: PairMiningConfig = field(default_factory=PairMiningConfig)
+    """Source pairs: GUR LCS pair mining."""
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     """source generate: LLM-written queries (PEG); ``input``/``output`` are set by the runner."""
-    split: str = "train"  # source beir: qrels split of the corpus folder
-    max_examples: PositiveInt | None = None  # keep a seeded random sample of at most this many pairs
+    split: str = "train"
+    """Source beir: qrels split of the corpus folder."""
+    max_examples: PositiveInt | None = None
+    """Keep a seeded random sample of at most this many pairs."""
     seed: NonNegativeInt = 0
 
 
-@dataclass
-class FilterStage(Checked):
+@config_dataclass
+class FilterStage:
     """False-negative removal after mining: the section of the chosen method is used."""
 
     method: Literal["teacher", "sieve", "llm"] = "teacher"
@@ -104,31 +107,44 @@ class FilterStage(Checked):
     """The LLM judge (PEG's false-negative removal); ``input``/``output`` are set by the runner."""
 
 
-@dataclass
-class EvalStage(Checked):
-    data: str | None = None  # BEIR folder (``bundled:scifact`` works); None = the corpus when it is a BEIR folder
+@config_dataclass
+class EvalStage:
+    data: str | None = None
+    """BEIR folder (``bundled:scifact`` works); None = the corpus when it is a BEIR folder."""
     split: str = "test"
-    base: bool = True  # evaluate the base model too
-    pretrained: bool = True  # and the pre-trained-only model, when there is one
+    base: bool = True
+    """Evaluate the base model too."""
+    pretrained: bool = True
+    """And the pre-trained-only model, when there is one."""
     batch_size: PositiveInt = operational(64)
-    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
-    query_max_length: PositiveInt | None = None  # None = the model's own settings
+    precision: Precision = "auto"
+    """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
+    query_max_length: PositiveInt | None = None
+    """None = the model's own settings."""
     passage_max_length: PositiveInt | None = None
 
 
-@dataclass
-class PipelineConfig(Checked):
+@config_dataclass
+class PipelineConfig:
     work_dir: str = operational("runs/pipeline")
-    model: str | None = None  # base model; None = the bundled all-MiniLM-L6-v2
-    corpus: str = "bundled:scifact"  # raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text
+    model: str | None = None
+    """Base model; None = the bundled all-MiniLM-L6-v2."""
+    corpus: str = "bundled:scifact"
+    """Raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text."""
     corpus_format: Literal["auto", "jsonl", "text", "beir"] = "auto"
-    text_unit: Literal["block", "line"] = "line"  # plain text: one document per line or per blank-line block
-    max_documents: PositiveInt | None = None  # only the first N documents (quick runs)
-    chunk: ChunkStage | None = None  # None = the documents are the passages
+    text_unit: Literal["block", "line"] = "line"
+    """Plain text: one document per line or per blank-line block."""
+    max_documents: PositiveInt | None = None
+    """Only the first N documents (quick runs)"""
+    chunk: ChunkStage | None = None
+    """None = the documents are the passages."""
     queries: QueriesStage = field(default_factory=QueriesStage)
-    pretrain: PretrainConfig | None = None  # None = no pre-training; else mode retromae | gur (+ options)
-    mine: MiningConfig | None = field(default_factory=MiningConfig)  # None = in-batch negatives only
-    mine_pool: Literal["auto", "corpus", "file"] = "auto"  # candidates: corpus documents or the file's texts
+    pretrain: PretrainConfig | None = None
+    """None = no pre-training; else mode retromae | gur (+ options)"""
+    mine: MiningConfig | None = field(default_factory=MiningConfig)
+    """None = in-batch negatives only."""
+    mine_pool: Literal["auto", "corpus", "file"] = "auto"
+    """Candidates: corpus documents or the file's texts."""
     filter: FilterStage | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalStage = field(default_factory=EvalStage)

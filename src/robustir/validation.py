@@ -1,70 +1,63 @@
-"""Ranges of config fields, declared next to the field and checked in one place.
+"""Stage configs are pydantic v2 dataclasses: types, ranges and unknown keys are checked by pydantic, in one place.
 
-A numeric field of a stage config declares its range in its type::
+Every stage config is declared with :func:`config_dataclass`::
 
-    batch_size: PositiveInt = 64
-    relative_margin: Annotated[float, Range(ge=0, lt=1)] | None = 0.05
+    @config_dataclass
+    class MiningConfig:
+        num_negatives: PositiveInt = 15
+        \"\"\"Negatives kept per query.\"\"\"
+        relative_margin: Annotated[float, Range(ge=0, lt=1)] | None = None
 
-:func:`check_ranges` checks every field of a config (nested sections too): values out of range, and any float
-that is not finite (NaN, inf), are a :class:`~robustir.errors.ConfigError` naming the key (``--batch-size`` is ``batch_size``), the value
-and the allowed range. Configs derived from :class:`Checked` run it on construction, so the CLI (flags), config
-files, ``key=value`` overrides, the pipeline runner and the Python API all get the same check;
-:func:`robustir.config.from_dict` adds the key path (``filter.teacher.relative_margin``). Relations between
-fields (``min_score <= max_score``) stay in each config's ``validate()``.
+It is a ``pydantic.dataclasses.dataclass`` with ``extra="forbid"``, non-finite floats refused and field
+descriptions read from the attribute docstrings (they are the CLI's help text). Construction validates, so the
+CLI's flags, config files, ``key=value`` overrides, the pipeline runner and the Python API all get the same
+checks; a :class:`pydantic.ValidationError` becomes one :class:`OptionError` (a
+:class:`~robustir.errors.ConfigError`) naming each key by its path, the value, what is wrong and -- for an unknown
+key -- the closest known one. Relations between fields (``min_score <= max_score``) stay in each config's
+``__post_init__`` / ``validate()``; a ``ConfigError`` raised there keeps its message, prefixed by its section.
 
-``typing.get_type_hints`` without ``include_extras`` drops the ``Annotated`` part, so flags, coercion and help
-see plain ``int``/``float``.
+Paths may be given as :class:`os.PathLike` for ``str`` fields (they become ``str``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
+import os
+import re
 import types
 import typing
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
+
+import annotated_types
+from pydantic import BeforeValidator, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from .errors import ConfigError
 
-__all__ = ["Range", "RangeError", "Checked", "check_ranges", "check_value", "PositiveInt", "NonNegativeInt", "PositiveFloat",
-           "NonNegativeFloat", "Fraction", "OpenFraction", "Probability"]
+__all__ = ["config_dataclass", "Range", "OptionError", "cli", "field_help", "field_range", "PositiveInt",
+           "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "Fraction", "OpenFraction", "Probability", "Items"]
+
+T = TypeVar("T")
+
+CONFIG = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, coerce_numbers_to_str=True,
+                    arbitrary_types_allowed=True)
 
 
-@dataclass(frozen=True)
-class Range:
-    """Allowed values of a number: ``ge``/``gt`` lower and ``le``/``lt`` upper bounds (None = unbounded)."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    finite: bool = True  # NaN and +-inf are out of range
-
-    def describe(self) -> str:
-        parts = []
-        if self.ge is not None:
-            parts.append(f">= {_num(self.ge)}")
-        if self.gt is not None:
-            parts.append(f"> {_num(self.gt)}")
-        if self.le is not None:
-            parts.append(f"<= {_num(self.le)}")
-        if self.lt is not None:
-            parts.append(f"< {_num(self.lt)}")
-        return " and ".join(parts) if parts else "a finite number"
-
-    def contains(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return not self.finite
-        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+def Range(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None) -> annotated_types.Interval:
+    """The allowed values of a number field: ``Annotated[int, Range(ge=0, le=64)]`` (pydantic checks it)."""
+    return annotated_types.Interval(ge=ge, gt=gt, le=le, lt=lt)
 
 
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+def _split_commas(value: Any) -> Any:
+    """``"fp,fn"`` (a ``key=value`` override or a YAML scalar) is the list ``["fp", "fn"]``."""
+    return [item for item in value.split(",") if item] if isinstance(value, str) else value
 
 
+Items = Annotated[list[T], BeforeValidator(_split_commas)]  # a list, also given as "a,b,c"
 PositiveInt = Annotated[int, Range(ge=1)]
 NonNegativeInt = Annotated[int, Range(ge=0)]
 PositiveFloat = Annotated[float, Range(gt=0)]
@@ -72,78 +65,204 @@ NonNegativeFloat = Annotated[float, Range(ge=0)]
 Fraction = Annotated[float, Range(ge=0, le=1)]  # a share: 0..1
 OpenFraction = Annotated[float, Range(ge=0, lt=1)]  # 0 <= x < 1 (a warm-up share, a relative margin)
 Probability = Fraction
-_FINITE = Range()
 
 
-class RangeError(ConfigError):
-    """A number outside its field's range; ``key`` is the field's path (a section prefix is added by
-    :func:`robustir.config.from_dict`)."""
-
-    def __init__(self, key: str, value: Any, rng: Range) -> None:
-        self.key, self.value, self.range = key, value, rng
-        what = "is not a finite number" if isinstance(value, float) and not math.isfinite(value) else "is out of range"
-        super().__init__(f"{key} = {value!r} {what}: it must be {rng.describe()}")
-
-    def under(self, section: str) -> "RangeError":
-        return RangeError(f"{section}.{self.key}" if section else self.key, self.value, self.range)
+def cli(flag: str | None = None, *, hidden: bool = False, flatten: bool = False) -> dict:
+    """Field metadata for the generated CLI flags (:func:`robustir.cli.common.add_config_flags`): ``flag`` renames
+    the flag (``cli("title")`` → ``--title``), ``hidden`` gives the field no flag, ``flatten`` gives the fields of
+    a section field their own flags (``llm.base_url`` → ``--base-url``). Use as ``field(..., metadata=cli(...))``
+    or ``operational(..., metadata=cli(...))``."""
+    return {"cli": {"flag": flag, "hidden": hidden, "flatten": flatten}}
 
 
-def check_value(value: Any, where: str, rng: Range = _FINITE) -> None:
-    """Raise :class:`RangeError` when number ``value`` (named ``where``) is outside ``rng`` (or not finite)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if not rng.contains(value):
-        raise RangeError(where, value, rng)
+def config_dataclass(cls: type[T]) -> type[T]:
+    """Make ``cls`` a pydantic dataclass (see the module docstring) whose validation errors are :class:`OptionError`."""
+    cls._refuse_true_as_a_number = field_validator("*", mode="before")(_refuse_true_as_a_number)  # type: ignore
+    cls = _pydantic_dataclass(cls, config=CONFIG)
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs = {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in kwargs.items()}
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise OptionError.from_validation(exc, type(self)) from None
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
 
 
-@functools.lru_cache(maxsize=None)
-def _ranges(cls: type) -> tuple[tuple[str, Range | None, bool], ...]:
-    """``(field, its Range or None, is_float)`` for the numeric fields of dataclass ``cls``."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    out = []
-    for f in dataclasses.fields(cls):
-        hint = hints.get(f.name)
-        rng, kind = _unpack(hint)
-        if kind in (int, float):
-            out.append((f.name, rng, kind is float))
-    return tuple(out)
+def _refuse_true_as_a_number(cls: type, value: Any, info: ValidationInfo) -> Any:
+    """pydantic's lax mode reads ``true`` as the number 1 (``batch_size=true``): refused, as a number is meant."""
+    if isinstance(value, bool) and info.field_name:
+        members = _members(cls.__pydantic_fields__[info.field_name].annotation)
+        if bool not in members and any(m in (int, float) for m in members):
+            raise ConfigError(f"expected {'an integer' if int in members else 'a number'}, got {value!r}")
+    return value
 
 
-def _unpack(hint: Any) -> tuple[Range | None, Any]:
-    """The Range of ``hint`` (``Annotated[int, Range(..)]``, optionally ``| None``) and its base type."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) != 1:
-            return None, None
-        hint = args[0]
+class OptionError(ConfigError):
+    """Bad config values: ``problems`` is a list of ``(key path, what is wrong)``, shown as ``key = value is ...`` or
+    ``key: ...`` (``config: ...`` for the top level); :meth:`under` puts them under a section."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(text[len(_BARE):] if text.startswith(_BARE) else f"{key or 'config'}{text}"
+                                   for key, text in problems))
+
+    def under(self, section: str) -> "OptionError":
+        join = lambda key: f"{section}{key}" if key.startswith("[") else f"{section}.{key}" if key else section
+        return OptionError([(join(key), ": " + text[len(_BARE):] if text.startswith(_BARE) else text)
+                            for key, text in self.problems]) if section else self
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError, config: type) -> "OptionError":
+        return cls([problem for error in _deepest(exc.errors(include_url=False))
+                    for problem in _explain(error, config)])
+
+
+def _deepest(errors: list[dict]) -> list[dict]:
+    """Of the errors for one field, those with the longest location: a union such as ``str | list[TrainSource]``
+    reports one error per member; the member that got furthest names the real problem."""
+    best: dict[Any, int] = {}
+    for error in errors:
+        head = error["loc"][0] if error["loc"] else None
+        best[head] = max(best.get(head, 0), len(error["loc"]))
+    out, seen = [], set()
+    for error in errors:
+        head = error["loc"][0] if error["loc"] else None
+        key = (head, error["type"], error["loc"])
+        if len(error["loc"]) == best[head] and key not in seen:
+            seen.add(key)
+            out.append(error)
+    return out
+
+
+def _walk(config: type, loc: tuple) -> tuple[str, type | None, str | None, Any]:
+    """``(key path, the config class owning the last field, that field's name, the type there)`` for a pydantic
+    error location.
+
+    Union member tags in the location (``'list[TrainSource]'``) are dropped; list positions become ``[i]``."""
+    key, owner, name = "", config, None
+    current: Any = config
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+            current = _item_type(current)
+            continue
+        fields = _fields(current)
+        if fields is not None and part in fields:
+            owner, name = current, part
+            key = f"{key}.{part}" if key else part
+            current = _section_type(fields[part])
+        # else: a union member tag, or an unknown key (handled by the caller)
+    return key, owner, name, current
+
+
+def _fields(cls: Any) -> dict[str, Any] | None:
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
+    return None
+
+
+def _section_type(hint: Any) -> Any:
+    """The dataclass (or list of dataclasses) inside a field's type hint, else the hint (``Annotated`` removed)."""
+    members = _members(hint)
+    for arg in members:
+        if dataclasses.is_dataclass(arg) or typing.get_origin(arg) in (list, tuple):
+            return arg
+    return members[0] if len(members) == 1 else hint
+
+
+def _item_type(hint: Any) -> Any:
+    for arg in _members(hint):
+        if typing.get_origin(arg) in (list, tuple) and typing.get_args(arg):
+            return _section_type(typing.get_args(arg)[0])
+    return None
+
+
+def _members(hint: Any) -> list[Any]:
     if typing.get_origin(hint) is Annotated:
-        base, *meta = typing.get_args(hint)
-        ranges = [m for m in meta if isinstance(m, Range)]
-        return (ranges[0] if ranges else None), base
-    return None, hint
+        hint = typing.get_args(hint)[0]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [_members(a)[0] for a in typing.get_args(hint) if a is not type(None)]
+    return [hint]
 
 
-def check_ranges(config: Any, where: str | None = None) -> None:
-    """Check every numeric field of dataclass ``config`` (and of its nested sections) against its range."""
-    prefix = f"{where}." if where else ""
-    for name, rng, is_float in _ranges(type(config)):
-        value = getattr(config, name)
-        if value is None:
-            continue
-        if rng is None and not is_float:
-            continue
-        check_value(value, prefix + name, rng or _FINITE)
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            check_ranges(value, prefix + f.name)
+_BARE = "\0"  # marks a message of a config's own check at the top level: shown without a key
+_BOUNDS = {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true/false", "string": "a string", "list": "a list",
+          "dict": "a mapping", "tuple": "a list"}
 
 
-class Checked:
-    """Mixin for config dataclasses: field ranges are checked on construction (and by ``dataclasses.replace``).
+def _explain(error: dict, config: type) -> list[tuple[str, str]]:
+    """``(key path, what is wrong)`` for one pydantic error; the text follows the key (``" = 0 is out of ..."``)."""
+    kind, loc, value = error["type"], tuple(error["loc"]), error.get("input")
+    ctx = error.get("ctx") or {}
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        key, _, _, section = _walk(config, loc[:-1])
+        known = sorted(_fields(section) or {})
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return [(key, f": unknown option {str(loc[-1])!r}{hint}; known: {', '.join(known)}")]
+    key, owner, name, current = _walk(config, loc)
+    if kind in ("value_error", "assertion_error") and isinstance(ctx.get("error"), ConfigError):
+        inner = ctx["error"]  # raised by a config's own checks (__post_init__)
+        return inner.under(key).problems if isinstance(inner, OptionError) else [(key, f": {inner}" if key else
+                                                                                   f"{_BARE}{inner}")]
+    shown = f"{value!r}" if not isinstance(value, dict) or len(repr(value)) < 200 else "a mapping"
+    if kind in _BOUNDS:
+        rng = field_range(owner, name) if owner is not None and name else None
+        return [(key, f" = {value} is out of range: it must be {_describe(rng, ctx)}")]
+    if kind == "finite_number":
+        return [(key, f" = {value} is not a finite number")]  # a number, or its text (``lr=nan``)
+    if kind == "literal_error":
+        values = list(typing.get_args(current)) if typing.get_origin(current) is typing.Literal else None
+        return [(key, f": {shown} is not one of {values or ctx.get('expected', '')}")]
+    if kind in ("missing", "missing_argument", "missing_keyword_only_argument", "missing_positional_only_argument"):
+        return [(key, ": missing; give a value")]
+    if kind in ("dataclass_type", "dataclass_args_type", "model_type"):
+        return [(key, f": is a section of options (a mapping such as {{key: value}}), got {shown}")]
+    stem = kind.split("_")[0]
+    if stem in _KINDS and kind.endswith(("_type", "_parsing", "_from_float", "parsing_size")):
+        return [(key, f": expected {_KINDS[stem]}, got {shown}")]
+    return [(key, f": {error.get('msg', kind)} (got {shown})")]
 
-    A subclass with its own ``__post_init__`` calls ``super().__post_init__()``.
-    """
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
+def field_range(cls: type, name: str) -> annotated_types.Interval | None:
+    """The :func:`Range` declared on field ``name`` of config ``cls`` (None if it has none)."""
+    info = getattr(cls, "__pydantic_fields__", {}).get(name)
+    if info is None:
+        return None
+    bounds: dict[str, Any] = {}
+    for meta in info.metadata:
+        for bound in ("ge", "gt", "le", "lt"):
+            if getattr(meta, bound, None) is not None:
+                bounds[bound] = getattr(meta, bound)
+    return annotated_types.Interval(**bounds) if bounds else None
+
+
+def _describe(rng: annotated_types.Interval | None, ctx: dict) -> str:
+    bounds = {b: getattr(rng, b) for b in ("ge", "gt", "le", "lt") if rng is not None and getattr(rng, b) is not None}
+    bounds = bounds or {b: ctx[b] for b in ("ge", "gt", "le", "lt") if b in ctx}
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return " and ".join(f"{signs[b]} {_num(v)}" for b, v in bounds.items()) or "a finite number"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if isinstance(value, (int, float)) and math.isfinite(value) and float(value).is_integer() \
+        else str(value)
+
+
+def field_help(cls: type, name: str) -> str:
+    """The description of field ``name`` (its attribute docstring, read by pydantic) from ``cls`` or the nearest base
+    that documents it (pydantic reads docstrings per class, so inherited fields are looked up in the bases)."""
+    for klass in cls.__mro__:
+        info = getattr(klass, "__pydantic_fields__", {}).get(name)
+        if info is not None and info.description:
+            text = " ".join(info.description.split())
+            text = re.sub(r":[a-z]+:`~?([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)  # Sphinx roles
+            return text.replace("``", "")
+    return ""

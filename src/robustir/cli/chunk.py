@@ -21,7 +21,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)")
     parser.add_argument("--text-unit", default="block", choices=["block", "line"],
                         help="plain text: one document per blank-line-separated block, or per line")
-    keys = add_config_flags(parser, ChunkConfig, ["max_tokens", "overlap", "min_tokens", "tokenizer"])
+    keys = add_config_flags(parser, ChunkConfig)
     parser.set_defaults(_flag_keys=keys)
     parser.add_argument("--shard", default=None, help="process shard I of N (round-robin over documents), e.g. 2/8")
     parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")

@@ -17,7 +17,6 @@ from ..evaluation.classify import ClassifyConfig, classify, confusion_markdown
 from .common import add_config_flags, add_precision_arg, flags_from_args, model_or_default
 
 # ClassifyConfig fields with a flag (help from the dataclass)
-FIELDS = ["shots", "seed", "prompt", "label_prompt", "max_length", "batch_size", "precision", "device"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +33,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                                                       "(with --shots)")
     parser.add_argument("--output", default=None, help="folder for report.json, report.md and predictions.jsonl")
     parser.add_argument("--config", default=None, help="YAML or JSON file with ClassifyConfig fields")
-    keys = add_config_flags(parser, ClassifyConfig, FIELDS)
+    keys = add_config_flags(parser, ClassifyConfig)
     add_precision_arg(parser, generated=True)
     parser.set_defaults(_flag_keys=keys)
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. seed=3")

@@ -1,41 +1,45 @@
-"""Flags shared by several stages, so each means the same everywhere, and flags generated from config dataclasses.
+"""Flags generated from the stage configs, and the few flags shared by commands without one.
 
-:func:`add_config_flags` turns fields of a stage's config dataclass into argparse flags (name, type, choices and
-help all read from the dataclass, so they cannot drift from it); :func:`flags_from_args` turns the flags that
-were given into the ``flags`` layer of :func:`robustir.config.load_config`.
+:func:`add_config_flags` gives every field of a stage's config a flag (name, type, choices and help all read from
+the config's pydantic field info, so they cannot drift from it; no command keeps a field list);
+:func:`flags_from_args` turns the flags that were given into the ``flags`` layer of
+:func:`robustir.config.load_config`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
-import inspect
-import io
-import re
-import textwrap
-import tokenize
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
+
+from pydantic_core import PydanticUndefined
 
 from ..errors import ConfigError
 from ..resources import dataset_path, default_model_path
+from ..validation import field_help
 
 
-def add_encoder_args(parser: argparse.ArgumentParser, model_required: bool = False) -> None:
-    group = parser.add_argument_group("model")
+def add_encoder_args(parser: argparse.ArgumentParser, model_required: bool = False, *,
+                     title: str = "model", model_help: str | None = None) -> None:
+    """``--model`` and a flag for each :class:`~robustir.models.encoder.EncoderConfig` field (their values override
+    the model folder's; :func:`encoder_options` reads them back). ``--batch-size``, ``--precision`` and ``--device``
+    come from the stage's config (:func:`add_config_flags`), or :func:`add_encoding_args` where there is none."""
+    from ..models.encoder import EncoderConfig
+
+    group = parser.add_argument_group(title)
     group.add_argument("--model", required=model_required, default=None,
-                       help="model folder or Hugging Face hub id (default: the bundled all-MiniLM-L6-v2)")
-    group.add_argument("--pooling", choices=["cls", "mean"], default=None,
-                       help="override the pooling read from the model folder")
-    group.add_argument("--query-instruction", default=None, help="prefix added to every query (BGE style)")
-    group.add_argument("--passage-instruction", default=None, help="prefix added to every passage")
-    group.add_argument("--query-max-length", type=int, default=None)
-    group.add_argument("--passage-max-length", type=int, default=None)
-    group.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+                       help=model_help or "model folder or Hugging Face hub id (default: the bundled all-MiniLM-L6-v2)")
+    keys = add_config_flags(group, EncoderConfig, default_text="the model folder's")
+    parser.set_defaults(_encoder_keys=keys)
+
+
+def add_encoding_args(parser: argparse.ArgumentParser) -> None:
+    """``--batch-size``, ``--precision`` and ``--device`` for a command without a stage config (``robustir encode``)."""
+    group = parser.add_argument_group("encoding")
+    group.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     add_precision_arg(group)
     add_device_arg(group)
 
@@ -46,6 +50,8 @@ def add_precision_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     aliases of ``--precision bf16`` / ``--precision fp32``; all default to None (the config's, ``auto``)."""
     from ..precision import PRECISION_HELP, PRECISIONS
 
+    if "--bf16" in parser._option_string_actions:
+        return  # added with the generated --precision flag already
     if not generated:
         parser.add_argument("--precision", dest=dest, choices=PRECISIONS, default=None,
                             help=f"{PRECISION_HELP} (default: auto)")
@@ -61,13 +67,9 @@ def add_device_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) ->
 
 
 def encoder_options(args: argparse.Namespace) -> dict:
-    return {
-        "pooling": args.pooling,
-        "query_instruction": args.query_instruction,
-        "passage_instruction": args.passage_instruction,
-        "query_max_length": args.query_max_length,
-        "passage_max_length": args.passage_max_length,
-    }
+    """The :class:`~robustir.models.encoder.EncoderConfig` overrides of :func:`add_encoder_args` (None: the model
+    folder's value)."""
+    return {path: getattr(args, dest, None) for dest, path in args._encoder_keys.items()}
 
 
 def model_or_default(value: str | None) -> str:
@@ -100,155 +102,116 @@ def flags_from_args(args: argparse.Namespace, names: dict[str, str]) -> dict:
 
 
 
-def config_with_encoder_flags(cls: type, args: argparse.Namespace, batch_field: str = "batch_size") -> Any:
-    """A stage's config from its generated flags plus the shared encoder flags of :func:`add_encoder_args`
-    (``--batch-size`` into ``batch_field``, and ``--precision`` / ``--device`` when given)."""
+def config_with_encoder_flags(cls: type, args: argparse.Namespace) -> Any:
+    """A stage's config from its generated flags (:func:`add_config_flags`)."""
     from ..config import load_config
 
-    flags = flags_from_args(args, args._flag_keys)
-    flags[batch_field] = args.batch_size
-    for name in ("precision", "device"):
-        if getattr(args, name) is not None:
-            flags[name] = getattr(args, name)
-    return load_config(cls, None, None, flags)
+    return load_config(cls, None, None, flags_from_args(args, args._flag_keys))
 
 # ------------------------------------------------------------------------------------------ generated flags
 
-def add_config_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, fields: Iterable[str], *,
-                     rename: Mapping[str, str] | None = None, help: Mapping[str, str] | None = None,
-                     extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
-    """Add a flag for each field path of dataclass ``cls`` (``"lr"``, ``"llm.base_url"``); return ``{dest: path}``.
+def add_config_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *,
+                     default_text: str | None = None) -> dict[str, str]:
+    """A flag for every field of config ``cls`` that can be one; return ``{dest: field path}``.
 
-    The flag is ``--<last part, _ -> ->`` (or ``--<rename[path]>``); its type is the field's annotation (``int``,
-    ``float``, ``str``; ``X | None`` unwrapped), a ``Literal[...]`` gives ``choices``, a ``list[X]`` takes one or
-    more values, and a ``bool`` becomes a ``--x`` / ``--no-x`` switch. Every flag defaults to ``None``, so an absent
-    flag leaves the config file's value (see :func:`flags_from_args`). The help is the field's attribute
-    docstring (the string right after it in the class body) or its trailing ``# comment`` -- or ``help[path]``
-    -- followed by the dataclass default. ``extra[path]`` adds or replaces argparse keywords (``choices``,
-    ``metavar``, ...). Fields that cannot be a flag (sections, dicts) raise ``TypeError``: set them with
-    ``key=value`` overrides instead.
+    Everything is read from the config's own field info, so flags cannot drift from it: the flag is
+    ``--<field, _ -> ->`` unless the field's metadata renames it (:func:`robustir.validation.cli`); its type is the
+    field's annotation (``int``, ``float``, ``str``; ``X | None`` unwrapped), a ``Literal[...]`` gives ``choices``,
+    a list takes one or more values, a ``bool`` is a ``--x`` / ``--no-x`` switch; the help is the field's
+    description (its attribute docstring, read by pydantic) and its default (or ``default_text``). A section field
+    marked ``flatten`` contributes its own fields' flags (``llm.base_url`` → ``--base-url``); other sections,
+    mappings and fields marked ``hidden`` have no flag (a config file or ``key=value`` sets them). A flag the
+    command already defines is left to it. Every flag defaults to ``None``, so an absent flag leaves the config
+    file's value (:func:`flags_from_args`).
     """
-    fields = list(fields)
-    rename, help, extra = dict(rename or {}), dict(help or {}), dict(extra or {})
-    for name, option in (("rename", rename), ("help", help), ("extra", extra)):
-        stray = sorted(set(option) - set(fields))
-        if stray:
-            raise ValueError(f"add_config_flags({cls.__name__}): {name} names field(s) {stray} that are not listed")
     keys: dict[str, str] = {}
-    for path in fields:
-        owner, hint, default = _resolve_field(cls, path)
-        flag = (rename.get(path) or path.rsplit(".", 1)[-1]).lstrip("-").replace("_", "-")
-        dest = flag.replace("-", "_")
-        text = help[path] if path in help else field_help(owner, path.rsplit(".", 1)[-1])
+    for path, owner, name, hint, default, flag in config_flags(cls):
+        kind = _argparse_kind(hint)
+        if kind is None or f"--{flag}" in parser._option_string_actions:
+            continue
+        text = field_help(owner, name)
         text = text[:-1] if text.endswith(".") and not text.endswith("..") else text
-        text = f"{text} (default: {_show_default(default)})" if text else f"default: {_show_default(default)}"
-        kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": text.replace("%", "%%")}
-        kwargs.update(_argparse_kind(hint, f"{cls.__name__}.{path}"))
-        kwargs.update(extra.get(path, {}))
-        parser.add_argument(f"--{flag}", **kwargs)
+        shown = default_text if default_text is not None else _show_default(default)
+        text = f"{text} (default: {shown})" if text else f"default: {shown}"
+        dest = flag.replace("-", "_")
+        parser.add_argument(f"--{flag}", dest=dest, default=None, help=text.replace("%", "%%"), **kind)
         keys[dest] = path
+    if "precision" in keys:  # the older spellings of --precision fp32 / bf16
+        add_precision_arg(parser, "precision", generated=True)
     return keys
 
 
-def field_help(cls: type, name: str) -> str:
-    """The attribute docstring of field ``name`` of dataclass ``cls`` (or a base), else its trailing comment."""
-    for klass in cls.__mro__:
-        if dataclasses.is_dataclass(klass):
-            text = _field_docs(klass).get(name)
-            if text is not None:
-                return text
-    return ""
+def add_method_flags(parser: argparse.ArgumentParser, configs: Mapping[str, type],
+                     titles: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Flags for several alternative configs (``robustir filter --method llm|teacher|sieve``): a flag of every
+    method goes in the main group, one of some methods in a group named by them; a flag shared by methods whose
+    fields mean different things says so in its help. Returns ``{method: {dest: field path}}``."""
+    fields: dict[str, list[tuple[str, str, type, str, Any, Any]]] = {}
+    for method, cls in configs.items():
+        for path, owner, name, hint, default, flag in config_flags(cls):
+            if _argparse_kind(hint) is not None and f"--{flag}" not in parser._option_string_actions:
+                fields.setdefault(flag, []).append((method, path, owner, name, hint, default))
+    groups: dict[tuple[str, ...], Any] = {}
+    keys: dict[str, dict[str, str]] = {method: {} for method in configs}
+    for flag, users in fields.items():
+        methods = tuple(m for m in configs if m in {u[0] for u in users})
+        if len(methods) == len(configs):
+            group = parser
+        else:
+            title = (titles or {}).get("/".join(methods)) or " / ".join(methods)
+            group = groups.get(methods) or groups.setdefault(methods, parser.add_argument_group(title))
+        texts = {method: field_help(owner, name) for method, _, owner, name, _, _ in users}
+        known = next((t for t in texts.values() if t), "")
+        texts = {method: text or known for method, text in texts.items()}  # an undocumented twin reads the same
+        defaults = {method: _show_default(default) for method, _, _, _, _, default in users}
+        if len(set(texts.values())) == 1 and len(set(defaults.values())) == 1:
+            text = next(iter(texts.values())).rstrip(".")
+            text = f"{text} (default: {next(iter(defaults.values()))})"
+        else:
+            text = "; ".join(f"{m}: {texts[m].rstrip('.')} (default: {defaults[m]})" for m in methods)
+        kinds = [_argparse_kind(u[4]) for u in users]
+        kind = kinds[0] if all(k == kinds[0] for k in kinds) else {"type": str}
+        dest = flag.replace("-", "_")
+        group.add_argument(f"--{flag}", dest=dest, default=None, help=text.replace("%", "%%"), **kind)
+        for method, path, *_ in users:
+            keys[method][dest] = path
+    return keys
 
 
-@functools.lru_cache(maxsize=None)
-def _field_docs(cls: type) -> dict[str, str]:
-    """``{field: help}`` from the class source, parsed once: attribute docstrings win over trailing comments."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    comments: dict[int, str] = {}
-    code_lines: set[int] = set()
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type == tokenize.COMMENT:
-                comments[token.start[0]] = token.string.lstrip("#").strip()
-            elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-                code_lines.update(range(token.start[0], token.end[0] + 1))
-    except (tokenize.TokenError, IndentationError):
-        pass
-    node = ast.parse(source).body[0]
-    if not isinstance(node, ast.ClassDef):
-        return {}
-    docs: dict[str, str] = {}
-    body = node.body
-    for index, stmt in enumerate(body):
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+def config_flags(cls: type, prefix: str = "", default: Any = None):
+    """``(path, owning class, field name, type hint, default, flag name)`` for each field of config ``cls`` that is
+    not hidden, the fields of ``flatten`` sections in their place."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get("cli") or {}
+        if meta.get("hidden"):
             continue
-        after = body[index + 1] if index + 1 < len(body) else None
-        if (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs[stmt.target.id] = _clean_doc(after.value.value)
+        if default is not None:  # a flattened section: the containing config's default section
+            value = getattr(default, f.name)
+        else:
+            value = cls.__pydantic_fields__[f.name].get_default(call_default_factory=True)
+            value = dataclasses.MISSING if value is PydanticUndefined else value
+        if meta.get("flatten"):
+            section = _without_none(hints[f.name])
+            yield from config_flags(section, f"{prefix}{f.name}.",
+                                    value if dataclasses.is_dataclass(value) else None)
             continue
-        line = stmt.end_lineno or stmt.lineno
-        if line in comments and line in code_lines:  # a trailing comment, not a comment line of its own
-            docs[stmt.target.id] = _clean_doc(comments[line])
-    return docs
-
-
-def _clean_doc(text: str) -> str:
-    text = " ".join(inspect.cleandoc(text).split())
-    text = re.sub(r":[a-z]+:`~?([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)  # Sphinx roles
-    return text.replace("``", "")
-
-
-def _resolve_field(cls: type, path: str) -> tuple[type, Any, Any]:
-    """``(dataclass owning the field, its resolved type hint, its default)`` for a dotted field path."""
-    owner, value = cls, _default_instance(cls)
-    parts = path.split(".")
-    for depth, part in enumerate(parts):
-        names = {f.name for f in dataclasses.fields(owner)}
-        if part not in names:
-            raise ValueError(f"add_config_flags: {cls.__name__} has no field {path!r} ({owner.__name__} fields: "
-                             f"{', '.join(sorted(names))})")
-        hint = typing.get_type_hints(owner)[part]
-        value = getattr(value, part, dataclasses.MISSING) if value is not dataclasses.MISSING else value
-        if depth == len(parts) - 1:
-            return owner, hint, value
-        section = [a for a in (_without_none(hint),) if dataclasses.is_dataclass(a)]
-        if not section:
-            raise ValueError(f"add_config_flags: {cls.__name__}.{path}: {part} is not a section")
-        owner = section[0]
-        if value is None or value is dataclasses.MISSING:
-            value = _default_instance(owner)
-    raise AssertionError("unreachable")
-
-
-def _default_instance(cls: type) -> Any:
-    try:
-        return cls()
-    except Exception:  # a class with required fields or a failing check: read the field defaults instead
-        values = {}
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                values[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                values[f.name] = f.default_factory()
-            else:
-                values[f.name] = dataclasses.MISSING
-        return types.SimpleNamespace(**values)
+        flag = meta.get("flag") or f.name.replace("_", "-")
+        yield f"{prefix}{f.name}", cls, f.name, hints[f.name], value, flag
 
 
 def _without_none(hint: Any) -> Any:
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(args) == 1:
-            return args[0]
+            return _without_none(args[0])
     return hint
 
 
-def _argparse_kind(hint: Any, where: str) -> dict[str, Any]:
-    """argparse keywords (type/choices/action/nargs) for a field's type hint."""
+def _argparse_kind(hint: Any) -> dict[str, Any] | None:
+    """argparse keywords (type/choices/action/nargs) for a field's type hint; None when it cannot be a flag."""
     hint = _without_none(hint)
     if hint is bool:
         return {"action": argparse.BooleanOptionalAction}
@@ -258,24 +221,23 @@ def _argparse_kind(hint: Any, where: str) -> dict[str, Any]:
     if origin in (list, tuple):
         args = typing.get_args(hint)
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            raise TypeError(f"{where}: a fixed-length tuple cannot be a flag; set it with key=value")
+            return None  # a fixed-length tuple: key=value
         inner = _without_none(args[0]) if args else str
-        if inner is bool:
-            raise TypeError(f"{where}: a list of booleans cannot be a flag; set it with key=value")
-        return {"nargs": "+", **_scalar_kind(inner, where)}
-    return _scalar_kind(hint, where)
+        scalar = _scalar_kind(inner)
+        return None if inner is bool or scalar is None else {"nargs": "+", **scalar}
+    return _scalar_kind(hint)
 
 
-def _scalar_kind(hint: Any, where: str) -> dict[str, Any]:
+def _scalar_kind(hint: Any) -> dict[str, Any] | None:
     if typing.get_origin(hint) is typing.Literal:
         values = typing.get_args(hint)
         kinds = {type(v) for v in values}
         if len(kinds) != 1 or not kinds <= {str, int, float}:
-            raise TypeError(f"{where}: Literal{list(values)} mixes types; it cannot be a flag")
+            return None
         return {"type": kinds.pop(), "choices": list(values)}
     if hint in (int, float, str):
         return {"type": hint}
-    raise TypeError(f"{where}: a {hint!r} field cannot be a flag; set it with key=value overrides")
+    return None
 
 
 def _show_default(value: Any) -> str:

@@ -13,11 +13,12 @@ from ..io import atomic_write
 from ..models.encoder import Encoder
 from ..errors import ConfigError
 from ..outputs import refuse_overwriting_inputs
-from .common import add_encoder_args, encoder_options, model_or_default
+from .common import add_encoder_args, add_encoding_args, encoder_options, model_or_default
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_encoder_args(parser)
+    add_encoding_args(parser)
     parser.add_argument("--input", required=True, help="corpus.jsonl (passages) or queries.jsonl (with --queries)")
     parser.add_argument("--queries", action="store_true", help="encode as queries (query instruction, query length)")
     parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same)")

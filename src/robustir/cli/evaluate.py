@@ -11,7 +11,6 @@ from .common import (add_config_flags, add_encoder_args, config_with_encoder_fla
 
 # EvalConfig fields with a flag (help from the dataclass); --batch-size, --precision (--bf16) and --device
 # are the shared encoder flags
-FIELDS = ["top_k", "index.kind", "index.nprobe", "ignore_identical_ids", "cache_dir"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +18,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="BEIR folder (default: the bundled SciFact)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--output", default=None, help="folder for metrics.json and run.trec")
-    keys = add_config_flags(parser, EvalConfig, FIELDS, rename={"index.kind": "index"})
+    keys = add_config_flags(parser, EvalConfig)
     parser.set_defaults(_flag_keys=keys)
 
 

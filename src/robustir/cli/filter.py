@@ -27,17 +27,9 @@ from ..filtering.sieve import SieveConfig
 from ..filtering.teacher import TeacherFilterConfig
 from ..io import Shard
 from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
-from .common import add_config_flags, add_precision_arg, flags_from_args
+from .common import add_method_flags, add_precision_arg, flags_from_args
 
-# Flags shared by the methods: fields of the same name in all three configs (JudgeConfig: llm.model for --model)
-SHARED = ["keep_removed", "shard", "overwrite", "progress"]
-ENCODING = ["batch_size", "precision", "device"]  # teacher and sieve
-MODEL_HELP = ("llm: model name on the server; teacher: teacher folder; sieve: starting model "
-              "(teacher/sieve: None = the bundled all-MiniLM-L6-v2)")
-# each method's own fields, in its --help group
-LLM = ["llm.base_url", "llm.api_key_env", "llm.concurrency", "prompt_template", "llm.cache_path", "max_failure_rate"]
-TEACHER = ["kind", "absolute_margin", "relative_margin", "suspect_positive_share", "max_length"]
-SIEVE = ["num_negatives", "train", "strict", "variant", "beta", "temperature", "lr", "max_steps", "work_dir"]
+CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -45,28 +37,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="training JSONL with query/pos/neg (e.g. from robustir mine)")
     parser.add_argument("--output", required=True, help="new JSONL to write (never the input)")
     parser.add_argument("--config", help="YAML/JSON file with the method's options")
-    model = add_config_flags(parser, TeacherFilterConfig, ["model"], help={"model": MODEL_HELP})
-    shared = add_config_flags(parser, TeacherFilterConfig, SHARED, rename={"keep_removed": "removed"})
-    llm = add_config_flags(parser.add_argument_group("llm"), JudgeConfig, LLM, rename={"llm.cache_path": "cache"},
-                           help={"llm.cache_path": "reply cache file (unset: OUT.llm-cache.sqlite; 'none' disables "
-                                                   "caching)"})
-    teacher = add_config_flags(parser.add_argument_group("teacher"), TeacherFilterConfig, TEACHER,
-                               rename={"kind": "teacher-kind"})
-    sieve = add_config_flags(parser.add_argument_group("sieve"), SieveConfig, SIEVE)
-    encoding_group = parser.add_argument_group("encoding (teacher, sieve)")
-    encoding = add_config_flags(encoding_group, TeacherFilterConfig, ENCODING,
-                                help={"device": "where the teacher / the sieve's training and encoding run: auto (the "
-                                                "first GPU if there is one, else the CPU), cpu, cuda or cuda:N"})
-    add_precision_arg(encoding_group, generated=True)
+    # a flag for every field of the three configs: shared ones in the main group, the others by method
+    keys = add_method_flags(parser, CONFIGS)
+    add_precision_arg(parser, generated=True)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. beta=0.5")
-    parser.set_defaults(_flag_keys={  # method -> {dest: config key}
-        "llm": {**shared, **llm, "model": "llm.model"},
-        "teacher": {**model, **shared, **teacher, **encoding},
-        "sieve": {**model, **shared, **sieve, **encoding},
-    })
-
-
-CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
+    parser.set_defaults(_flag_keys=keys)  # method -> {dest: config key}
 
 
 def build_config(args: argparse.Namespace) -> JudgeConfig | TeacherFilterConfig | SieveConfig:

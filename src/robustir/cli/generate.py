@@ -26,21 +26,11 @@ from .common import add_config_flags, flags_from_args
 
 logger = logging.getLogger(__name__)
 
-# GenerateConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
-# set in --config or as a key=value override (llm.top_p=0.9)
-FIELDS = ["input", "output", "llm.base_url", "llm.model", "llm.api_key_env", "llm.backend", "num_queries",
-          "prompt_template", "prompt_template_zh", "language", "llm.concurrency", "llm.requests_per_minute",
-          "llm.temperature", "llm.max_tokens", "llm.timeout_s", "llm.max_retries", "llm.max_retry_wait",
-          "llm.on_failure", "max_failure_rate", "llm.cache_path", "shard", "beir_dir", "overwrite", "progress",
-          "preflight"]
-RENAME = {"llm.requests_per_minute": "rpm", "llm.timeout_s": "timeout", "llm.cache_path": "cache"}
-HELP = {"llm.model": "model name the server serves (backend hf: a local model folder or hub id)",
-        "llm.cache_path": "reply cache file (unset: OUT.llm-cache.sqlite; 'none' disables caching)"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML/JSON file with GenerateConfig fields (an llm: section for the LLM)")
-    keys = add_config_flags(parser, GenerateConfig, FIELDS, rename=RENAME, help=HELP)
+    keys = add_config_flags(parser, GenerateConfig)  # the llm: section's fields too (--base-url)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. llm.top_p=0.9 llm.extra_body.seed=1")
     parser.set_defaults(_flag_keys=keys)

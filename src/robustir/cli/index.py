@@ -24,7 +24,6 @@ from .common import (add_config_flags, add_encoder_args, config_with_encoder_fla
 
 # IndexConfig fields with a flag (help from the dataclass); --batch-size, --precision (--bf16) and --device
 # are the shared encoder flags
-FIELDS = ["index.kind", "index.nlist", "index.nprobe", "index.hnsw_m", "index.ef_search", "chunk_size", "format"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +41,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="drop the documents of an interrupted --add instead of finishing it")
     parser.add_argument("--output", required=True, help="the index folder")
     parser.add_argument("--overwrite", action="store_true", help="with --corpus: rebuild from scratch")
-    keys = add_config_flags(parser, IndexConfig, FIELDS, rename={"index.kind": "index"})
+    keys = add_config_flags(parser, IndexConfig)
     parser.set_defaults(_flag_keys=keys)
     add_encoder_args(parser)
 

@@ -27,10 +27,6 @@ from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
 from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
                      model_or_default)
 
-# MiningConfig fields with a flag (name, type, choices and help come from the dataclass); --batch-size, --precision and
-# --device are the shared encoder flags (encode_batch_size, precision, device)
-FIELDS = ["method", "num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
-          "relative_margin", "sampling", "seed", "cache_dir", "corpus_chunk", "index.kind", "query_batch_size"]
 
 
 
@@ -43,7 +39,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                                          "default: every pos/neg text of the input")
     parser.add_argument("--output", required=True,
                         help="training JSONL to write (with --shard i/n: .shard-0000i-of-0000n before the suffix)")
-    keys = add_config_flags(parser, MiningConfig, FIELDS, rename={"index.kind": "index"})
+    keys = add_config_flags(parser, MiningConfig)
     parser.set_defaults(_flag_keys=keys)
     parser.add_argument("--shard", help="process shard I of N of the queries (round-robin), e.g. 2/8")
     parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")
@@ -52,7 +48,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def mining_config(args: argparse.Namespace) -> MiningConfig:
     """The :class:`MiningConfig` the flags describe (validated)."""
-    config = config_with_encoder_flags(MiningConfig, args, batch_field="encode_batch_size")
+    config = config_with_encoder_flags(MiningConfig, args)
     config.validate()
     return config
 

@@ -16,19 +16,13 @@ import argparse
 from ..config import load_config
 from .common import add_config_flags, flags_from_args
 
-# NoiseBenchConfig fields with a flag (help from the dataclass); the others via --config or key=value
-FIELDS = ["data", "model", "preset", "kinds", "rates", "methods", "seeds", "output", "eval_split"]
-
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from ..robustness.bench import BENCH_PRESETS, METHODS, NoiseBenchConfig
-    from ..robustness.noise import NOISE_KINDS
+    from ..robustness.bench import NoiseBenchConfig
 
     parser.add_argument("--config", help="YAML/JSON file with NoiseBenchConfig fields")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. budget.epochs=2 per_query=2")
-    keys = add_config_flags(parser, NoiseBenchConfig, FIELDS, extra={  # str fields whose values the code lists
-        "preset": {"choices": sorted(BENCH_PRESETS)}, "kinds": {"choices": list(NOISE_KINDS)},
-        "methods": {"choices": list(METHODS)}})
+    keys = add_config_flags(parser, NoiseBenchConfig)
     parser.set_defaults(_flag_keys=keys)
 
 

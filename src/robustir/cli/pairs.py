@@ -13,7 +13,6 @@ from ..queries.pairs import PairMiningConfig, mine_pairs
 from .common import add_config_flags, flags_from_args
 
 # PairMiningConfig fields with a flag (help from the dataclass); the others via --config or key=value
-FIELDS = ["seed", "repeat", "window", "min_weight", "use_title", "require_lcs"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +23,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-unit", default="block", choices=["block", "line"],
                         help="plain text: one document per blank-line-separated block, or per line")
     parser.add_argument("--config", default=None, help="YAML/JSON file of PairMiningConfig options")
-    keys = add_config_flags(parser, PairMiningConfig, FIELDS, rename={"use_title": "title", "require_lcs": "lcs"})
+    keys = add_config_flags(parser, PairMiningConfig)
     parser.set_defaults(_flag_keys=keys)
     parser.add_argument("--shard", default=None, help="process shard I of N (round-robin over documents), e.g. 2/8")
     parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")

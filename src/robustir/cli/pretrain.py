@@ -20,17 +20,11 @@ from .common import add_config_flags, add_precision_arg, flags_from_args
 
 # PretrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
 # set in --config or as a key=value override
-FIELDS = ["mode", "model", "data", "data_format", "output", "heads", "max_length", "batch_size", "epochs",
-          "max_steps", "lr", "seed", "save_steps", "chunk_size", "precision", "gradient_checkpointing", "device"]
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML or JSON file with PretrainConfig fields")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lr=5e-5 temperature=0.05")
-    keys = add_config_flags(
-        parser, PretrainConfig, FIELDS, rename={"heads": "resume-heads"}, extra={"heads": {"metavar": "PATH"}},
-        help={"mode": "pre-training method", "output": "output folder (the encoder goes to OUTPUT/model)",
-              })
+    keys = add_config_flags(parser, PretrainConfig)
     add_precision_arg(parser, generated=True)
     parser.set_defaults(_flag_keys=keys)
 

@@ -8,11 +8,12 @@ from ..evaluation.metrics import format_table
 from ..evaluation.rerank import evaluate_reranking, load_rerank_data
 from ..io import write_json
 from ..models.encoder import Encoder
-from .common import add_encoder_args, encoder_options, model_or_default
+from .common import add_encoder_args, add_encoding_args, encoder_options, model_or_default
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_encoder_args(parser)
+    add_encoding_args(parser)
     parser.add_argument("--data", required=True,
                         help='JSONL: {"query": ..., "positive": [...], "negative": [...]} per line')
     parser.add_argument("--output", default=None, help="folder for metrics.json")

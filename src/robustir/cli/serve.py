@@ -19,9 +19,6 @@ import logging
 from ..config import load_config
 from ..errors import ConfigError
 
-FIELDS = ["host", "port", "api_key", "served_model_name", "device", "precision", "max_batch_size", "max_wait_ms", "workers",
-          "encode_batch_size", "max_inputs_per_request", "max_chars_per_input", "max_body_bytes", "max_top_k",
-          "matryoshka_dims"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +34,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--passage-instruction", default=None, help="prefix added to documents")
     group.add_argument("--query-max-length", type=int, default=None)
     group.add_argument("--passage-max-length", type=int, default=None)
-    keys = add_config_flags(parser, ServeConfig, FIELDS, extra={"matryoshka_dims": {"metavar": "DIM"}})
+    keys = add_config_flags(parser, ServeConfig)
     add_precision_arg(parser, generated=True)
     parser.set_defaults(_flag_keys=keys)
 

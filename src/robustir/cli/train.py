@@ -13,17 +13,11 @@ from ..evaluation.metrics import format_table
 from ..training.arguments import TrainConfig
 from .common import add_config_flags, add_precision_arg, flags_from_args
 
-# TrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
-# set in --config or as a key=value override
-FIELDS = ["model", "train_data", "eval_data", "loss", "output", "batch_size", "chunk_size", "epochs", "max_steps",
-          "lr", "seed", "num_negatives", "mine", "query_max_length", "passage_max_length", "precision",
-          "gradient_checkpointing", "device"]
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML or JSON file with TrainConfig fields")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lr=1e-5 loss_options.beta=0.2")
-    keys = add_config_flags(parser, TrainConfig, FIELDS)
+    keys = add_config_flags(parser, TrainConfig)  # a flag per field; any field can also be set in --config / key=value
     add_precision_arg(parser, generated=True)
     parser.add_argument("--no-mine", dest="mine", action="store_const", const="none", help="same as --mine none")
     parser.set_defaults(_flag_keys=keys)

@@ -24,14 +24,14 @@ from .sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
 from ..outputs import refuse_overwriting_inputs
-from ..validation import Checked, NonNegativeInt, PositiveInt
+from ..validation import config_dataclass, NonNegativeInt, PositiveInt
 
 __all__ = ["ChunkConfig", "Passage", "TokenCounter", "WordCounter", "HFTokenCounter", "make_counter",
            "chunk_document", "chunk_corpus", "ChunkStats"]
 
 
-@dataclass
-class ChunkConfig(Checked):
+@config_dataclass
+class ChunkConfig:
     """How documents become passages: the flags of ``robustir chunk`` and the ``chunk:`` section of ``robustir run``
     (:func:`chunk_corpus` takes it)."""
 
@@ -45,7 +45,6 @@ class ChunkConfig(Checked):
     """HF tokenizer name or path for exact token counts (None: words / CJK characters)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # field ranges
         if self.overlap >= self.max_tokens:
             raise ConfigError(f"overlap ({self.overlap} sentences) must be smaller than max_tokens "
                               f"({self.max_tokens}): each overlapping sentence takes at least one token of the passage")

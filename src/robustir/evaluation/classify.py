@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..io import atomic_write, read_jsonl, write_json
 from ..precision import Precision
-from ..validation import Checked, NonNegativeInt, PositiveInt
+from ..validation import config_dataclass, NonNegativeInt, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +49,26 @@ __all__ = ["ClassifyConfig", "ClassifyResult", "LabelSet", "classification_metri
            "read_label_descriptions", "read_labelled", "read_labels"]
 
 
-@dataclass
-class ClassifyConfig(Checked):
+@config_dataclass
+class ClassifyConfig:
     """How ``robustir classify`` classifies (the inputs are arguments of :func:`classify`)."""
 
-    shots: NonNegativeInt = 0  # labelled examples per class (from train) averaged into a prototype; 0 = zero-shot
-    seed: NonNegativeInt = 0  # which examples the few-shot prototypes use
-    prompt: str | None = None  # prefix of every sample text; None = the model's query instruction
-    label_prompt: str | None = None  # prefix of every class text; None = the model's passage instruction
-    max_length: PositiveInt | None = None  # tokens per text; None = the model's passage length
+    shots: NonNegativeInt = 0
+    """Labelled examples per class (from train) averaged into a prototype; 0 = zero-shot."""
+    seed: NonNegativeInt = 0
+    """Which examples the few-shot prototypes use."""
+    prompt: str | None = None
+    """Prefix of every sample text; None = the model's query instruction."""
+    label_prompt: str | None = None
+    """Prefix of every class text; None = the model's passage instruction."""
+    max_length: PositiveInt | None = None
+    """Tokens per text; None = the model's passage length."""
     batch_size: PositiveInt = 64
-    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
-    device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
+    """Encoding batch size."""
+    precision: Precision = "auto"
+    """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
+    device: str = "auto"
+    """Where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
 
 
 @dataclass

@@ -18,22 +18,29 @@ from ..models.encoder import Encoder
 from .metrics import compute_metrics
 from ..precision import Precision
 from ..runs import operational
-from ..validation import Checked, PositiveInt
+from ..validation import cli, config_dataclass, PositiveInt
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class EvalConfig(Checked):
-    top_k: PositiveInt = 1000  # documents retrieved per query
+@config_dataclass
+class EvalConfig:
+    top_k: PositiveInt = 1000
+    """Documents retrieved per query."""
     batch_size: PositiveInt = operational(64)
-    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
-    ignore_identical_ids: bool = False  # drop a retrieved document whose id equals the query id (ArguAna)
-    cache_dir: str | None = operational(None)  # reuse corpus embeddings across runs
-    index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
+    """Encoding batch size."""
+    precision: Precision = "auto"
+    """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
+    ignore_identical_ids: bool = False
+    """Drop a retrieved document whose id equals the query id (ArguAna)"""
+    cache_dir: str | None = operational(None)
+    """Reuse corpus embeddings across runs."""
+    index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     bm25: BM25Config = field(default_factory=BM25Config)
     show_progress: bool | None = operational(None)
-    device: str = operational("auto")  # where the model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
+    """Show progress bars."""
+    device: str = operational("auto")
+    """Where the model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
 
 
 @dataclass

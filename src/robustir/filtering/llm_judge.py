@@ -28,7 +28,7 @@ import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 from tqdm.auto import tqdm
 
@@ -37,6 +37,7 @@ from ..io import ResumableJsonlWriter, Shard, read_jsonl, write_json
 from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
+from ..validation import cli, NonNegativeInt, Range, config_dataclass
 from ..llm import (FailureTally, LLMBackend, LLMConfig, LLMStageConfig, endpoint_of, render_template,
                    stage_backend, strip_reasoning, write_failed_items)
 
@@ -134,15 +135,25 @@ def parse_yes_no(reply: str | None) -> bool | None:
     return None
 
 
-@dataclass
+@config_dataclass
+class JudgeLLMConfig(LLMConfig):
+    """The judge's endpoint: a yes/no judge by default (temperature 0, 16 reply tokens)."""
+
+    temperature: Annotated[float, Range(ge=0, le=2)] = 0.0
+    """Sampling temperature (0: greedy, the same verdict on every run)."""
+    max_tokens: NonNegativeInt = 16
+    """Reply length limit (a verdict is a word or two); 0 sends none."""
+
+
+@config_dataclass
 class JudgeConfig(LLMStageConfig):
     """Arguments of the LLM judge (``robustir filter --method llm``, the runner's ``filter.llm``): the common
     LLM-stage options (input training JSONL; templates with ``{query}``, ``{passage}``, optional
     ``{positive}``) plus these."""
 
-    keep_removed: bool = True
+    keep_removed: bool = field(default=True, metadata=cli("removed"))
     """Keep what was removed in the record's ``removed`` list (with the reason)."""
-    llm: LLMConfig = field(default_factory=lambda: LLMConfig(temperature=0.0, max_tokens=16))
+    llm: JudgeLLMConfig = field(default_factory=JudgeLLMConfig, metadata=cli(flatten=True))
     """The endpoint; a yes/no judge by default (temperature 0, 16 tokens)."""
 
 

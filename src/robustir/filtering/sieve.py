@@ -34,7 +34,7 @@ the three distributions is written next to it (``OUT.sieve.png``).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from ..io import Shard
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 from ..precision import Precision
-from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
+from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
 
 logger = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ REASON_OVER_LIMIT = "over_limit"
 REASON_BEYOND_POOL = "beyond_pool"
 
 
-@dataclass
-class SieveConfig(Checked):
+@config_dataclass
+class SieveConfig:
     """Options of the passage sieve (``robustir filter --method sieve``)."""
 
     model: str | None = None
@@ -78,11 +78,15 @@ class SieveConfig(Checked):
     lr: PositiveFloat = 1e-5
     """Brief-training learning rate (the paper: 1e-7)."""
     epochs: PositiveFloat = 1.0
+    """Epochs of the brief CCR training."""
     max_steps: PositiveInt | None = None
     """Cap on the brief training's steps (None = ``epochs``)."""
     train_batch_size: Annotated[int, Range(ge=2)] = 16
+    """Queries per batch of the brief CCR training."""
     train_negatives: NonNegativeInt = 5
+    """Hard negatives per query in the brief CCR training."""
     warmup_ratio: OpenFraction = 0.2
+    """Warm-up share of the brief CCR training's steps."""
     query_max_length: PositiveInt | None = None
     """Query tokens (None: 64, or the model's limit if lower)."""
     passage_max_length: PositiveInt | None = None
@@ -90,6 +94,7 @@ class SieveConfig(Checked):
     train_precision: Precision = "auto"
     """Precision of the brief training: auto = bf16 where the device computes it natively, else fp32; fp32; bf16."""
     seed: NonNegativeInt = 10086
+    """Seed of the brief CCR training."""
     work_dir: str | None = operational(None)
     """Brief-training folder (default ``<output>.sieve-work``)."""
     batch_size: PositiveInt = operational(64)
@@ -100,13 +105,19 @@ class SieveConfig(Checked):
     """Where the brief training and the sieve pass run: auto (the first GPU if there is one, else the CPU), cpu, cuda
     or cuda:N."""
     batch_records: PositiveInt = operational(256)
-    keep_removed: bool = True
+    """Records read and sieved together."""
+    keep_removed: bool = field(default=True, metadata=cli("removed"))
+    """Add the removed list (text + reason) to each record."""
     plot: bool = operational(True)
+    """Write a histogram of the sieve's similarities beside the report."""
     max_reported_similarities: NonNegativeInt = operational(50_000)
     """Per list; the statistics use every value."""
     shard: str | None = operational(None)
+    """I/N: sieve shard I of N of the records (the output gets a shard suffix)."""
     overwrite: bool = operational(False)
+    """Redo a complete output."""
     progress: bool = operational(True)
+    """Show a progress bar."""
 
     def validate(self) -> None:
         if self.num_negatives < 1:

@@ -46,7 +46,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs
 from ..negatives.margins import margin_reason
 from ..negatives.score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import Checked, NonNegativeFloat, OpenFraction, PositiveInt
+from ..validation import cli, config_dataclass, NonNegativeFloat, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -361,13 +361,13 @@ def _is_cross_encoder(path: Path) -> bool:
 
 # ----------------------------------------------------------------------------------------------- the filter
 
-@dataclass
-class TeacherFilterConfig(Checked):
+@config_dataclass
+class TeacherFilterConfig:
     """Options of the teacher-margin filter (``robustir filter --method teacher``)."""
 
     model: str | None = None
     """Teacher folder: embedding model or cross-encoder (None = the bundled all-MiniLM-L6-v2)."""
-    kind: Literal["auto", "embedding", "cross-encoder"] = "auto"
+    kind: Literal["auto", "embedding", "cross-encoder"] = field(default="auto", metadata=cli("teacher-kind"))
     """What the teacher is (``auto``: a cross-encoder when the folder holds a sequence-classification head)."""
     absolute_margin: NonNegativeFloat | None = None
     """Remove a negative scoring above the positive's score minus this."""
@@ -386,13 +386,15 @@ class TeacherFilterConfig(Checked):
     device: str = operational("auto")
     """Where the teacher runs: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N."""
     batch_records: PositiveInt = operational(256)
-    keep_removed: bool = True
+    """Records read and filtered together."""
+    keep_removed: bool = field(default=True, metadata=cli("removed"))
     """Add the ``removed`` list (text + reason) to each record."""
     shard: str | None = operational(None)
     """``I/N``: filter shard I of N of the records (the output gets a shard suffix)."""
     overwrite: bool = operational(False)
     """Redo a complete output."""
     progress: bool = operational(True)
+    """Show a progress bar."""
 
     def validate(self) -> None:
         if self.absolute_margin is None and self.relative_margin is None:

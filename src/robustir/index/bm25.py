@@ -23,13 +23,12 @@ import re
 import sys
 import threading
 from array import array
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..data.cjk import CJK_RUN
-from ..validation import Checked, Fraction, NonNegativeFloat
+from ..validation import config_dataclass, Fraction, NonNegativeFloat
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +79,8 @@ def import_bm25s():
     return bm25s
 
 
-@dataclass
-class BM25Config(Checked):
+@config_dataclass
+class BM25Config:
     k1: NonNegativeFloat = 1.5
     b: Fraction = 0.75
     method: str = "lucene"

@@ -26,28 +26,34 @@ import logging
 import math
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Callable, Literal
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..validation import Checked, PositiveInt
+from ..validation import cli, config_dataclass, PositiveInt
 
 logger = logging.getLogger(__name__)
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 
 
-@dataclass
-class DenseIndexConfig(Checked):
-    kind: IndexKind = "flat"  # FAISS index: exact inner product (flat) or approximate for large corpora
-    nlist: PositiveInt | None = None  # IVF cells; default 4*sqrt(n)
-    nprobe: PositiveInt = 32  # IVF cells searched
+@config_dataclass
+class DenseIndexConfig:
+    kind: IndexKind = field(default="flat", metadata=cli("index"))
+    """FAISS index: exact inner product (flat) or approximate for large corpora."""
+    nlist: PositiveInt | None = None
+    """IVF cells; default 4*sqrt(n)"""
+    nprobe: PositiveInt = 32
+    """IVF cells searched."""
     hnsw_m: PositiveInt = 32
+    """hnsw: graph neighbours per vector."""
     ef_search: PositiveInt = 256
-    use_gpu: bool = False  # deprecated: the stage's --device decides; true = device cuda where none is given
+    """hnsw: candidates searched per query."""
+    use_gpu: bool = False
+    """Deprecated: the stage's --device decides; true = device cuda where none is given."""
 
 
 FAISS_GPU_MAX_K = 2048  # FAISS-GPU's limit on k (and nprobe)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 from ..errors import ConfigError, EndpointError
-from ..validation import Checked, Fraction, PositiveInt
+from ..validation import cli, config_dataclass, Fraction, PositiveInt
 from .base import LLMBackend
 from .cache import LLMCache
 from .client import LLMClient
@@ -77,8 +77,8 @@ def load_template(path: str | Path, required: tuple[str, ...]) -> str:
 
 # ------------------------------------------------------------------------------------------- LLM stages
 
-@dataclass
-class LLMStageConfig(Checked):
+@config_dataclass
+class LLMStageConfig:
     """What every LLM stage takes (query generation, the judge): files, prompts and their language, sharding,
     the endpoint. The stages' configs extend it (:class:`robustir.queries.generate.GenerateConfig`,
     :class:`robustir.filtering.llm_judge.JudgeConfig`)."""
@@ -109,7 +109,7 @@ class LLMStageConfig(Checked):
     """The stage fails (and its output is not finished) when more than this share of its items failed: after the
     run, or as soon as 20 items were tried in this run (``MIN_ITEMS_FOR_RATE``). Items finished by earlier runs count in
     the share. 0 = any failure fails the stage; 1 = never."""
-    llm: LLMConfig = field(default_factory=LLMConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig, metadata=cli(flatten=True))
     """The endpoint; the reply cache defaults to ``OUT.llm-cache.sqlite`` (``llm.cache_path=none`` disables it)."""
 
     def templates(self, required: tuple[str, ...]) -> tuple[str | None, str | None]:

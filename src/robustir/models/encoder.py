@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ConfigError
 from ..io import write_json
-from ..validation import Checked, PositiveInt
+from ..validation import config_dataclass, PositiveInt
 from ..runs import Artifact, Fingerprint
 
 logger = logging.getLogger(__name__)
@@ -38,16 +38,22 @@ CONFIG_NAME = "robustir_config.json"
 ENCODE_BLOCK = 100_000
 
 
-@dataclass
-class EncoderConfig(Checked):
+@config_dataclass
+class EncoderConfig:
     """How texts become vectors. Stored as ``robustir_config.json`` inside a saved model."""
 
     pooling: Pooling = "cls"
+    """Sentence vector: the [CLS] token or the mean of the tokens."""
     normalize: bool = True
+    """Unit-length vectors (cosine similarity)."""
     query_max_length: PositiveInt = 64
+    """Queries are cut to this many tokens."""
     passage_max_length: PositiveInt = 256
+    """Passages are cut to this many tokens."""
     query_instruction: str = ""
+    """Prefix added to every query (BGE style)."""
     passage_instruction: str = ""
+    """Prefix added to every passage."""
 
     def max_length(self, kind: TextKind) -> int:
         return self.query_max_length if kind == "query" else self.passage_max_length

@@ -61,30 +61,46 @@ from ..outputs import StageOutput, refuse_overwriting_inputs
 from .margins import margin_reason
 from .score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt
+from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class MiningConfig(Checked):
-    method: Literal["bm25", "dense"] = "bm25"  # retriever that ranks the candidates
-    num_negatives: PositiveInt = 15  # negatives per query
-    range_min: NonNegativeInt = 0  # skip this many top-ranked non-positives (likely false negatives)
-    range_max: PositiveInt = 100  # retrieve to this rank
-    max_score: float | None = None  # drop candidates scoring above this
-    min_score: float | None = None  # drop candidates scoring below this
-    absolute_margin: NonNegativeFloat | None = None  # keep if score <= positive score - margin
-    relative_margin: OpenFraction | None = None  # keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)
-    sampling: Literal["top", "random"] = "top"  # take the top survivors, or sample them at random (seeded)
+@config_dataclass
+class MiningConfig:
+    method: Literal["bm25", "dense"] = "bm25"
+    """Retriever that ranks the candidates."""
+    num_negatives: PositiveInt = 15
+    """Negatives per query."""
+    range_min: NonNegativeInt = 0
+    """Skip this many top-ranked non-positives (likely false negatives)"""
+    range_max: PositiveInt = 100
+    """Retrieve to this rank."""
+    max_score: float | None = None
+    """Drop candidates scoring above this."""
+    min_score: float | None = None
+    """Drop candidates scoring below this."""
+    absolute_margin: NonNegativeFloat | None = None
+    """Keep if score <= positive score - margin."""
+    relative_margin: OpenFraction | None = None
+    """Keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)"""
+    sampling: Literal["top", "random"] = "top"
+    """Take the top survivors, or sample them at random (seeded)"""
     seed: NonNegativeInt = 42
-    query_batch_size: PositiveInt = operational(1024)  # queries retrieved per chunk
-    encode_batch_size: PositiveInt = operational(64)
-    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
-    cache_dir: str | None = operational(None)  # reuse corpus embeddings saved here (dense)
-    corpus_chunk: PositiveInt | None = operational(None)  # dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time
-    device: str = operational("auto")  # dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
-    index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
+    """Seed of the sampling of negatives."""
+    query_batch_size: PositiveInt = operational(1024)
+    """Queries retrieved per chunk."""
+    encode_batch_size: PositiveInt = operational(64, metadata=cli("batch-size"))
+    """Encoding batch size (dense)."""
+    precision: Precision = "auto"
+    """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
+    cache_dir: str | None = operational(None)
+    """Reuse corpus embeddings saved here (dense)"""
+    corpus_chunk: PositiveInt | None = operational(None)
+    """Dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time."""
+    device: str = operational("auto")
+    """Dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
+    index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     bm25: BM25Config = field(default_factory=BM25Config)
 
     def validate(self) -> None:

@@ -75,7 +75,7 @@ from ..resources import default_model_path
 from ..training.batch_engine import BatchEngine
 from ..training.checkpoints import input_digest
 from ..training.loop import LoopConfig, TrainingLoop
-from ..validation import NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from ..validation import cli, NonNegativeFloat, PositiveFloat, PositiveInt, Range, config_dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ DEFAULT_MAX_LENGTH = {"retromae": 512, "gur": 128}  # RetroMAE recipe 512; GUR t
 MaskRatio = Annotated[float, Range(gt=0, lt=1)]  # a share of the tokens masked: 0 < r < 1
 
 
-@dataclass
+@config_dataclass
 class PretrainConfig(LoopConfig):
     """Everything ``robustir pretrain`` accepts (YAML/JSON config + flags + ``key=value`` overrides): the fields
     below and the training loop's (:class:`~robustir.training.loop.LoopConfig`: ``batch_size``, ``epochs``,
@@ -96,41 +96,61 @@ class PretrainConfig(LoopConfig):
     ``report``)."""
 
     mode: Literal["retromae", "gur"] = "retromae"
+    """Pre-training method: RetroMAE (masked auto-encoding) or GUR (joint MLM + contrastive)."""
     # model
-    model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
-    heads: str | None = None  # decoder_head / projection_head folder (or a pre-training output) to continue from
-    # the sentence vector both methods train and the saved encoder uses: "cls" (both papers) or "mean"
-    # (keep a mean-pooled model such as all-MiniLM-L6-v2 mean-pooled); None = the heads folder's when continuing,
-    # else cls for an encoder-only model and mean for a T5 model (no [CLS] token there)
+    model: str | None = None
+    """Folder or hub id; None = the bundled all-MiniLM-L6-v2."""
+    heads: str | None = field(default=None, metadata=cli("resume-heads"))
+    """Decoder_head / projection_head folder (or a pre-training output) to continue from."""
     pooling: Literal["cls", "mean"] | None = None
+    """Sentence vector both methods train and the saved encoder uses: cls (both papers) or mean; None = the heads
+    folder's when continuing, else cls for an encoder-only model and mean for a T5 model."""
     # data
-    data: str = ""  # retromae: raw text (JSONL "text", BEIR, plain text); gur: pairs JSONL
+    data: str = ""
+    """RetroMAE: raw text (JSONL "text", BEIR, plain text); gur: pairs JSONL."""
     data_format: Literal["auto", "jsonl", "beir", "text", "pairs"] = "auto"
-    max_length: PositiveInt | None = None  # tokens per text; None = 512 (retromae) / 128 (gur)
-    shuffle_buffer: PositiveInt = 10_000  # examples held for shuffling a stream (per process)
+    """Input format (auto: folder -> beir, .jsonl -> jsonl or pairs, else text)."""
+    max_length: PositiveInt | None = None
+    """Tokens per text; None = 512 (retromae) / 128 (gur)."""
+    shuffle_buffer: PositiveInt = 10_000
+    """Examples held for shuffling a stream (per process)."""
     # RetroMAE (docs/methods.md#retromae-pre-training)
     encoder_mask_ratio: MaskRatio = 0.3
+    """RetroMAE: share of the encoder input's tokens masked."""
     decoder_mask_ratio: MaskRatio = 0.5
+    """RetroMAE: share of the decoder input's tokens masked."""
     encoder_loss_weight: NonNegativeFloat = 1.0
+    """RetroMAE: weight of the encoder's MLM loss."""
     decoder_loss_weight: NonNegativeFloat = 1.0
+    """RetroMAE: weight of the decoder's reconstruction loss."""
     # GUR (docs/methods.md#gur-joint-pre-training)
-    mask_ratio: MaskRatio = 0.15  # paper
-    mask_ratio_range: list[float] | None = None  # [0.10, 0.29] = the authors' code (ratio drawn per sentence)
-    # GUR's non-linear projection head on the pooled vector; None = the heads folder's when continuing, else off
-    # for an encoder-only model and on for a T5 model (the paper's)
+    mask_ratio: MaskRatio = 0.15
+    """GUR: share of the tokens masked for its MLM loss (0.15 = the paper's)."""
+    mask_ratio_range: list[float] | None = None
+    """GUR: draw the mask ratio per sentence from this range; [0.10, 0.29] = the authors' code."""
     projection: bool | None = None
-    projection_dim: PositiveInt | None = None  # None: 128 for a T5 model (the paper's vector dim), else hidden size
+    """GUR: a non-linear projection head on the pooled vector; None = the heads folder's when continuing, else off
+    for an encoder-only model and on for a T5 model (the paper's)."""
+    projection_dim: PositiveInt | None = None
+    """None: 128 for a T5 model (the paper's vector dim), else hidden size."""
     similarity: Literal["cosine", "dot"] = "cosine"
+    """GUR: similarity of the contrastive loss."""
     temperature: PositiveFloat = 0.1
-    alpha: NonNegativeFloat = 1.0  # weight of the contrastive loss
+    """GUR: temperature of the contrastive loss."""
+    alpha: NonNegativeFloat = 1.0
+    """GUR: weight of the contrastive loss."""
     mlm_weight: NonNegativeFloat = 1.0
+    """GUR: weight of the MLM loss beside the contrastive one."""
     # GradCache in the batch engine: None = one forward of all a-sentences and one of all b-sentences; same loss
     # and gradients either way, chunks need less activation memory for large batches
-    chunk_size: PositiveInt | None = None  # gur: GradCache, sentences per forward chunk (None = off)
+    chunk_size: PositiveInt | None = None
+    """GUR: GradCache, sentences per forward chunk (None = off)."""
     # the training loop's fields (batch_size: texts for retromae, pairs for gur; save_steps None = at the end
     # only): LoopConfig; redeclared here where pre-training's default differs
-    lr: PositiveFloat = DEFAULT_LR  # peak learning rate; 1e-4 = the RetroMAE and GUR code's
-    output: str = operational("runs/pretrain")  # run folder: model/, the head folder, checkpoints, train_log.jsonl, report
+    lr: PositiveFloat = DEFAULT_LR
+    """Peak learning rate; 1e-4 = the RetroMAE and GUR code's."""
+    output: str = operational("runs/pretrain")
+    """Run folder: model/, the head folder, checkpoints, train_log.jsonl, report."""
 
     def resolved_max_length(self) -> int:
         return int(self.max_length or DEFAULT_MAX_LENGTH[self.mode])

@@ -38,7 +38,7 @@ from ..data.cjk import CJK_CHAR_CLASS, cjk_share
 from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
 from ..outputs import StageOutput
-from ..validation import PositiveInt
+from ..validation import PositiveInt, config_dataclass
 from ..llm import (FailureTally, LLMBackend, LLMStageConfig, endpoint_of, render_template, stage_backend,
                    strip_reasoning, write_failed_items)
 
@@ -311,7 +311,7 @@ def select_queries(reply: str, *, passage: str = "", instruction: str = "", num_
     return accepted, rejected
 
 
-@dataclass
+@config_dataclass
 class GenerateConfig(LLMStageConfig):
     """Arguments of ``robustir generate`` (YAML/JSON file, flags, ``key=value`` overrides): the common LLM-stage
     options (input passages JSONL with ``_id``, ``title``, ``text``; templates with ``{title}``, ``{text}``,
@@ -329,7 +329,6 @@ class GenerateConfig(LLMStageConfig):
     """Also write a BEIR view of the generated queries: ``queries.jsonl`` and ``qrels/train.tsv``."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check_limits(self.num_queries, self.min_query_words, self.max_query_words, self.max_query_chars)
 
 

@@ -49,7 +49,7 @@ import json
 import random
 import unicodedata
 from itertools import accumulate
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal
 
@@ -59,7 +59,7 @@ from ..data.sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
 from ..outputs import refuse_overwriting_inputs
-from ..validation import Checked, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
 
 __all__ = ["PairMiningConfig", "Pair", "char_weight", "text_weight", "SuffixAutomaton",
            "heaviest_common_substring", "is_match", "document_rows", "mine_document_pairs", "mine_pairs",
@@ -185,28 +185,42 @@ def heaviest_common_substring(a: str, b: str) -> tuple[str, float]:
 
 # ------------------------------------------------------------------------------------------ the config
 
-@dataclass
-class PairMiningConfig(Checked):
+@config_dataclass
+class PairMiningConfig:
     """Options of GUR pair mining (defaults follow the authors' released ``repeat2`` data, §3.1)."""
 
-    seed: int = 0                 # sampling seed
-    repeat: PositiveInt = 2               # max pairs a sentence may take part in
-    title_extra: NonNegativeInt = 1          # extra uses for the title (authors' --title, default 1)
-    use_title: bool = True        # pair the title with sentences
-    window: Annotated[int, Range(ge=2)] = 100             # sentence pairs (i, j) need j - i < window
-    min_weight: NonNegativeFloat = 3.0       # keep if the weighted LCS wc >= this (3 Hanzi / 10 Latin letters) ...
-    short_min_weight: NonNegativeFloat = 2.0  # ... or wc >= short_min_weight and a sentence is short:
-    short_text_weight: NonNegativeFloat = 15.0  # weight(a) <= this or weight(b) <= this
-    min_chars: PositiveInt = 2            # sentences outside [min_chars, max_chars] are not used
+    seed: int = 0
+    """Sampling seed."""
+    repeat: PositiveInt = 2
+    """Max pairs a sentence may take part in."""
+    title_extra: NonNegativeInt = 1
+    """Extra uses for the title (authors' --title, default 1)"""
+    use_title: bool = field(default=True, metadata=cli("title"))
+    """Pair the title with sentences."""
+    window: Annotated[int, Range(ge=2)] = 100
+    """Sentence pairs (i, j) need j - i < window."""
+    min_weight: NonNegativeFloat = 3.0
+    """Keep if the weighted LCS wc >= this (3 Hanzi / 10 Latin letters) ..."""
+    short_min_weight: NonNegativeFloat = 2.0
+    """... or wc >= short_min_weight and a sentence is short:"""
+    short_text_weight: NonNegativeFloat = 15.0
+    """Weight(a) <= this or weight(b) <= this."""
+    min_chars: PositiveInt = 2
+    """Sentences outside [min_chars, max_chars] are not used."""
     max_chars: PositiveInt = 128
-    match_chars: PositiveInt = 128        # normalisation: lower() and truncate to this many characters
-    max_candidates: PositiveInt = 100_000  # candidate pairs sampled per document
-    max_pairs_factor: PositiveFloat = 2.0  # stop a document at this many pairs per row (authors: 2)
-    require_lcs: bool = True      # test the weighted LCS (False = accept every candidate: GUR-LCS ablation)
+    """Longer texts are cut to this many characters before matching."""
+    match_chars: PositiveInt = 128
+    """Normalisation: lower() and truncate to this many characters."""
+    max_candidates: PositiveInt = 100_000
+    """Candidate pairs sampled per document."""
+    max_pairs_factor: PositiveFloat = 2.0
+    """Stop a document at this many pairs per row (authors: 2)"""
+    require_lcs: bool = field(default=True, metadata=cli("lcs"))
+    """Test the weighted LCS (False = accept every candidate: GUR-LCS ablation)"""
     dedup: Literal["document", "global"] = "global"
+    """Drop a repeated pair within each document, or across the whole corpus."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # field ranges
         if self.max_chars < self.min_chars:
             raise ConfigError(f"need 1 <= min_chars <= max_chars, got {self.min_chars}, {self.max_chars}")
         if self.dedup not in ("document", "global"):

@@ -38,8 +38,9 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, field, fields, replace
 from pathlib import Path
+from typing import Literal
 
 from ..config import from_dict, to_dict
 from ..data.training_data import TrainingExample, load_training_data
@@ -48,8 +49,8 @@ from ..io import atomic_write, write_json
 from ..llm import LLMConfig
 from ..outputs import StageOutput
 from ..runs import Artifact, Fingerprint, fingerprint
-from .noise import NOISE_KINDS, plant_noise
-from ..validation import Checked, PositiveInt
+from .noise import NOISE_KINDS, NoiseKind, plant_noise
+from ..validation import Items, PositiveInt, config_dataclass
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
                          train_sentence_transformers, write_rows)
 
@@ -59,6 +60,7 @@ __all__ = ["NoiseBenchConfig", "run_noise_bench", "METHODS", "BENCH_PRESETS", "f
            "plot_results"]
 
 METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "st")
+Method = Literal[METHODS]  # type: ignore[valid-type]
 
 #: the noise benchmark's budgets: ``cpu`` is one epoch (29 steps on SciFact, ~5 min a run on 2 cores) so the
 #: default 1-kind x 2-rate x 4-method grid fits in an hour; ``gpu`` is the side-by-side's GPU budget.
@@ -72,25 +74,26 @@ DEFAULT_GRID = {
 }
 
 
-@dataclass
-class NoiseBenchConfig(Checked):
+@config_dataclass
+class NoiseBenchConfig:
     data: str = ""
     """BEIR folder with a train split (noise goes here) and an evaluation split; default: bundled SciFact."""
     model: str | None = None
     """Model folder or hub id; None = the bundled all-MiniLM-L6-v2."""
-    preset: str = "cpu"
-    """Budget and default grid (one of BENCH_PRESETS)."""
-    kinds: list[str] = field(default_factory=list)
+    preset: Literal["cpu", "gpu"] = "cpu"
+    """Budget and default grid (BENCH_PRESETS)."""
+    kinds: Items[NoiseKind] = field(default_factory=list)
     """Noise kinds to plant (empty = the preset's grid)."""
-    rates: list[float] = field(default_factory=list)
+    rates: Items[float] = field(default_factory=list)
     """Shares of noisy training queries, e.g. [0, 0.2, 0.4] (empty = the preset's grid)."""
-    methods: list[str] = field(default_factory=list)
+    methods: Items[Method] = field(default_factory=list)
     """Training methods compared (empty = the preset's grid)."""
-    seeds: list[int] = field(default_factory=list)
+    seeds: Items[int] = field(default_factory=list)
     """Seeds of the noise and the training (empty = the preset's grid)."""
     output: str = "runs/noise-bench"
     """Result folder: results.jsonl, results.md, results.png."""
     train_split: str = "train"
+    """Training split of data (noise is planted here)."""
     eval_split: str = "test"
     """Evaluation split of ``data``."""
     per_query: PositiveInt = 3
@@ -109,9 +112,9 @@ class NoiseBenchConfig(Checked):
     """LLMConfig fields of the ``llm`` method's endpoint, e.g. ``{base_url: http://localhost:8000/v1, model:
     Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16 reply tokens) apply unless given."""
     plots: bool = True
+    """Write results.png."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         self.check_method_options()
 
     def check_method_options(self) -> None:

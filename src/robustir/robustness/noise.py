@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 from ..data.training_data import TrainingExample
 from ..errors import ConfigError
@@ -193,6 +193,7 @@ NOISE_KINDS: dict[str, Callable] = {
     "fp-random": lambda e, q, r, c: _false_positive(e, q, r, c, hard=False),
     "fp-hard": lambda e, q, r, c: _false_positive(e, q, r, c, hard=True),
 }
+NoiseKind = Literal[tuple(NOISE_KINDS)]  # type: ignore[valid-type]
 
 
 def is_false_negative_kind(kind: str) -> bool:

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..runs import Artifact, fingerprint
 from ..io import atomic_write
 from ..precision import Precision, resolve_precision
-from ..validation import (Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
+from ..validation import (config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
 
 logger = logging.getLogger(__name__)
@@ -37,22 +37,28 @@ __all__ = ["Budget", "PRESETS", "dev_split", "materialize_rows", "write_rows", "
            "evaluate_model", "RunOutcome"]
 
 
-@dataclass
-class Budget(Checked):
+@config_dataclass
+class Budget:
     """Settings shared by every side of a comparison."""
 
     batch_size: Annotated[int, Range(ge=2)] = 32
-    num_negatives: NonNegativeInt = 3  # hard negatives per training row
-    pool: PositiveInt = 10  # mined negatives per query that rows draw from
-    epochs: PositiveFloat = 2.0  # passes over the (query, positive) pairs
+    num_negatives: NonNegativeInt = 3
+    """Hard negatives per training row."""
+    pool: PositiveInt = 10
+    """Mined negatives per query that rows draw from."""
+    epochs: PositiveFloat = 2.0
+    """Passes over the (query, positive) pairs."""
     lr: PositiveFloat = 2e-5
-    warmup_ratio: OpenFraction = 0.1  # linear warm-up, then linear decay to 0
+    warmup_ratio: OpenFraction = 0.1
+    """Linear warm-up, then linear decay to 0."""
     weight_decay: NonNegativeFloat = 0.0
     max_grad_norm: PositiveFloat = 1.0
     query_max_length: PositiveInt = 64
     train_passage_max_length: PositiveInt = 128
-    passage_max_length: PositiveInt = 256  # evaluation
-    precision: Precision = "auto"  # training and evaluation, both sides: auto = bf16 where native, else fp32
+    passage_max_length: PositiveInt = 256
+    """Evaluation."""
+    precision: Precision = "auto"
+    """Training and evaluation, both sides: auto = bf16 where native, else fp32."""
 
     def validate(self) -> None:
         if self.batch_size < 2 or self.num_negatives < 0 or self.pool < self.num_negatives or self.epochs <= 0:

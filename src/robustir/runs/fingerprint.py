@@ -28,9 +28,11 @@ OPERATIONAL = {"operational": True}
 _SECRETS = ("api_key",)
 
 
-def operational(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field marked operational: it is left out of every fingerprint."""
-    return field(default=default, default_factory=default_factory, metadata=OPERATIONAL)
+def operational(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+                metadata: dict | None = None) -> Any:
+    """A dataclass field marked operational: it is left out of every fingerprint (``metadata``: more field metadata,
+    such as :func:`robustir.validation.cli`)."""
+    return field(default=default, default_factory=default_factory, metadata={**OPERATIONAL, **(metadata or {})})
 
 
 def is_operational(f: dataclasses.Field) -> bool:

@@ -66,7 +66,7 @@ from ..errors import ConfigError, DataError
 from ..index.dense import DenseIndexConfig
 from ..io import atomic_write, describe_changes, input_digest, read_jsonl, write_json
 from ..precision import Precision
-from ..validation import Checked, PositiveInt
+from ..validation import cli, config_dataclass, PositiveInt
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +80,23 @@ _RESERVED = ("_id", "id", "title", "text")  # record keys that are not extra fie
 InputFormat = Literal["auto", "jsonl", "text", "beir"]
 
 
-@dataclass
-class IndexConfig(Checked):
+@config_dataclass
+class IndexConfig:
     """How ``robustir index`` builds: the FAISS index, the encoding and the commit granularity."""
 
-    index: DenseIndexConfig = field(default_factory=DenseIndexConfig)
-    chunk_size: PositiveInt = 1024  # documents encoded and committed together (a killed build loses at most one)
-    batch_size: PositiveInt = 64  # encoding batch size
-    precision: Precision = "auto"  # auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32
-    device: str = "auto"  # where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N
-    format: InputFormat = "auto"  # corpus format: auto (by suffix: .jsonl = records, else text), jsonl, text, beir
+    index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
+    chunk_size: PositiveInt = 1024
+    """Documents encoded and committed together (a killed build loses at most one)"""
+    batch_size: PositiveInt = 64
+    """Encoding batch size."""
+    precision: Precision = "auto"
+    """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
+    device: str = "auto"
+    """Where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
+    format: InputFormat = "auto"
+    """Corpus format: auto (by suffix: .jsonl = records, else text), jsonl, text, beir."""
     show_progress: bool | None = None
+    """Show progress bars."""
 
 
 @dataclass

@@ -2,32 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
 
 from ..runs import operational
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import Checked, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import config_dataclass, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .loop import LoopConfig
 
 
-@dataclass
-class TrainSource(Checked):
+@config_dataclass
+class TrainSource:
     """One source of a training mixture: ``train_data`` given as a list of these (YAML: a list of mappings).
 
     Every global batch comes from one source; which one is a seeded function of (seed, step) following the weights
     (docs/methods.md, "Training data at scale and mixtures")."""
 
-    path: str = ""  # training JSONL file or folder, or a BEIR folder (its train_split)
-    name: str | None = None  # shown in the log and the report; None = the file or folder name without .jsonl/.gz
-    weight: PositiveFloat | None = None  # share of the steps; None on every source = proportional to their sizes
-    query_instruction: str | None = None  # None: the model's for task retrieval, none for symmetric and title
-    passage_instruction: str | None = None  # None: the model's for task retrieval, none for symmetric and title
+    path: str = ""
+    """Training JSONL file or folder, or a BEIR folder (its train_split)"""
+    name: str | None = None
+    """Shown in the log and the report; None = the file or folder name without .jsonl/.gz."""
+    weight: PositiveFloat | None = None
+    """Share of the steps; None on every source = proportional to their sizes."""
+    query_instruction: str | None = None
+    """None: the model's for task retrieval, none for symmetric and title."""
+    passage_instruction: str | None = None
+    """None: the model's for task retrieval, none for symmetric and title."""
     task: Literal["retrieval", "symmetric", "title"] = "retrieval"
     # retrieval: query -> passage; symmetric: both directions of every pair (e.g. paraphrases); title: title -> passage
-    in_batch_negatives: bool = True  # False: a row's loss sees its own hard negatives only (needs num_negatives >= 1)
+    in_batch_negatives: bool = True
+    """False: a row's loss sees its own hard negatives only (needs num_negatives >= 1)"""
 
     @property
     def label(self) -> str:
@@ -40,7 +46,7 @@ class TrainSource(Checked):
         return base or "train"
 
 
-@dataclass
+@config_dataclass
 class TrainConfig(LoopConfig):
     """The fine-tuning stage's fields; the training loop's (``batch_size``, ``epochs``, ``max_steps``, ``lr``,
     ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``, ``seed``, ``precision``, ``gradient_checkpointing``,
@@ -48,13 +54,20 @@ class TrainConfig(LoopConfig):
     :class:`~robustir.training.loop.LoopConfig`, with its defaults."""
 
     # model
-    model: str | None = None  # folder or hub id; None = the bundled all-MiniLM-L6-v2
-    pooling: Literal["cls", "mean"] | None = None  # None = read from the model folder
-    query_max_length: PositiveInt | None = None  # query tokens (None: 64, or the model's limit if lower); saved
-    passage_max_length: PositiveInt | None = None  # None: 256, or the model's limit if lower; saved; for evaluation
-    train_passage_max_length: PositiveInt | None = None  # shorter truncation while training (cheaper); None = same
+    model: str | None = None
+    """Folder or hub id; None = the bundled all-MiniLM-L6-v2."""
+    pooling: Literal["cls", "mean"] | None = None
+    """None = read from the model folder."""
+    query_max_length: PositiveInt | None = None
+    """Query tokens (None: 64, or the model's limit if lower); saved."""
+    passage_max_length: PositiveInt | None = None
+    """None: 256, or the model's limit if lower; saved; for evaluation."""
+    train_passage_max_length: PositiveInt | None = None
+    """Shorter truncation while training (cheaper); None = same."""
     query_instruction: str | None = None
+    """Prefix added to every query (BGE style); None = the model folder's."""
     passage_instruction: str | None = None
+    """Prefix added to every passage; None = the model folder's."""
     # data
     train_data: str | list[TrainSource] = ""
     """Training JSONL (file or folder) or a BEIR folder with a train split; or, in a config file, a list of sources
@@ -63,24 +76,32 @@ class TrainConfig(LoopConfig):
     """Folder of the training data converted to Arrow (memory-mapped, reused while the files are unchanged);
     None = <output>/data-cache."""
     train_split: str = "train"
+    """Qrels split of a BEIR train_data folder."""
     skip_empty_positives: bool = False
     """A training record with an empty ``pos`` list is an error naming its file and line (a query without a positive
     cannot be trained on); true skips such records and counts them in the log and the model card."""
-    mine: Literal["bm25", "dense", "none"] = "bm25"  # mine negatives for examples without any; none = in-batch only
-    mine_negatives: PositiveInt = 20  # negatives kept per query by mining (training samples from these)
-    mine_range_min: NonNegativeInt = 0  # skip this many top-ranked non-positives (likely false negatives)
-    num_negatives: NonNegativeInt = 1  # hard negatives per query in each training group
+    mine: Literal["bm25", "dense", "none"] = "bm25"
+    """Mine negatives for examples without any; none = in-batch only."""
+    mine_negatives: PositiveInt = 20
+    """Negatives kept per query by mining (training samples from these)"""
+    mine_range_min: NonNegativeInt = 0
+    """Skip this many top-ranked non-positives (likely false negatives)"""
+    num_negatives: NonNegativeInt = 1
+    """Hard negatives per query in each training group."""
     # loss
-    loss: Literal["infonce", "peg", "ccr"] = "infonce"  # contrastive loss; its options go in loss_options
+    loss: Literal["infonce", "peg", "ccr"] = "infonce"
+    """Contrastive loss; its options go in loss_options."""
     loss_options: dict = field(default_factory=dict)
     """The chosen loss's options, e.g. {temperature: 0.02, beta: 0.2}; checked against that loss's typed section
     (robustir.losses.options) when the config loads."""
     # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
-    chunk_size: PositiveInt | None = None  # GradCache: rows per forward chunk (None = no caching)
+    chunk_size: PositiveInt | None = None
+    """GradCache: rows per forward chunk (None = no caching)"""
     loss_block_rows: PositiveInt | None = operational(None)
     """Query rows per block of the loss's score matrix (exact; bounds memory at huge batches). None = whole batch
     while it holds at most 2**25 scores, else blocks of that size."""
     epoch_unit: Literal["pairs", "queries"] = "pairs"
+    """What one epoch covers: every (query, positive) pair, or every query once."""
     # what one epoch passes over: every labelled (query, positive) pair once ("pairs", as sentence-transformers
     # counts; SciFact train: 919) or every query once with one of its positives drawn ("queries": 809)
     # input pipeline (robustir.training.input_pipeline): the batches, hence the result, are the same in every setting
@@ -97,14 +118,21 @@ class TrainConfig(LoopConfig):
     """Pad each batch's token length up to a multiple of this; None = 8 on a GPU (tensor cores), 1 (the longest
     text in the batch) on the CPU. The same values up to float summation order."""
     # report
-    probe_size: NonNegativeInt = 256  # examples used for the similarity-distribution figure
+    probe_size: NonNegativeInt = 256
+    """Examples used for the similarity-distribution figure."""
     # evaluation
-    eval_data: str | None = None  # BEIR folder evaluated after training (eval_split)
+    eval_data: str | None = None
+    """BEIR folder evaluated after training (eval_split)"""
     eval_split: str = "test"
-    eval_steps: PositiveInt | None = operational(None)  # also evaluate every N steps (costly on CPU)
-    eval_base: bool = False  # evaluate the starting model too, for the comparison table
+    """Qrels split of eval_data scored after training."""
+    eval_steps: PositiveInt | None = operational(None)
+    """Also evaluate every N steps (costly on CPU)"""
+    eval_base: bool = False
+    """Evaluate the starting model too, for the comparison table."""
     eval_batch_size: PositiveInt = operational(64)
-    eval_precision: Precision = "auto"  # precision of the evaluation (and similarity probe) encodes
+    """Encoding batch size of the evaluation."""
+    eval_precision: Precision = "auto"
+    """Precision of the evaluation (and similarity probe) encodes."""
 
     def validate(self) -> None:
         if self.batch_size < 1 or self.num_negatives < 0:
@@ -132,7 +160,6 @@ class TrainConfig(LoopConfig):
             self.train_data = [from_dict(TrainSource, s, where=f"train_data[{i}]") if isinstance(s, dict) else s
                                for i, s in enumerate(self.train_data)]
             self._validate_sources()  # a bad mixture fails when the config loads, not when training starts
-        super().__post_init__()
 
     @property
     def sources(self) -> list[TrainSource]:

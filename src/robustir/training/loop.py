@@ -56,7 +56,7 @@ from ..runs import Artifact, Fingerprint, operational
 from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
-from ..validation import Checked, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
+from ..validation import config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
 from .checkpoints import (FINGERPRINT_FILE, list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
 from .input_pipeline import InputPipeline
@@ -67,8 +67,8 @@ __all__ = ["LoopConfig", "LoopResult", "TrainingLoop"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class LoopConfig(Checked):
+@config_dataclass
+class LoopConfig:
     """What the training loop reads, shared by fine-tuning and pre-training. The defaults are fine-tuning's;
     :class:`~robustir.pretraining.pretrain.PretrainConfig` redeclares ``lr`` and ``output`` with its own.
 
@@ -80,24 +80,41 @@ class LoopConfig(Checked):
     without ``max_steps``."""
 
     # optimisation
-    batch_size: PositiveInt = 32  # examples per process per step: queries (train), texts (retromae) or pairs (gur)
-    epochs: PositiveFloat = 1.0  # passes over the training data (max_steps overrides)
-    max_steps: PositiveInt | None = None  # total optimizer steps; overrides epochs (pre-training: skips counting the data)
-    lr: PositiveFloat = 2e-5  # peak learning rate (linear warm-up, then linear decay to 0)
-    warmup_ratio: OpenFraction = 0.1  # share of the steps that warm the learning rate up
-    weight_decay: NonNegativeFloat = 0.01  # AdamW weight decay (none on biases and normalisation weights)
-    max_grad_norm: PositiveFloat | None = 1.0  # clip the gradient norm to this (None = no clipping)
+    batch_size: PositiveInt = 32
+    """Examples per process per step: queries (train), texts (retromae) or pairs (gur)"""
+    epochs: PositiveFloat = 1.0
+    """Passes over the training data (max_steps overrides)"""
+    max_steps: PositiveInt | None = None
+    """Total optimizer steps; overrides epochs (pre-training: skips counting the data)"""
+    lr: PositiveFloat = 2e-5
+    """Peak learning rate (linear warm-up, then linear decay to 0)"""
+    warmup_ratio: OpenFraction = 0.1
+    """Share of the steps that warm the learning rate up."""
+    weight_decay: NonNegativeFloat = 0.01
+    """AdamW weight decay (none on biases and normalisation weights)"""
+    max_grad_norm: PositiveFloat | None = 1.0
+    """Clip the gradient norm to this (None = no clipping)"""
     seed: NonNegativeInt = 42
-    precision: Precision = "auto"  # forward-pass autocast; auto: bf16 where native, else fp32; fp16: GPU only
-    device: str = operational("auto")  # where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)
-    gradient_checkpointing: bool = operational(False)  # recompute activations in the backward pass (less memory, slower)
+    """Seed of the data order, the model's new weights and every sampler."""
+    precision: Precision = "auto"
+    """Forward-pass autocast; auto: bf16 where native, else fp32; fp16: GPU only."""
+    device: str = operational("auto")
+    """Where it trains: auto (first GPU if any, else CPU), cpu, cuda, cuda:N (torchrun: not cuda:N)"""
+    gradient_checkpointing: bool = operational(False)
+    """Recompute activations in the backward pass (less memory, slower)"""
     # output, checkpoints, logging
-    output: str = operational("runs/train")  # run folder: model/, checkpoints, train_log.jsonl, report
-    save_steps: PositiveInt | None = operational(None)  # checkpoint every N steps; None = every epoch (train), at the end only (pretrain)
-    save_total_limit: int = operational(2)  # checkpoints kept (older ones are deleted; <= 0 keeps all)
-    logging_steps: PositiveInt = operational(1)  # write a train_log.jsonl line every N steps (and at the last step)
-    resume: bool = operational(True)  # continue from the latest checkpoint in the output folder
-    report: bool = operational(True)  # write the report (figures) at the end
+    output: str = operational("runs/train")
+    """Run folder: model/, checkpoints, train_log.jsonl, report."""
+    save_steps: PositiveInt | None = operational(None)
+    """Checkpoint every N steps; None = every epoch (train), at the end only (pretrain)"""
+    save_total_limit: int = operational(2)
+    """Checkpoints kept (older ones are deleted; <= 0 keeps all)"""
+    logging_steps: PositiveInt = operational(1)
+    """Write a train_log.jsonl line every N steps (and at the last step)"""
+    resume: bool = operational(True)
+    """Continue from the latest checkpoint in the output folder."""
+    report: bool = operational(True)
+    """Write the report (figures) at the end."""
 
     def validate(self) -> None:
         if self.batch_size < 1:
