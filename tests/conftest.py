@@ -11,6 +11,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _transformers_logs_to_the_session_stderr() -> None:
+    """transformers makes its log handler on its first log line, bound to ``sys.stderr`` *then*: when that line
+    came inside a test using ``capsys``, the handler kept that test's stream, and every later load report was a
+    logging traceback in another test's stderr (test_filters then test_resume_safety failed that way). Made here,
+    it writes to the session's stderr, which stays open."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_logger("transformers")
+
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 

@@ -161,3 +161,17 @@ def test_every_path_that_adds_an_instruction_goes_through_with_instruction(tiny_
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"query": "q", "pos": ["p"], "neg": ["n"], "prompt": "own: "}) + "\n")
     assert _st_dataset(rows, 1)["anchor"] == ["marker own: q"]
+
+
+def test_fingerprint_is_the_same_at_every_load_of_a_folder_without_pooler_weights(tiny_model_dir):
+    """The tiny folder is a masked-LM checkpoint: its pooler is initialised at random on every load. The encoder
+    never uses it, so the embedding-cache key must not depend on it (it did: no cache was ever reused)."""
+    from robustir.models.encoder import Encoder
+
+    first, second = Encoder.from_pretrained(tiny_model_dir), Encoder.from_pretrained(tiny_model_dir)
+    assert not torch.equal(first.transformer.pooler.dense.weight, second.transformer.pooler.dense.weight)
+    assert first.fingerprint() == second.fingerprint()
+    changed = Encoder.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        changed.transformer.embeddings.word_embeddings.weight[5] += 1.0
+    assert changed.fingerprint() != first.fingerprint()

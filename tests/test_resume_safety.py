@@ -364,3 +364,16 @@ def test_too_little_data_for_one_batch_the_sampler_refuses_and_the_trainer_caps(
     assert code == 0 and "Traceback" not in err  # training (fit_batch_size) caps the batch at the data's size
     assert "has 3 (query, positive) pairs (epoch_unit pairs), fewer than one batch of 8: batch_size capped at 3" \
         in caplog.text
+
+
+def test_on_change_redo_starts_afresh_where_refuse_names_the_difference(finished, tmp_path):
+    """``on_change: redo`` (a work folder a stage owns, e.g. the passage sieve's model): another setting trains
+    again in the same folder instead of being refused; the same settings are still reused."""
+    run = copy_run(finished, tmp_path)
+    with pytest.raises(ConfigError, match="lr: 0.001 -> 0.002"):
+        train(small_config(finished["model"], finished["data"], run, lr=2e-3))
+    again = train(small_config(finished["model"], finished["data"], run, lr=2e-3, on_change="redo"))
+    assert not again.already_complete and again.steps == 2
+    assert json.loads((run / "run.json").read_text())["fingerprint"]["settings"]["lr"] == 2e-3
+    reused = train(small_config(finished["model"], finished["data"], run, lr=2e-3, on_change="redo"))
+    assert reused.already_complete

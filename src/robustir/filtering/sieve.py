@@ -40,7 +40,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 
-from ..runs import Artifact, fingerprint, operational
+from ..runs import operational
 from ..errors import ConfigError
 from ..io import Shard
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
@@ -142,19 +142,15 @@ def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Pat
         lr=config.lr, epochs=config.epochs, max_steps=config.max_steps, batch_size=config.train_batch_size,
         warmup_ratio=config.warmup_ratio, query_max_length=config.query_max_length,
         passage_max_length=config.passage_max_length, precision=config.train_precision, seed=config.seed,
-        output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device)
-    # the work model is reused only when trained with these settings on this input: another beta, lr, seed ...
-    # or an edited input trains it again (the training run's own fingerprint then starts afresh)
-    run = Artifact(work_dir / "train", what="sieve work model")
-    made = fingerprint("sieve-train", train_config, {"train_data": input_path, "model": config.model},
-                       skip=("train_data", "output"))
-    if run.begin(made, resume=True):
-        logger.info("sieve: reusing the briefly trained model in %s", work_dir / "train" / "model")
-        return str(work_dir / "train" / "model"), run.report
+        output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device, on_change="redo")
+    # the work model is reused only when trained with these settings on this input (the training run's own
+    # fingerprint: settings + the input's and the model's content); another beta, lr, seed ... or an edited input
+    # trains it again in the same folder
     result = train(train_config)
+    if result.already_complete:
+        logger.info("sieve: reusing the briefly trained model in %s", result.model_path)
     summary = {"model": str(result.model_path), "steps": result.steps, "seconds": round(result.seconds, 1),
                "loss": train_config.loss_options, "lr": config.lr}
-    run.finish(summary, files=["model/config.json"])
     return str(result.model_path), summary
 
 

@@ -383,10 +383,16 @@ class Encoder(nn.Module):
         return next(self.parameters()).device
 
     def fingerprint(self) -> str:
-        """Cheap content hash of the weights and settings, used to key embedding caches."""
+        """Cheap content hash of the weights and settings, used to key embedding caches.
+
+        The HF pooler (``pooler.*``) is left out: the encoder pools the last hidden states itself, and a folder
+        without pooler weights (a masked-LM checkpoint) gets a random one at every load, which changed the key at
+        every load and so never reused a cache."""
         digest = hashlib.sha256(json.dumps(asdict(self.config), sort_keys=True).encode())
         with torch.no_grad():
             for name, param in self.transformer.state_dict().items():
+                if name.startswith("pooler.") or ".pooler." in name:
+                    continue
                 flat = param.detach().float().flatten()
                 stats = torch.stack([flat.sum(), flat.abs().sum(), flat[:: max(1, flat.numel() // 64)].sum()])
                 digest.update(name.encode())

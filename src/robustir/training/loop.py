@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -113,6 +113,9 @@ class LoopConfig:
     """Write a train_log.jsonl line every N steps (and at the last step)"""
     resume: bool = operational(True)
     """Continue from the latest checkpoint in the output folder."""
+    on_change: Literal["refuse", "redo"] = operational("refuse")
+    """An output folder holding another run (other settings or inputs): refuse, naming what differs, or redo (start
+    afresh there; for work folders a stage owns, such as the passage sieve's model)."""
     report: bool = operational(True)
     """Write the report (figures) at the end."""
 
@@ -310,6 +313,9 @@ class TrainingLoop:
             if not diffs:
                 complete = bool(record.get("complete")) and bool(finished) and len(present) == len(finished)
                 state = "complete" if complete else "resume"
+            elif earlier and config.on_change == "redo":
+                logger.info("%s: the earlier run there had other settings or inputs (%s): starting afresh", self.out,
+                            "; ".join(diffs))
             elif earlier:
                 raise ConfigError(
                     f"output folder {self.out} holds another run ({' and '.join(earlier)}) made with other settings or "
