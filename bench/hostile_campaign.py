@@ -449,6 +449,10 @@ def cases() -> list[Case]:
     add(E("merge-shards-negative", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "-2"], "shards = -2"))
     # flags generated from every config field (issue 22): a field that had no flag before, a switch given a number,
     # a flag of another --method, a mapping field (no flag: key=value only)
+    add(E("eval-mode-sparse", n, BM25 + ["--mode", "sparse"], "invalid choice"))
+    add(E("eval-hybrid-rrf-k-0", n, BM25 + ["--mode", "hybrid", "--rrf-k", "0"], "rrf_k = 0"))
+    add(Case("eval-hybrid-tiny", n, EVAL + ["--mode", "hybrid", "--top-k", "5", "--candidates", "5"], "ok"))
+    add(E("eval-hybrid-weight-nan", n, BM25 + ["--mode", "hybrid", "--dense-weight", "nan"], "dense_weight = nan"))
     add(E("train--prefetch-batches=-1", n, TRAIN + ["--prefetch-batches", "-1"], "prefetch_batches = -1"))
     add(E("train--loss-block-rows=true", n, TRAIN + ["loss_block_rows=true"], "loss_block_rows: expected an integer"))
     add(E("teacher--base-url", n, TEACH + ["--base-url", "http://127.0.0.1:9/v1"], "--method teacher does not use"))

@@ -1,4 +1,9 @@
-"""``robustir eval``: retrieval metrics of a model (or BM25) on a BEIR folder."""
+"""``robustir eval``: retrieval metrics of a model, BM25, or both fused, on a BEIR folder.
+
+    robustir eval --data ../shared/data/scifact                      # dense, the bundled all-MiniLM-L6-v2
+    robustir eval --data ../shared/data/scifact --mode lexical       # BM25 (same as --model bm25)
+    robustir eval --data ../shared/data/scifact --mode hybrid        # reciprocal rank fusion of both lists
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,6 @@ from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
 from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, data_or_default, encoder_options,
                      model_or_default)
-
-# EvalConfig fields with a flag (help from the dataclass); --batch-size, --precision (--bf16) and --device
-# are the shared encoder flags
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
     model = args.model if args.model and args.model.lower() == "bm25" else model_or_default(args.model)
     config = build_config(args)
     data = data_or_default(args.data)
-    options = {} if model == "bm25" else encoder_options(args)
-    result = evaluate(model, data, args.split, config, output=args.output, **options)
-    name = "bm25" if model == "bm25" else (args.model or "all-MiniLM-L6-v2 (bundled)")
+    lexical = model == "bm25" or config.mode == "lexical"
+    options = {} if lexical else encoder_options(args)
+    result = evaluate("bm25" if lexical else model, data, args.split, config, output=args.output, **options)
+    name = "bm25" if lexical else (args.model or "all-MiniLM-L6-v2 (bundled)")
+    name += " + bm25 (rrf)" if config.mode == "hybrid" and not lexical else ""
     print(format_table({name: result.metrics}, title=f"{data.name} / {args.split}  ({result.seconds:.0f} s)"))
     if args.output:
         print(f"wrote {args.output}/metrics.json and {args.output}/run.trec")

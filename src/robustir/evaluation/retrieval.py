@@ -1,4 +1,5 @@
-"""Full-corpus retrieval evaluation on a BEIR folder: encode → FAISS (or BM25) → trec_eval metrics."""
+"""Full-corpus retrieval evaluation on a BEIR folder: dense (encode → FAISS), lexical (BM25) or hybrid (reciprocal
+rank fusion of both) → trec_eval metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -13,6 +15,7 @@ from ..data.beir import BeirDataset, load_beir
 from ..data.trec import write_trec_run
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import DenseIndex, DenseIndexConfig
+from ..index.fusion import FusionConfig, reciprocal_rank_fusion
 from ..io import write_json
 from ..models.encoder import Encoder
 from .metrics import compute_metrics
@@ -23,8 +26,13 @@ from ..validation import cli, config_dataclass, PositiveInt
 logger = logging.getLogger(__name__)
 
 
+RetrievalMode = Literal["dense", "lexical", "hybrid"]
+
+
 @config_dataclass
 class EvalConfig:
+    mode: RetrievalMode = "dense"
+    """dense: the model; lexical: BM25 (no model); hybrid: reciprocal rank fusion of both lists."""
     top_k: PositiveInt = 1000
     """Documents retrieved per query."""
     batch_size: PositiveInt = operational(64)
@@ -37,6 +45,7 @@ class EvalConfig:
     """Reuse corpus embeddings across runs."""
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     bm25: BM25Config = field(default_factory=BM25Config)
+    fusion: FusionConfig = field(default_factory=FusionConfig, metadata=cli(flatten=True))
     show_progress: bool | None = operational(None)
     """Show progress bars."""
     device: str = operational("auto")
@@ -69,8 +78,10 @@ def _run_from_hits(query_ids: list[str], doc_ids: list[str], scores: np.ndarray,
     return run
 
 
-def retrieve_dense(encoder: Encoder, dataset: BeirDataset, config: EvalConfig) -> dict[str, dict[str, float]]:
+def retrieve_dense(encoder: Encoder, dataset: BeirDataset, config: EvalConfig,
+                   top_k: int | None = None) -> dict[str, dict[str, float]]:
     """Encode the corpus and the queries with ``encoder`` (on its device) and search on ``config.device``."""
+    top_k = top_k or config.top_k
     query_ids = list(dataset.queries)
     corpus_emb = encoder.encode_corpus(dataset.corpus.texts_for_encoding(), cache_dir=config.cache_dir,
                                        batch_size=config.batch_size, precision=config.precision,
@@ -79,21 +90,36 @@ def retrieve_dense(encoder: Encoder, dataset: BeirDataset, config: EvalConfig) -
                                precision=config.precision, show_progress=config.show_progress)
     index = DenseIndex(config.index, device=config.device).index(corpus_emb)
     extra = 1 if config.ignore_identical_ids else 0
-    scores, indices = index.search(query_emb, config.top_k + extra)
-    return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, config.top_k)
+    scores, indices = index.search(query_emb, top_k + extra)
+    return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, top_k)
 
 
-def retrieve_bm25(dataset: BeirDataset, config: EvalConfig) -> dict[str, dict[str, float]]:
+def retrieve_bm25(dataset: BeirDataset, config: EvalConfig, top_k: int | None = None) -> dict[str, dict[str, float]]:
+    top_k = top_k or config.top_k
     query_ids = list(dataset.queries)
     index = BM25Index(config.bm25).index(dataset.corpus.texts_for_encoding())
     extra = 1 if config.ignore_identical_ids else 0
-    scores, indices = index.search([dataset.queries[q] for q in query_ids], config.top_k + extra)
-    return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, config.top_k)
+    scores, indices = index.search([dataset.queries[q] for q in query_ids], top_k + extra)
+    return _run_from_hits(query_ids, dataset.corpus.ids, scores, indices, config.ignore_identical_ids, top_k)
+
+
+def fuse_runs(dense: dict[str, dict[str, float]], lexical: dict[str, dict[str, float]], config: EvalConfig
+              ) -> dict[str, dict[str, float]]:
+    """Per query, the reciprocal rank fusion (:func:`~robustir.index.fusion.reciprocal_rank_fusion`) of the dense
+    and the lexical run (each ranked by its own score), cut to ``top_k``."""
+    fusion, run = config.fusion, {}
+    for qid in [*dense, *(q for q in lexical if q not in dense)]:
+        lists = [sorted(part.get(qid, {}), key=lambda d, s=part.get(qid, {}): -s[d]) for part in (dense, lexical)]
+        fused = reciprocal_rank_fusion(lists, [fusion.dense_weight, fusion.lexical_weight], k=fusion.rrf_k,
+                                       top_k=config.top_k)
+        run[qid] = dict(fused)
+    return run
 
 
 def evaluate(model: "Encoder | str", data: "BeirDataset | str | Path", split: str = "test",
              config: EvalConfig | None = None, output: str | Path | None = None, **encoder_options) -> EvalResult:
-    """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``) on a BEIR folder.
+    """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``, the same as ``mode:
+    lexical``) on a BEIR folder, in ``config.mode``: dense, lexical (BM25) or hybrid (both, fused by rank).
 
     ``output``: folder for ``metrics.json`` and ``run.trec``. A dense model runs on ``config.device`` (an
     :class:`Encoder` given is moved there); BM25 runs on the CPU whatever the device (which is still checked).
@@ -101,18 +127,24 @@ def evaluate(model: "Encoder | str", data: "BeirDataset | str | Path", split: st
     from ..device import resolve_device
 
     config = config or EvalConfig()
-    is_bm25 = isinstance(model, str) and model.lower() == "bm25"
+    mode = "lexical" if isinstance(model, str) and model.lower() == "bm25" else config.mode
     device = resolve_device(config.device)  # checked before anything loads
     dataset = data if isinstance(data, BeirDataset) else load_beir(data, split)
     start = time.perf_counter()
-    if is_bm25:
+    if mode == "lexical":
         run = retrieve_bm25(dataset, config)
         system = "bm25"
     else:
         encoder = model.to(device) if isinstance(model, Encoder) else \
             Encoder.from_pretrained(model, device=device, **encoder_options)
-        run = retrieve_dense(encoder, dataset, config)
         system = encoder.source or "model"
+        if mode == "dense":
+            run = retrieve_dense(encoder, dataset, config)
+        else:
+            depth = max(config.top_k, config.fusion.candidates)
+            run = fuse_runs(retrieve_dense(encoder, dataset, config, depth), retrieve_bm25(dataset, config, depth),
+                            config)
+            system = f"{system} + bm25 (rrf)"
     metrics = compute_metrics(dataset.qrels, run)
     result = EvalResult(metrics, run, time.perf_counter() - start, system)
     if output is not None:

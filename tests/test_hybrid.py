@@ -1,0 +1,81 @@
+"""Hybrid retrieval: reciprocal rank fusion (robustir.index.fusion) and ``robustir eval --mode dense|lexical|hybrid``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from robustir.cli.main import main as cli_main
+from robustir.errors import ConfigError
+from robustir.evaluation.retrieval import EvalConfig, evaluate, fuse_runs
+from robustir.index.fusion import FusionConfig, reciprocal_rank_fusion
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+
+def test_rrf_by_hand():
+    dense, lexical = ["a", "b", "c"], ["c", "d", "a"]
+    fused = dict(reciprocal_rank_fusion([dense, lexical], k=60))
+    assert fused["a"] == pytest.approx(1 / 61 + 1 / 63)
+    assert fused["c"] == pytest.approx(1 / 63 + 1 / 61)
+    assert fused["b"] == pytest.approx(1 / 62) and fused["d"] == pytest.approx(1 / 62)
+    # equal scores: the first list's order first (a before c, b before d), the same every time
+    assert [doc for doc, _ in reciprocal_rank_fusion([dense, lexical], k=60)] == ["a", "c", "b", "d"]
+    # weights: a lexical-only fusion is the lexical order
+    assert [d for d, _ in reciprocal_rank_fusion([dense, lexical], [0.0, 1.0], top_k=3)] == ["c", "d", "a"]
+    assert reciprocal_rank_fusion([dense, lexical], top_k=2) == reciprocal_rank_fusion([dense, lexical])[:2]
+    with pytest.raises(ValueError, match="2 lists but 1 weights"):
+        reciprocal_rank_fusion([dense, lexical], [1.0])
+
+
+def test_fusion_options_are_checked_and_generated_as_flags():
+    with pytest.raises(ConfigError, match="fusion.rrf_k = 0 is out of range"):
+        EvalConfig(fusion={"rrf_k": 0})
+    with pytest.raises(ConfigError, match="mode: 'sparse' is not one of"):
+        EvalConfig(mode="sparse")
+    assert EvalConfig(fusion={"dense_weight": 2}).fusion == FusionConfig(dense_weight=2.0)
+
+
+def _beir(root: Path) -> Path:
+    from helpers import DOCS, QUERIES
+
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n"
+                                               for i, t, x in DOCS), encoding="utf-8")
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in QUERIES),
+                                        encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\td{i}\t1\n" for i in range(1, 5)), encoding="utf-8")
+    return root
+
+
+def test_hybrid_run_is_the_fusion_of_the_dense_and_lexical_runs(tmp_path, tiny_model_dir):
+    data = _beir(tmp_path / "beir")
+    config = dict(top_k=5, show_progress=False, fusion={"candidates": 5})
+    dense = evaluate(tiny_model_dir, data, "test", EvalConfig(mode="dense", **config)).run
+    lexical = evaluate(tiny_model_dir, data, "test", EvalConfig(mode="lexical", **config)).run
+    assert lexical == evaluate("bm25", data, "test", EvalConfig(**config)).run  # --model bm25 = --mode lexical
+    hybrid = evaluate(tiny_model_dir, data, "test", EvalConfig(mode="hybrid", **config))
+    assert hybrid.run == fuse_runs(dense, lexical, EvalConfig(**config))
+    for qid, hits in hybrid.run.items():
+        ranked = sorted(hits, key=lambda d: -hits[d])
+        expected = reciprocal_rank_fusion([sorted(dense[qid], key=lambda d: -dense[qid][d]),
+                                           sorted(lexical[qid], key=lambda d: -lexical[qid][d])], k=60, top_k=5)
+        assert ranked == [doc for doc, _ in expected]
+    assert hybrid.run != dense and hybrid.run != lexical
+    assert set(hybrid.metrics) == set(evaluate(tiny_model_dir, data, "test", EvalConfig(**config)).metrics)
+
+
+def test_cli_modes(tmp_path, tiny_model_dir, capsys):
+    data = _beir(tmp_path / "beir")
+    for mode in ("dense", "lexical", "hybrid"):
+        out = tmp_path / mode
+        assert cli_main(["eval", "--model", tiny_model_dir, "--data", str(data), "--mode", mode, "--top-k", "5",
+                         "--candidates", "5", "--no-show-progress", "--output", str(out)]) == 0
+        assert (out / "run.trec").exists()
+    text = capsys.readouterr().out
+    assert "bm25 (rrf)" in text
+    assert cli_main(["eval", "--data", str(data), "--mode", "hybrid", "--rrf-k", "0"]) == 2
+    assert "rrf_k = 0 is out of range" in capsys.readouterr().err
