@@ -8,15 +8,19 @@ Routes:
   with ``--matryoshka-dims``; the vector is cut and re-normalised), ``user`` (ignored); plus the extension
   ``input_type``: ``document`` (default) or ``query`` (the model's query instruction and query length apply).
   ``usage`` counts the tokens the model saw (instruction and special tokens included, after truncation).
-* ``POST /search`` -- ``{"query": str | [str], "top_k": int, "filter": {field: value}}`` ->
-  ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists).
+* ``POST /search`` -- ``{"query": str | [str], "top_k": int, "filter": {...}}`` ->
+  ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists). The
+  filter is :mod:`robustir.serving.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
+  ``{"year": {"$gte": 2020, "$lt": 2024}}``, ``$eq``/``$ne``/``$in``/``$nin``, nested fields by dotted name
+  (``{"meta.source": "pubmed"}``) and ``$and``/``$or``/``$not``; it is checked before the model runs.
 * ``GET /health`` (no key needed; says nothing about the data) and ``GET /v1/models``.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed request (bad JSON,
-a missing or unknown field, a wrong type, too many inputs, an input too long, an unsupported ``dimensions``, an
-unknown filter field), 401 without the right ``Authorization: Bearer KEY`` when the server has an API key, 404 for a
-``model`` that is not the served one (OpenAI's ``model_not_found``) and for ``/search`` on a server without an index,
-413 for a body over ``max_body_bytes``, 500 when the model fails.
+a missing or unknown field, a wrong type, too many inputs, an input too long, an unsupported ``dimensions``, a bad
+filter, whose message names the place in it, e.g. ``filter.year.$gt``), 401 without the right ``Authorization:
+Bearer KEY`` when the server has an API key, 404 for a ``model`` that is not the served one (OpenAI's
+``model_not_found``) and for ``/search`` on a server without an index, 413 for a body over ``max_body_bytes``, 500
+when the model fails.
 
 Concurrent requests are batched (:class:`~robustir.serving.batcher.MicroBatcher`); the model and FAISS run on worker
 threads (one on a GPU; one per core on the CPU, each with its own tokenizer and one torch thread), the event loop only

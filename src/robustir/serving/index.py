@@ -36,11 +36,14 @@ truncated or edited file (size and sha256 against the manifest), counts that do 
 FAISS index), a dimension that differs, and -- when a model is given -- a model other than the one the index was built
 with are each a clear :class:`~robustir.errors.DataError` / :class:`~robustir.errors.ConfigError`, never a wrong answer.
 
-**Filters** (``search(..., filter={field: value})``) select documents in sqlite first (``id``, ``title`` or any extra
-field of the input records; a list value means any of them); when at most :data:`EXACT_FILTER_LIMIT` documents pass,
-their vectors are read back and scored exactly, otherwise FAISS searches with an ID selector over them (exact for flat
-indexes, as approximate as any IVF/HNSW search otherwise). Either way every hit passes the filter and, where enough
-documents pass, ``top_k`` hits come back.
+**Filters** (``search(..., filter=...)``) are the JSON language of :mod:`robustir.serving.filters`: equality
+(``{"lang": "en"}``; a list value means any of them), ``$eq``/``$ne``/``$in``/``$nin``/``$gt``/``$gte``/``$lt``/``$lte``
+(``{"year": {"$gte": 2020, "$lt": 2024}}``), nested fields by dotted name (``{"meta.source": "pubmed"}``) and
+``$and``/``$or``/``$not``, on ``id``, ``title`` or any extra field of the input records. The filter is checked
+against the index's field names, compiled to SQL (every value and JSON path a parameter) and selects documents in
+sqlite first; when at most :data:`EXACT_FILTER_LIMIT` documents pass, their vectors are read back and scored exactly,
+otherwise FAISS searches with an ID selector over them (exact for flat indexes, as approximate as any IVF/HNSW search
+otherwise). Either way every hit passes the filter and, where enough documents pass, ``top_k`` hits come back.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from ..index.dense import DenseIndexConfig
 from ..io import atomic_write, describe_changes, input_digest, read_jsonl, write_json
 from ..precision import Precision
 from ..validation import cli, config_dataclass, PositiveInt
+from .filters import parse_filter, to_sqlite
 
 logger = logging.getLogger(__name__)
 
@@ -661,50 +665,20 @@ class SearchIndex:
             np.zeros((0, self.dim), np.float32)
 
     def check_filter(self, filter: dict) -> None:
-        """Raise :class:`ConfigError` unless ``filter`` can be applied (known fields, scalar values)."""
-        self._filter_query(filter)
+        """Raise :class:`ConfigError` unless ``filter`` is a valid filter over this index's fields (nothing is run)."""
+        parse_filter(filter, self._filter_fields())
+
+    def _filter_fields(self) -> list[str]:
+        return ["id", "title", *(name for name in self._field_names if name not in _RESERVED)]
 
     def _filter_ids(self, filter: dict) -> np.ndarray:
-        """Ids of the indexed documents whose fields equal the filter's values (a list value: any of them)."""
+        """Ids of the indexed documents that pass ``filter``, in id order."""
         sql, params = self._filter_query(filter)
         return np.array([r[0] for r in self._db.execute(sql, params).fetchall()], dtype=np.int64)
 
     def _filter_query(self, filter: dict) -> tuple[str, list]:
-        if not isinstance(filter, dict):
-            raise ConfigError(f"filter must be a mapping of field: value, got {type(filter).__name__}")
-        known = set(self._field_names)
-        clauses, params = ["indexed = 1"], []
-        for key, value in filter.items():
-            if not isinstance(key, str) or not key:
-                raise ConfigError(f"filter key {key!r} is not a field name")
-            values = value if isinstance(value, list) else [value]
-            if not values:
-                raise ConfigError(f"filter {key!r}: an empty list matches nothing; give at least one value")
-            for item in values:
-                if isinstance(item, (dict, list)):
-                    raise ConfigError(f"filter {key!r}: values are strings, numbers, booleans or null (or a list of "
-                                      f"them), got {json.dumps(item)[:60]}")
-            if key in ("id", "_id", "title", "text"):
-                column = "doc_id" if key in ("id", "_id") else key
-                if key == "text":
-                    raise ConfigError("filter on 'text' is not supported: filter on id, title or a metadata field")
-            elif key in known:
-                if '"' in key or any(ord(c) < 32 for c in key):
-                    raise ConfigError(f"filter key {key!r}: field names with quotes or control characters cannot be "
-                                      "filtered on")
-                column = f"json_extract(fields, '$.\"{key}\"')"
-            else:
-                names = ", ".join(["id", "title", *sorted(known)])
-                raise ConfigError(f"filter field {key!r} is in no document of this index; fields: {names}")
-            non_null = [v for v in values if v is not None]
-            parts = []
-            if non_null:
-                parts.append(f"{column} IN ({','.join('?' * len(non_null))})")
-                params.extend(int(v) if isinstance(v, bool) else v for v in non_null)
-            if len(non_null) < len(values):
-                parts.append(f"{column} IS NULL")
-            clauses.append("(" + " OR ".join(parts) + ")")
-        return f"SELECT id FROM docs WHERE {' AND '.join(clauses)} ORDER BY id", params
+        where, params = to_sqlite(parse_filter(filter, self._filter_fields()))
+        return f"SELECT id FROM docs WHERE indexed = 1 AND {where} ORDER BY id", params
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[Hit]]:
         wanted = sorted({int(i) for i in np.asarray(ids).ravel() if i >= 0})

@@ -1,0 +1,416 @@
+"""robustir.serving.filters: the JSON filter language -- the SQLite compiler against the Python evaluator on random
+records and filters, hostile names and values, error messages, and filters through SearchIndex and POST /search."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:  # the HTTP client the installed openai package uses (httpx2 with openai >= 3, httpx before)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+
+from helpers import DOCS  # tests/ is on sys.path
+from test_serving_index import beir, quiet  # noqa: F401  (beir is a fixture)
+
+from robustir.errors import ConfigError
+from robustir.serving import filters as filters_module
+from robustir.serving.filters import (MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or, matches,
+                                      parse_filter, to_sqlite)
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+SCHEMA = ("CREATE TABLE docs (id INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, "
+          "text TEXT NOT NULL, fields TEXT NOT NULL, indexed INTEGER NOT NULL)")
+
+
+def load(records: list[dict]) -> sqlite3.Connection:
+    """An in-memory ``docs`` table as SearchIndex writes it (extra fields as JSON, ensure_ascii=False)."""
+    db = sqlite3.connect(":memory:")
+    db.execute(SCHEMA)
+    db.executemany("INSERT INTO docs (doc_id, title, text, fields, indexed) VALUES (?, ?, '', ?, 1)",
+                   [(r["id"], r["title"], json.dumps(r["fields"], ensure_ascii=False)) for r in records])
+    return db
+
+
+def known_fields(records: list[dict]) -> list[str]:
+    return ["id", "title", *sorted({key for r in records for key in r["fields"]})]
+
+
+def sql_ids(db: sqlite3.Connection, f) -> list[str]:
+    where, params = to_sqlite(f)
+    return [row[0] for row in db.execute(f"SELECT doc_id FROM docs WHERE indexed = 1 AND {where} ORDER BY id",
+                                         params)]
+
+
+def python_ids(records: list[dict], f) -> list[str]:
+    return [r["id"] for r in records if matches(f, {"id": r["id"], "title": r["title"], **r["fields"]})]
+
+
+# ------------------------------------------------------------------------------------------------ random oracle
+
+STRINGS = ["", "a", "ab", "b", "B", "é", "😀", "1", "true", "null", "x') OR 1=1 --", 'q"uote', "back\\slash",
+           "line\nbreak", "tab\there", "\u2028", "zz"]
+NUMBERS = [-3, -1, 0, 1, 2, 3, 0.0, 1.0, 2.5, -1.5, 1e-9, 1e300, 2 ** 53 + 1, float(2 ** 53), -(2 ** 63),
+           2 ** 63 - 1]
+STORED_ONLY = [2 ** 63 + 5, -(2 ** 70)]  # beyond 64 bits: SQLite reads them as floats
+TOP = ["a", "b", "c", "n", "s", "meta", "a.b", "é"]
+PATHS = ["id", "title", *TOP, "meta.x", "meta.y", "meta.y.z", "meta.y.w", "a.b.c", "a.z"]
+OPS = ["$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "=", "[]"]  # "=" / "[]": the shorthands
+
+
+def random_scalar(rng: random.Random, stored: bool = False) -> Any:
+    kind = rng.random()
+    if kind < 0.35:
+        return rng.choice(NUMBERS + (STORED_ONLY if stored and rng.random() < 0.2 else []))
+    if kind < 0.7:
+        return rng.choice(STRINGS)
+    if kind < 0.85:
+        return rng.choice([True, False])
+    return None
+
+
+def random_value(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth < 2 and roll < 0.2:  # nested objects two levels deep
+        return {key: random_value(rng, depth + 1) for key in rng.sample(["x", "y", "z", "w"], rng.randint(0, 3))}
+    if roll < 0.27:
+        return [random_scalar(rng, True) for _ in range(rng.randint(0, 2))]
+    return random_scalar(rng, stored=True)
+
+
+def random_records(rng: random.Random, n: int) -> list[dict]:
+    records = []
+    for i in range(n):
+        fields = {key: random_value(rng) for key in TOP if rng.random() < 0.75}  # the rest: missing
+        records.append({"id": f"r{i}", "title": rng.choice(["", "a", "b", "Coffee", "é", "1"]), "fields": fields})
+    records[0]["fields"].update({key: 1 for key in TOP})  # every field in at least one record
+    return records
+
+
+def random_filter(rng: random.Random, depth: int = 0) -> dict:
+    roll = rng.random()
+    if depth < 3 and roll < 0.3:
+        kind = rng.choice(["$and", "$or", "$not", "keys"])
+        if kind == "$not":
+            return {"$not": random_filter(rng, depth + 1)}
+        parts = [random_filter(rng, depth + 1) for _ in range(rng.randint(1, 3))]
+        if kind == "keys":  # several keys in one object: AND
+            merged: dict = {}
+            for part in parts:
+                merged.update(part)
+            return merged
+        return {kind: parts}
+    path, op = rng.choice(PATHS), rng.choice(OPS)
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        operand: Any = rng.choice(NUMBERS + STRINGS)
+        if rng.random() < 0.3:  # two operators on one field: AND
+            other = rng.choice(["$gt", "$gte", "$lt", "$lte"])
+            return {path: {op: operand, other: rng.choice(NUMBERS + STRINGS)}}
+        return {path: {op: operand}}
+    if op in ("$in", "$nin", "[]"):
+        values = [random_scalar(rng) for _ in range(rng.randint(1, 4))]
+        return {path: values} if op == "[]" else {path: {op: values}}
+    value = random_scalar(rng)
+    return {path: value} if op == "=" else {path: {op: value}}
+
+
+def disagreements(seed: int, n_records: int = 300, n_filters: int = 300) -> tuple[list, int]:
+    """Filters on which the SQL and the Python evaluator disagree, and how many filters selected some but not all."""
+    rng = random.Random(seed)
+    records = random_records(rng, n_records)
+    db, fields = load(records), known_fields(records)
+    wrong, informative = [], 0
+    for _ in range(n_filters):
+        obj = random_filter(rng)
+        f = parse_filter(obj, fields)
+        expected, got = python_ids(records, f), sql_ids(db, f)
+        informative += 0 < len(expected) < len(records)
+        if got != expected:
+            wrong.append((obj, sorted(set(expected) ^ set(got))[:5]))
+    return wrong, informative
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sqlite_agrees_with_the_python_evaluator_on_random_records_and_filters(seed):
+    wrong, informative = disagreements(seed)
+    assert not wrong, f"{len(wrong)} filters disagree, e.g. {wrong[:3]}"
+    assert informative > 150  # most filters select some documents but not all: the comparison has power
+
+
+@pytest.mark.parametrize("op, broken", [("$gte", ">"), ("$lt", "<=")])
+def test_the_random_oracle_catches_a_broken_operator(monkeypatch, op, broken):
+    monkeypatch.setitem(filters_module._SQL_RANGES, op, broken)
+    wrong, _ = disagreements(0)
+    assert wrong
+
+
+# ------------------------------------------------------------------------------------------------ semantics
+
+SEMANTIC_RECORDS = [
+    {"id": "int1", "title": "t", "fields": {"v": 1}},
+    {"id": "float1", "title": "t", "fields": {"v": 1.0}},
+    {"id": "true", "title": "t", "fields": {"v": True}},
+    {"id": "str1", "title": "t", "fields": {"v": "1"}},
+    {"id": "null", "title": "t", "fields": {"v": None}},
+    {"id": "missing", "title": "t", "fields": {}},
+    {"id": "list", "title": "t", "fields": {"v": [1]}},
+    {"id": "obj", "title": "t", "fields": {"v": {"w": 1}}},
+    {"id": "str2", "title": "t", "fields": {"v": "2"}},
+    {"id": "two", "title": "t", "fields": {"v": 2}},
+]
+
+
+@pytest.mark.parametrize("obj, expected", [
+    ({"v": 1}, ["int1", "float1"]),                                   # 1 equals 1.0, not true, not "1"
+    ({"v": True}, ["true"]),                                          # true equals only true
+    ({"v": "1"}, ["str1"]),
+    ({"v": None}, ["null", "missing"]),                               # missing is null
+    ({"v": {"$ne": None}}, ["int1", "float1", "true", "str1", "list", "obj", "str2", "two"]),
+    ({"v": {"$ne": 1}}, ["true", "str1", "null", "missing", "list", "obj", "str2", "two"]),  # missing included
+    ({"v": {"$gte": 1}}, ["int1", "float1", "two"]),                  # numbers only; booleans are not numbers
+    ({"v": {"$gte": "1"}}, ["str1", "str2"]),                         # strings only
+    ({"v": {"$gt": 1, "$lte": 2}}, ["two"]),
+    ({"v": {"$nin": [1, None]}}, ["true", "str1", "list", "obj", "str2", "two"]),
+    ({"v.w": 1}, ["obj"]),                                            # a nested field
+    ({"v.w": None}, [r["id"] for r in SEMANTIC_RECORDS if r["id"] != "obj"]),  # through a non-object: null
+    ({"$or": [{"v": True}, {"v": "2"}]}, ["true", "str2"]),
+    ({"$not": {"v": {"$in": [1, "1"]}}}, ["true", "null", "missing", "list", "obj", "str2", "two"]),
+    ({"id": ["int1", "two"], "title": "t"}, ["int1", "two"]),
+    ({"id": {"$gt": "str"}}, ["str1", "str2", "true", "two"]),        # ids are strings, code-point order
+    ({"id": {"$gt": 1}}, []),
+    ({}, [r["id"] for r in SEMANTIC_RECORDS]),
+])
+def test_documented_semantics_in_python_and_in_sqlite(obj, expected):
+    f = parse_filter(obj, known_fields(SEMANTIC_RECORDS))
+    order = [r["id"] for r in SEMANTIC_RECORDS]
+    expected = sorted(expected, key=order.index)
+    assert python_ids(SEMANTIC_RECORDS, f) == expected
+    assert sql_ids(load(SEMANTIC_RECORDS), f) == expected
+
+
+def test_parse_builds_a_typed_tree():
+    fields = ["id", "title", "lang", "price", "meta"]
+    assert parse_filter({"lang": "en"}, fields) == Condition(("lang",), "$eq", "en")
+    assert parse_filter({"_id": ["d1", "d2"]}, fields) == Condition(("id",), "$in", ("d1", "d2"))
+    assert parse_filter({"price": {"$gte": 1, "$lt": 5}, "meta.year": 2020}, fields) == And((
+        Condition(("price",), "$gte", 1), Condition(("price",), "$lt", 5), Condition(("meta", "year"), "$eq", 2020)))
+    assert parse_filter({"$or": [{"lang": "en"}, {"$not": {"lang": None}}]}, fields) == Or((
+        Condition(("lang",), "$eq", "en"), Not(Condition(("lang",), "$eq", None))))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parse_filter({"lang": "en"}, fields).op = "$ne"  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------------------------------------ hostile input
+
+HOSTILE = ["x') OR 1=1 --", "\"; DROP TABLE docs; --", '$."a"', 'a"b', "a\nb", "' OR ''='", "1; DELETE FROM docs",
+           "\\", "%", "_", "*"]
+
+
+@pytest.fixture()
+def hostile_db():
+    records = [{"id": f"h{i}", "title": value, "fields": {"s": value, "x') OR 1=1 --": value, "n": i}}
+               for i, value in enumerate(HOSTILE)]
+    records.append({"id": "plain", "title": "plain", "fields": {"s": "plain", "n": -1}})
+    db = load(records)
+    yield db, known_fields(records), records
+    assert db.execute("SELECT count(*) FROM docs").fetchone() == (len(records),)  # the table is still there
+    db.close()
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_values_are_matched_literally(hostile_db, value):
+    db, fields, records = hostile_db
+    wanted = [r["id"] for r in records if r["fields"]["s"] == value]
+    for obj in ({"s": value}, {"title": value}, {"s": {"$in": [value, "nothing"]}}, {"s": {"$gte": value,
+                                                                                           "$lte": value}},
+                {"x') OR 1=1 --": value}):  # a known field whose name looks like SQL is only a JSON path
+        f = parse_filter(obj, fields)
+        assert sql_ids(db, f) == wanted == python_ids(records, f)
+        assert len(value) < 2 or value not in to_sqlite(f)[0]  # values travel as parameters only
+    assert len(sql_ids(db, parse_filter({"s": {"$ne": value}}, fields))) == len(records) - 1
+
+
+@pytest.mark.parametrize("name, path, message", [
+    ("\"; DROP TABLE docs; --", 'filter.\"; DROP TABLE docs; --', "quotes, backslashes or control characters"),
+    ('$."a"', "filter.$.\"a\"", "unknown operator"),
+    ('a"b', 'filter.a"b', "quotes, backslashes or control characters"),
+    ("a\\b", "filter.a\\b", "quotes, backslashes or control characters"),
+    ("a\nb", 'filter."a\\nb"', "quotes, backslashes or control characters"),
+    ("s\x00", 'filter."s\\u0000"', "quotes, backslashes or control characters"),
+    ("s..x", "filter.s..x", "empty segment"),
+    (".s", "filter..s", "empty segment"),
+    ("s.", "filter.s.", "empty segment"),
+    ("x') OR 1=1 --.y", "filter.x') OR 1=1 --.y", None),  # a nested path under a known field: fine
+    ("y') OR 1=1 --", "filter.y') OR 1=1 --", "is in no document"),
+])
+def test_hostile_field_names_are_refused_naming_the_path(hostile_db, name, path, message):
+    db, fields, records = hostile_db
+    if message is None:
+        f = parse_filter({name: 1}, fields)
+        assert sql_ids(db, f) == [] == python_ids(records, f)
+        return
+    with pytest.raises(ConfigError) as exc:
+        parse_filter({name: "x"}, fields)
+    text = str(exc.value)
+    assert text.startswith(path + ": ") and message in text and "\n" not in text
+
+
+def nested(levels: int, key: str = "$not") -> dict:
+    f: dict = {"s": "a"}
+    for _ in range(levels):
+        f = {key: f} if key == "$not" else {key: [f]}
+    return f
+
+
+@pytest.mark.parametrize("obj, path, message", [
+    (nested(MAX_DEPTH + 1), "filter" + ".$not" * (MAX_DEPTH + 1), f"more than {MAX_DEPTH} levels"),
+    (nested(MAX_DEPTH + 1, "$or"), "filter" + ".$or[0]" * MAX_DEPTH + ".$or", f"more than {MAX_DEPTH} levels"),
+    (nested(100_000), "filter" + ".$not" * (MAX_DEPTH + 1), "levels"),  # stops at the limit, no RecursionError
+    ({"s": {"$in": list(range(MAX_LIST_ITEMS + 1))}}, "filter.s.$in", f"more than {MAX_LIST_ITEMS} values"),
+    ({"s": list(range(600)), "n": {"$nin": list(range(600))}}, "filter.n.$nin", f"more than {MAX_LIST_ITEMS}"),
+    ({"$or": [{"s": 1}] * 10 ** 6}, "filter.$or", f"more than {MAX_CONDITIONS} conditions"),
+    ({"$and": [{"s": i, "n": i} for i in range(200)]}, "filter.$and[127].n", f"more than {MAX_CONDITIONS}"),
+    ({"$or": [{}] * 300}, "filter.$or", f"more than {MAX_CONDITIONS}"),
+    ({"n": float("nan")}, "filter.n", "finite number"),
+    ({"n": {"$gt": float("inf")}}, "filter.n.$gt", "finite number"),
+    (json.loads('{"n": {"$in": [1, -Infinity]}}'), "filter.n.$in[1]", "finite number"),
+    ({"n": 2 ** 64}, "filter.n", "beyond 64 bits"),
+    ({"s": {"$eq": {"a": 1}}}, "filter.s.$eq", "expected a string, a finite number, true, false or null"),
+    ({"s": {"$in": ["a", ["b"]]}}, "filter.s.$in[1]", "expected a string, a finite number"),
+    ({"s": [{"a": 1}]}, "filter.s[0]", "expected a string, a finite number"),
+    ({"s": {"$gt": {"a": 1}}}, "filter.s.$gt", "expected a number or a string, got {\"a\": 1}"),
+    ({"s": {"$lt": None}}, "filter.s.$lt", "expected a number or a string, got null"),
+    ({"s": {"$eq": object()}}, "filter.s.$eq", "got a Python object"),
+    ({"s": "a\x00b"}, "filter.s", "NUL"),
+    ({"s": "\ud800"}, "filter.s", "lone surrogate"),
+])
+def test_limits_and_bad_values_are_refused_naming_the_path(hostile_db, obj, path, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_filter(obj, hostile_db[1])
+    text = str(exc.value)
+    assert text.startswith(path + ": ") and message in text and "\n" not in text and len(text) < 400
+
+
+def test_a_filter_at_every_limit_still_runs_in_sqlite(hostile_db):
+    db, fields, records = hostile_db
+    # 250 conditions over all four kinds of value (4 x 250 = the most list items): the most parameters a filter has
+    wide = parse_filter({"$or": [{"s": {"$nin": [None, True, i, f"v{i}"]}} for i in range(250)]}, fields)
+    deep = parse_filter(nested(MAX_DEPTH, "$or"), fields)
+    assert len(to_sqlite(wide)[1]) == 250 * 7  # one path for the literals, path x 2 + value per number and string
+    for f in (wide, deep):
+        assert sql_ids(db, f) == python_ids(records, f)
+
+
+# ------------------------------------------------------------------------------------------------ messages
+
+FIELDS = ["id", "title", "lang", "price", "meta"]
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"colour": "red"}, "filter.colour: 'colour' is in no document of this index; fields: id, title, lang, price, "
+                        "meta"),
+    ({"lnag": "en"}, "filter.lnag: 'lnag' is in no document of this index (did you mean 'lang'?); fields: id, "),
+    ({"price": {"$gtt": 1}}, "filter.price.$gtt: unknown operator '$gtt' (did you mean '$gt'?); operators: $eq, $ne, "
+                             "$in, $nin, $gt, $gte, $lt, $lte"),
+    ({"$or": [{"lang": "en"}, {"price": {"$gt": {"a": 1}}}]},
+     "filter.$or[1].price.$gt: expected a number or a string, got {\"a\": 1}; a range compares numbers with numbers"),
+    ({"$nor": []}, "filter.$nor: unknown operator '$nor' (did you mean '$or'?); here a key is a field name or one of "
+                   "$and, $or, $not"),
+    ({"$gte": 3}, "filter.$gte: $gte tests a field: write {\"price\": {\"$gte\": ...}}"),
+    ({"price": {"$not": {"$gt": 3}}}, "filter.price.$not: $not combines filters, not values: write"),
+    ({"meta": {"year": 2020}}, "filter.meta: expected a value or an object of operators ($eq, $ne, $in, $nin, $gt, "
+                               "$gte, $lt, $lte), got the key 'year'; a nested field is written \"meta.year\""),
+    ({"text": "aspirin"}, "filter.text: filtering on 'text' is not supported: filter on id, title or a metadata "
+                          "field"),
+    ({"title.x": "a"}, "filter.title.x: 'title' is a string and has no nested fields"),
+    ({"lang": []}, "filter.lang: an empty list matches nothing; give at least one value"),
+    ({"lang": {}}, "filter.lang: an empty object tests nothing; give a value or operators"),
+    ({"$and": {"lang": "en"}}, "filter.$and: expected a non-empty list of filters such as [{\"lang\": \"en\"}"),
+    ({"$not": ["lang"]}, "filter.$not: expected a filter object such as {\"lang\": \"en\"}, got [\"lang\"]"),
+    ({"lang": {"$in": "en"}}, "filter.lang.$in: expected a non-empty list of values such as [\"en\", \"de\"], got "
+                              "\"en\""),
+    ({"lang": {"$in": ["x" * 100]}}, None),  # long values are fine
+])
+def test_error_messages_name_the_path_and_the_fix(obj, message):
+    if message is None:
+        parse_filter(obj, FIELDS)
+        return
+    with pytest.raises(ConfigError) as exc:
+        parse_filter(obj, FIELDS)
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_a_long_value_in_a_message_is_cut():
+    with pytest.raises(ConfigError) as exc:
+        parse_filter({"lang": {"$gt": ["y" * 10_000]}}, FIELDS)
+    assert len(str(exc.value)) < 300 and "..." in str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------------ SearchIndex, server
+
+EXTRA = {  # d1..d6 of helpers.DOCS
+    "d1": {"lang": "en", "year": 2019, "open": True, "meta": {"source": "pubmed", "cites": 12}},
+    "d2": {"lang": "en", "year": 2021, "open": 1, "meta": {"source": "arxiv", "cites": 3}},
+    "d3": {"lang": "de", "year": 2020.0, "meta": {"source": "pubmed", "cites": 40}},
+    "d4": {"lang": "fr", "year": "2022", "open": False, "meta": "n/a"},
+    "d5": {"year": None, "meta": {"source": "arxiv"}},
+    "d6": {"lang": "de", "year": 2023, "open": True, "meta": {"source": "pubmed", "cites": 7.5}},
+}
+
+
+@pytest.fixture()
+def rich_beir(beir) -> Path:  # noqa: F811
+    """The BEIR folder of test_serving_index with numbers, booleans, nulls and nested objects in its documents."""
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x, **EXTRA[i]}) + "\n"
+                                               for i, t, x in DOCS), encoding="utf-8")
+    return beir
+
+
+def test_filters_through_search_index(tmp_path, rich_beir, tiny_model_dir):
+    from robustir.serving.index import SearchIndex
+
+    with SearchIndex.build(tmp_path / "idx", tiny_model_dir, rich_beir, config=quiet())[0] as index:
+        def found(f: dict) -> list[str]:
+            return sorted(h.id for h in index.search(["sleep and exercise"], 6, f)[0])
+
+        assert found({"lang": {"$ne": "en"}}) == ["d3", "d4", "d5", "d6"]  # d5 has no lang
+        assert found({"lang": {"$in": ["de", "fr"]}}) == ["d3", "d4", "d6"]
+        assert found({"year": {"$gte": 2020, "$lt": 2023}}) == ["d2", "d3"]  # "2022" is a string; 2020.0 = 2020
+        assert found({"meta.source": "pubmed", "meta.cites": {"$gt": 10}}) == ["d1", "d3"]
+        assert found({"$or": [{"open": True}, {"meta.cites": {"$lte": 3}}]}) == ["d1", "d2", "d6"]  # 1 is not true
+        assert found({"$not": {"year": None}, "title": {"$lt": "F"}}) == ["d1", "d4"]
+        assert found({"lang": ["de"], "id": {"$nin": ["d3"]}}) == ["d6"]
+        index.check_filter({"meta.source": {"$in": ["arxiv"]}})
+        with pytest.raises(ConfigError, match=r"filter\.meta\.cites\.\$gte: expected a number or a string"):
+            index.check_filter({"meta.cites": {"$gte": [1]}})
+        with pytest.raises(ConfigError, match="'colour' is in no document.*fields: id, title, lang, meta, open, year"):
+            index.search(["x"], 3, {"colour": "red"})
+
+
+def test_filters_through_post_search(tmp_path, rich_beir, tiny_model_dir):
+    from robustir.serving import SearchIndex, ServeConfig, create_app, running_server
+
+    SearchIndex.build(tmp_path / "idx", tiny_model_dir, rich_beir, config=quiet())[0].close()
+    app = create_app(None, tmp_path / "idx", ServeConfig(max_wait_ms=0))
+    with running_server(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        reply = client.post("/search", json={"query": "sleep", "top_k": 6,
+                                             "filter": {"year": {"$gt": 2019, "$lte": 2021}}})
+        assert reply.status_code == 200
+        assert sorted(h["id"] for h in reply.json()["hits"]) == ["d2", "d3"]
+        reply = client.post("/search", json={"query": "sleep", "filter": {"$or": [{"year": {"$gt": 2020}},
+                                                                                   {"meta.cites": {"$gtt": 5}}]}})
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["param"] == "filter"
+        assert error["message"].startswith("filter.$or[1].meta.cites.$gtt: unknown operator '$gtt' (did you mean "
+                                           "'$gt'?); operators: $eq, ")
