@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from robustir.cli.main import main as cli_main
 from robustir.errors import ConfigError
 from robustir.evaluation.retrieval import EvalConfig, evaluate, fuse_runs
 from robustir.index.fusion import FusionConfig, reciprocal_rank_fusion
+from test_serving_index import write_beir  # a BEIR folder of helpers.DOCS / QUERIES
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -38,21 +36,8 @@ def test_fusion_options_are_checked_and_generated_as_flags():
     assert EvalConfig(fusion={"dense_weight": 2}).fusion == FusionConfig(dense_weight=2.0)
 
 
-def _beir(root: Path) -> Path:
-    from helpers import DOCS, QUERIES
-
-    (root / "qrels").mkdir(parents=True)
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n"
-                                               for i, t, x in DOCS), encoding="utf-8")
-    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in QUERIES),
-                                        encoding="utf-8")
-    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"q{i}\td{i}\t1\n" for i in range(1, 5)), encoding="utf-8")
-    return root
-
-
 def test_hybrid_run_is_the_fusion_of_the_dense_and_lexical_runs(tmp_path, tiny_model_dir):
-    data = _beir(tmp_path / "beir")
+    data = write_beir(tmp_path / "beir")
     config = dict(top_k=5, show_progress=False, fusion={"candidates": 5})
     dense = evaluate(tiny_model_dir, data, "test", EvalConfig(mode="dense", **config)).run
     lexical = evaluate(tiny_model_dir, data, "test", EvalConfig(mode="lexical", **config)).run
@@ -69,7 +54,7 @@ def test_hybrid_run_is_the_fusion_of_the_dense_and_lexical_runs(tmp_path, tiny_m
 
 
 def test_cli_modes(tmp_path, tiny_model_dir, capsys):
-    data = _beir(tmp_path / "beir")
+    data = write_beir(tmp_path / "beir")
     for mode in ("dense", "lexical", "hybrid"):
         out = tmp_path / mode
         assert cli_main(["eval", "--model", tiny_model_dir, "--data", str(data), "--mode", mode, "--top-k", "5",
