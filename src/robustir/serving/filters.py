@@ -1,9 +1,11 @@
-"""A small JSON filter language for search: parsed into a typed tree, evaluated in Python, compiled to SQLite.
+"""A small JSON filter language for search: parsed into a typed tree, evaluated in Python, compiled to SQLite and
+to LanceDB.
 
 It is independent of any store: :func:`parse_filter` checks a request's ``filter`` against the field names an index
 knows and returns a :data:`Filter` (frozen dataclasses); :func:`matches` evaluates one on a record (the reference
 semantics, and a post-filter for stores without a query language); :func:`to_sqlite` compiles one to a ``WHERE``
-fragment over :mod:`robustir.serving.index`'s ``docs`` table. A LanceDB store can add its own compiler.
+fragment over :mod:`robustir.serving.index`'s ``docs`` table, :func:`to_lance_sql` to a LanceDB ``.where()``
+expression over a table of ``id``, ``title`` and ``fields`` (the extra fields as a ``lance.json`` column).
 
 **Grammar.** A filter is a JSON object; its keys are ANDed.
 
@@ -21,7 +23,8 @@ under a known top-level field (a known name containing dots is taken whole first
 so a name can always be written into a JSON path safely. Values are strings, finite numbers (integers within 64
 bits), ``true``, ``false`` and ``null``; ranges take a number or a string.
 
-**Semantics** (:func:`matches` and :func:`to_sqlite` agree exactly, checked against each other by a randomised test):
+**Semantics** (:func:`matches`, :func:`to_sqlite` and :func:`to_lance_sql` agree exactly, checked by randomised tests
+on real SQLite and LanceDB tables):
 
 * a missing field, or a path through something that is not an object, is ``null``; so ``{"x": null}`` matches
   documents where ``x`` is missing or null, and ``{"x": {"$ne": null}}`` those where it has a value;
@@ -39,6 +42,22 @@ counts one) and :data:`MAX_LIST_ITEMS` values in all ``$in``/``$nin`` lists.
 
 Every problem is a :class:`~robustir.errors.ConfigError` of one line naming the place in the filter
 (``filter.$or[1].price.$gt``), what is wrong and how to fix it.
+
+**LanceDB** (lancedb 0.40, DataFusion SQL) has no bound parameters and no ``CASE`` in filters, and its JSON functions
+are uneven: ``json_extract(fields, '$."a"."b"')`` follows a JSONPath (quoted names: object keys only, never an array
+index) and returns JSON text (``"x"`` quoted, ``1.0``, ``true``); ``json_extract_with_type(...)['type_tag']`` gives the
+kind (0 null or missing, 1 bool, 2 int64, 3 float, 4 string, 5 array, 6 object, 7 uint64); ``json_get`` takes one key
+(chainable; a numeric key indexes an array); ``json_get_string`` / ``_int`` / ``_float`` / ``_bool`` take one key, no
+path, and fail the whole query on a value of another kind. So :func:`to_lance_sql` reads the kind from the type tag;
+compares an int64 as ``TRY_CAST(text AS BIGINT)`` and any other number as ``DOUBLE``, each against a bound of the same
+type computed here (DataFusion would compare an int with a float as floats: ``9007199254740993 = 9007199254740992.0``
+is true there; integers beyond int64 compare as floats, as in :func:`matches`); reads a string with
+``json_get_string`` of its parent object (``json_get`` per level) under a key that is ``NULL`` unless the type tag says
+string; and wraps every test in ``coalesce(..., false)`` so it is two-valued. Values are written as ``'...'`` literals
+(``'`` doubled; backslashes are literal there) and ``repr`` of checked numbers; names only inside such literals, when
+made of allowed characters. One limit of its own: a nested field path of at most :data:`MAX_LANCE_PATH` segments
+(LanceDB's SQL parser gives up near 25 levels of nesting under 8 ``$not``); a longer one is refused with a
+:class:`ConfigError` naming the field, not answered differently.
 """
 
 from __future__ import annotations
@@ -54,8 +73,8 @@ from typing import Any, Literal, get_args
 
 from ..errors import ConfigError
 
-__all__ = ["FIELD_OPERATORS", "LOGICAL_OPERATORS", "MAX_CONDITIONS", "MAX_DEPTH", "MAX_LIST_ITEMS", "And", "Condition",
-           "Filter", "Not", "Or", "Scalar", "matches", "parse_filter", "to_sqlite"]
+__all__ = ["FIELD_OPERATORS", "LOGICAL_OPERATORS", "MAX_CONDITIONS", "MAX_DEPTH", "MAX_LANCE_PATH", "MAX_LIST_ITEMS",
+           "And", "Condition", "Filter", "Not", "Or", "Scalar", "matches", "parse_filter", "to_lance_sql", "to_sqlite"]
 
 MAX_DEPTH = 8
 MAX_CONDITIONS = 256
@@ -415,3 +434,211 @@ def _condition_sql(c: Condition) -> tuple[str, list]:
             params.extend([*kind_params, *value_params, *same])
     sql = parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
     return (f"(NOT {sql})", params) if c.op in ("$ne", "$nin") else (sql, params)
+
+
+# ---------------------------------------------------------------------------------------------------------- LanceDB
+
+# The Unicode categories a field-name segment may be made of in a Lance JSON path or key (everything but control
+# characters and surrogates; '"' and '\' are refused on their own): inside $."..." the JSONPath parser ends a name at
+# '"' and reads '\' as an escape, nothing else is special there; tests write a name of each category.
+_LANCE_KEY_CATEGORIES = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps",
+                                   "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cf", "Co", "Cn"})
+MAX_LANCE_PATH = 16  # segments in a nested field path: LanceDB's SQL parser stops at ~50 levels of nesting
+_LANCE_NULL, _LANCE_INT, _LANCE_STRING = 0, 2, 4  # json_extract_with_type's type_tag (1 bool, 3 float, 7 uint64)
+_LANCE_FLOAT = "(3, 7)"  # float64, and integers beyond int64 (which matches reads as floats, like SQLite)
+
+
+def to_lance_sql(f: Filter) -> str:
+    """A LanceDB ``WHERE`` expression (DataFusion SQL, for ``.where(sql)``) over a table of ``id`` and ``title``
+    (strings) and ``fields`` (the extra fields, Arrow ``json_`` = ``lance.json``), with the semantics of
+    :func:`matches`.
+
+    LanceDB has no bound parameters, so values are written into the SQL: strings only as ``'...'`` literals with ``'``
+    doubled (LanceDB reads ``\\`` literally), numbers as the ``repr`` of a checked int64 or finite float, booleans as
+    ``true``/``false``; field names only inside such literals, as ``$."a"."b"`` JSON paths or ``json_get`` keys, and
+    only when every character is of an allowed Unicode category (:class:`ConfigError` naming the field otherwise).
+    Every test is two-valued (never SQL ``NULL``), so ``NOT`` is exact."""
+    if isinstance(f, Condition):
+        return _LanceField(f.path).test(f)
+    if isinstance(f, (And, Or)):
+        if not f.parts:
+            return "true" if isinstance(f, And) else "false"
+        return "(" + (" AND " if isinstance(f, And) else " OR ").join(to_lance_sql(part) for part in f.parts) + ")"
+    if isinstance(f, Not):
+        return f"(NOT {to_lance_sql(f.part)})"
+    raise TypeError(f"not a filter: {f!r}")
+
+
+class _LanceField:
+    """The SQL that reads one field: a string column (``id``, ``title``), or a path into ``fields``.
+
+    For a JSON path: the kind is ``json_extract_with_type(...)['type_tag']`` (0 also when missing or through a
+    non-object); a number is compared as ``BIGINT`` when stored as an int64 and as ``DOUBLE`` otherwise, each against a
+    bound of its own type worked out here, never a mixed int/float comparison (DataFusion would round the int to a
+    float); a boolean by its ``json_extract`` text (``true``/``false``); a string as ``json_get_string`` of its parent
+    object (``json_get`` per level), whose key is ``NULL`` unless the value is a string, because ``json_get_string``
+    fails on other kinds and LanceDB's filters have no ``CASE``."""
+
+    def __init__(self, path: tuple[str, ...]) -> None:
+        self.at = "filter." + _name(".".join(path))
+        self.column = path[0] if len(path) == 1 and path[0] in _STRING_FIELDS else None
+        if self.column is not None:
+            return
+        if not path or len(path) > MAX_LANCE_PATH:
+            raise _error(self.at, f"a field path of {len(path)} levels cannot be filtered on in LanceDB (at most "
+                                  f"{MAX_LANCE_PATH}); filter on a field nested less deeply")
+        for key in path:
+            bad = next((ch for ch in key if ch in '"\\' or unicodedata.category(ch) not in _LANCE_KEY_CATEGORIES),
+                       None)
+            if not key or bad is not None:
+                raise _error(self.at, f"the field name segment {_quoted(key)} cannot be written into a LanceDB JSON "
+                                      f"path (found {_show(bad) if bad else 'an empty segment'}); rename the field")
+        json_path = _sql_string("$" + "".join(f'."{key}"' for key in path))
+        self.tag = f"coalesce(json_extract_with_type(fields, {json_path})['type_tag'], {_LANCE_NULL})"
+        self.text = f"json_extract(fields, {json_path})"
+        parent = "fields"
+        for key in path[:-1]:
+            parent = f"json_get({parent}, {_sql_string(key)})"
+        key = f"nullif(repeat({_sql_string(path[-1])}, CAST({self.tag} = {_LANCE_STRING} AS INT)), '')"
+        self.string = f"json_get_string({parent}, {key})"
+
+    def test(self, c: Condition) -> str:
+        if c.op not in FIELD_OPERATORS:
+            raise _error(self.at, f"unknown operator {_quoted(c.op)}; operators: {', '.join(FIELD_OPERATORS)}")
+        values = c.value if c.op in _LISTS else (c.value,)
+        if not isinstance(values, tuple) or not values:
+            raise _error(f"{self.at}.{c.op}", "expected a non-empty tuple of values")
+        for value in values:
+            self.check(value, f"{self.at}.{c.op}")
+        if c.op in _SQL_RANGES:
+            return self.range(_SQL_RANGES[c.op], c.value, f"{self.at}.{c.op}")  # type: ignore[arg-type]
+        sql = self.equal_any(values)  # type: ignore[arg-type]
+        return f"(NOT {sql})" if c.op in ("$ne", "$nin") else sql
+
+    @staticmethod
+    def check(value: Any, at: str) -> None:
+        """Refuse a value that cannot be written exactly (a Condition not made by :func:`parse_filter`)."""
+        if value is None or isinstance(value, bool):
+            return
+        if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+            raise _error(at, "an integer beyond 64 bits cannot be compared exactly; write it as a float or a string")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _error(at, f"expected a finite number, got {_show(value)}")
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise _error(at, "a string with a NUL character (\\u0000) cannot be compared; remove it")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _error(at, "a string with a lone surrogate is not valid Unicode; send the character itself") \
+                    from None
+        elif not isinstance(value, (int, float)):
+            raise _error(at, f"expected {_VALUES}, got {_show(value)}")
+
+    def equal_any(self, values: tuple[Scalar, ...]) -> str:
+        """Equal to one of ``values``, by JSON kind."""
+        strings = list(dict.fromkeys(v for v in values if isinstance(v, str)))
+        if self.column is not None:
+            if not strings:
+                return "false"
+            return f"({self.column} IS NOT NULL AND {_sql_in(self.column, map(_sql_string, strings))})"
+        parts = []
+        if any(v is None for v in values):
+            parts.append(f"{self.tag} = {_LANCE_NULL}")
+        bools = [text for flag, text in ((True, "'true'"), (False, "'false'")) if any(v is flag for v in values)]
+        if bools:
+            parts.append(f"coalesce({_sql_in(self.text, bools)}, false)")
+        numbers = [v for v in values if _kind(v) == "number"]
+        ints = list(dict.fromkeys(n for n in map(_as_int64, numbers) if n is not None))  # type: ignore[arg-type]
+        floats = list(dict.fromkeys(x for x in map(_as_float, numbers) if x is not None))  # type: ignore[arg-type]
+        if ints:
+            parts.append(f"({self.tag} = {_LANCE_INT} AND coalesce({_sql_in(self.as_int, map(repr, ints))}, false))")
+        if floats:
+            parts.append(f"({self.tag} IN {_LANCE_FLOAT} AND coalesce({_sql_in(self.as_float, map(repr, floats))}, "
+                         "false))")
+        if strings:
+            parts.append(f"({self.tag} = {_LANCE_STRING} AND "
+                         f"coalesce({_sql_in(self.string, map(_sql_string, strings))}, false))")
+        if not parts:
+            return "false"  # numbers with no int64 and no float equal to them
+        return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+    def range(self, op: str, value: Any, at: str) -> str:
+        """``field op value`` for a value of the same kind (number or string)."""
+        if isinstance(value, str):
+            if self.column is not None:
+                return f"({self.column} IS NOT NULL AND {self.column} {op} {_sql_string(value)})"
+            return f"({self.tag} = {_LANCE_STRING} AND coalesce({self.string} {op} {_sql_string(value)}, false))"
+        if value is None or isinstance(value, bool):
+            raise _error(at, f"expected a number or a string, got {_show(value)}")
+        if self.column is not None:
+            return "false"
+        parts = []
+        bound = _int64_bound(op, value)
+        if bound is True:
+            parts.append(f"{self.tag} = {_LANCE_INT}")
+        elif bound is not False:
+            parts.append(f"({self.tag} = {_LANCE_INT} AND coalesce({self.as_int} {bound[0]} {bound[1]!r}, false))")
+        float_op, float_bound = _float_bound(op, value)
+        parts.append(f"({self.tag} IN {_LANCE_FLOAT} AND coalesce({self.as_float} {float_op} {float_bound!r}, false))")
+        return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+    @property
+    def as_int(self) -> str:
+        return f"TRY_CAST({self.text} AS BIGINT)"
+
+    @property
+    def as_float(self) -> str:
+        return f"TRY_CAST({self.text} AS DOUBLE)"
+
+
+def _sql_string(text: str) -> str:
+    """A SQL string literal: ``'`` doubled; LanceDB's dialect reads backslashes literally (no escapes)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sql_in(expr: str, literals: Iterable[str]) -> str:
+    items = list(literals)
+    return f"{expr} = {items[0]}" if len(items) == 1 else f"{expr} IN ({', '.join(items)})"
+
+
+def _as_int64(value: int | float) -> int | None:
+    """The int64 equal to ``value``, if any (for comparing with integers stored as int64)."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            return None
+        value = int(value)
+    return value if _INT64[0] <= value <= _INT64[1] else None
+
+
+def _as_float(value: int | float) -> float | None:
+    """The float equal to ``value``, if any (for comparing with stored floats)."""
+    if isinstance(value, float):
+        return value
+    x = float(value)
+    return x if x == value else None  # Python compares an int and a float exactly
+
+
+def _int64_bound(op: str, value: int | float) -> tuple[str, int] | bool:
+    """``x op value`` for every int64 ``x`` as ``x op n`` with an int64 ``n``, or a constant where no int64 bound is
+    needed: ``x > 2.5`` is ``x > 2``, ``x >= 2.5`` is ``x >= 3``, ``x < 1e300`` is true."""
+    n = value if isinstance(value, int) else math.floor(value) if op in (">", "<=") else math.ceil(value)
+    if n < _INT64[0]:
+        return op in (">", ">=")
+    if n > _INT64[1]:
+        return op in ("<", "<=")
+    return op, n
+
+
+def _float_bound(op: str, value: int | float) -> tuple[str, float]:
+    """``y op value`` for every finite float ``y`` as ``y op' b`` with a float ``b``: an int with no exact float sits
+    between two neighbouring floats, so ``y > value`` is ``y >= the float above``, ``y < value`` ``y <= the one
+    below``."""
+    if isinstance(value, float):
+        return op, value
+    x = float(value)  # an int64: finite
+    if x == value:
+        return op, x
+    below = x if x < value else math.nextafter(x, -math.inf)
+    above = x if x > value else math.nextafter(x, math.inf)
+    return (">=", above) if op in (">", ">=") else ("<=", below)
