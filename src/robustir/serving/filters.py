@@ -445,7 +445,7 @@ _LANCE_KEY_CATEGORIES = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me
                                    "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cf", "Co", "Cn"})
 MAX_LANCE_PATH = 16  # segments in a nested field path: LanceDB's SQL parser stops at ~50 levels of nesting
 _LANCE_NULL, _LANCE_INT, _LANCE_STRING = 0, 2, 4  # json_extract_with_type's type_tag (1 bool, 3 float, 7 uint64)
-_LANCE_FLOAT = "(3, 7)"  # float64, and integers beyond int64 (which matches reads as floats, like SQLite)
+_LANCE_FLOAT = "(3, 7)"  # float64; uint64 (newer Lance; 0.40 tags integers beyond int64 3): matches reads as floats
 
 
 def to_lance_sql(f: Filter) -> str:
@@ -477,7 +477,8 @@ class _LanceField:
     bound of its own type worked out here, never a mixed int/float comparison (DataFusion would round the int to a
     float); a boolean by its ``json_extract`` text (``true``/``false``); a string as ``json_get_string`` of its parent
     object (``json_get`` per level), whose key is ``NULL`` unless the value is a string, because ``json_get_string``
-    fails on other kinds and LanceDB's filters have no ``CASE``."""
+    fails on other kinds and LanceDB's filters have no ``CASE`` (so that read is ``NULL`` for every other kind, and is
+    the kind test too). Each function call parses its JSONPath again for every row: fewer calls, faster filters."""
 
     def __init__(self, path: tuple[str, ...]) -> None:
         self.at = "filter." + _name(".".join(path))
@@ -557,8 +558,7 @@ class _LanceField:
             parts.append(f"({self.tag} IN {_LANCE_FLOAT} AND coalesce({_sql_in(self.as_float, map(repr, floats))}, "
                          "false))")
         if strings:
-            parts.append(f"({self.tag} = {_LANCE_STRING} AND "
-                         f"coalesce({_sql_in(self.string, map(_sql_string, strings))}, false))")
+            parts.append(f"coalesce({_sql_in(self.string, map(_sql_string, strings))}, false)")
         if not parts:
             return "false"  # numbers with no int64 and no float equal to them
         return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
@@ -568,7 +568,7 @@ class _LanceField:
         if isinstance(value, str):
             if self.column is not None:
                 return f"({self.column} IS NOT NULL AND {self.column} {op} {_sql_string(value)})"
-            return f"({self.tag} = {_LANCE_STRING} AND coalesce({self.string} {op} {_sql_string(value)}, false))"
+            return f"coalesce({self.string} {op} {_sql_string(value)}, false)"
         if value is None or isinstance(value, bool):
             raise _error(at, f"expected a number or a string, got {_show(value)}")
         if self.column is not None:
