@@ -1,0 +1,594 @@
+"""The persistent search index on LanceDB (issue 23): one Lance table of documents and vectors, BM25 full-text and
+vector search, add / delete / upsert by id, live reads, resumable builds and a model-identity manifest.
+
+A folder ``IDX`` holds
+
+===================  ==================================================================================================
+``manifest.json``    what the index is: the model (path, name, file digest) and its encoder settings, the dimension,
+                     the known metadata fields, the unfinished job (if any) and, after each finished job, the Lance
+                     version it left, the document count and the size + SHA-256 of every data file of that version.
+                     Written atomically.
+``lance/docs.lance`` the LanceDB table: ``id``, ``title``, ``text``, ``fields`` (the record's other keys, a Lance JSON
+                     column, so filters reach nested values), ``job`` and ``line`` (which job and input line wrote the
+                     row: what makes a killed job resumable), ``vector``.
+===================  ==================================================================================================
+
+**Jobs.** ``build``, ``add`` and ``upsert`` read the corpus with the project's readers and encode it in chunks. Each
+chunk is one Lance commit (``add``, or ``merge_insert`` by id for upsert), then the manifest records how many input
+records are in. A kill between the two leaves rows of the chunk in the table that the manifest does not count; the
+re-run deletes the job's rows past the recorded line and goes on, so a killed and resumed build holds exactly the
+rows of an uninterrupted one. When the job ends, the full-text index is (re)built and the manifest records the
+version, the count and the files.
+
+**Live reads.** A reader (the server, another process) opens the table with ``read_consistency_interval=0``: every
+query sees the latest committed version, so an ``add`` / ``delete`` / ``upsert`` made by a writer is visible on the
+next query, without a restart and without a 500. Vector search with a filter uses LanceDB's *prefilter*: the filter
+selects the rows first, so ``top_k`` hits come back whenever that many documents match.
+
+**Checks.** :meth:`LanceIndex.open` refuses an index whose manifest is missing or malformed, whose table is missing
+or unreadable, whose dimension differs, or which has an unfinished job (for readers); a model other than the one the
+index was built with is refused. :meth:`LanceIndex.check` also verifies every data file of the recorded version
+(size and SHA-256), so a truncated or edited file is named -- it never repairs anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from ..io import write_json
+from .index import Hit, IndexConfig, IndexReport, _model_digest, _model_label, _read_records, _Record
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LanceIndex", "SearchMode", "FORMAT"]
+
+FORMAT = "robustir-lance-1"
+MANIFEST, DATA, TABLE = "manifest.json", "lance", "docs"
+SearchMode = Literal["dense", "lexical", "hybrid"]
+_FIELDS_TYPE_NOTE = "the record's keys other than id, title and text"
+
+
+def _lancedb():
+    try:
+        import lancedb
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ConfigError("the search index needs lancedb: pip install 'lancedb>=0.40'") from exc
+    return lancedb
+
+
+def _schema(dim: int):
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("title", pa.string()), ("text", pa.string()),
+                      ("fields", pa.json_(pa.string())), ("job", pa.int64()), ("line", pa.int64()),
+                      ("vector", pa.list_(pa.float32(), dim))])
+
+
+def _quote(text: str) -> str:
+    """``text`` as an SQL string literal (LanceDB takes no bound parameters): quotes doubled, NUL refused."""
+    if "\x00" in text:
+        raise DataError(None, f"id {text[:40]!r} holds a NUL character", fix="remove it from the id")
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _finite(value: Any, where: str, record: _Record, source: str | os.PathLike) -> None:
+    """Refuse NaN / Infinity anywhere in a record's fields (JSON cannot hold them; a filter over them would fail)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(source, f"field {where!r} is {value}, not a finite number", line=record.line, field=where,
+                        fix="write a finite number or null")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}", record, source)
+    elif isinstance(value, list):
+        for item in value:
+            _finite(item, where, record, source)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class _Job:
+    id: int
+    kind: Literal["build", "add", "upsert"]
+    input: str
+    position: int = 0
+    skipped: int = 0
+
+    @classmethod
+    def from_json(cls, data: Any, where: Path) -> "_Job":
+        try:
+            job = cls(**data)
+            if job.kind not in ("build", "add", "upsert") or not isinstance(job.position, int):
+                raise TypeError
+            return job
+        except TypeError:
+            raise DataError(where, f"its unfinished job is malformed: {json.dumps(data)[:120]}",
+                            fix="rebuild the index (robustir index --corpus ... --overwrite)") from None
+
+
+class LanceIndex:
+    """A persistent LanceDB search index (see the module docstring): :meth:`build` / :meth:`open`, then
+    :meth:`add`, :meth:`upsert`, :meth:`delete` and :meth:`search` (dense, lexical or hybrid, with filters)."""
+
+    def __init__(self, path: Path, table: Any, manifest: dict, *, writable: bool, encoder: Any = None) -> None:
+        self.path = path
+        self._table = table
+        self.manifest = manifest
+        self.writable = writable
+        self._encoder = encoder
+        self.device: str | None = None
+
+    # ------------------------------------------------------------------ making and opening
+    @classmethod
+    def build(cls, path: str | os.PathLike, model: Any, corpus: str | os.PathLike, *,
+              config: IndexConfig | None = None, encoder_options: dict | None = None, overwrite: bool = False,
+              on_chunk: Any = None) -> tuple["LanceIndex", IndexReport]:
+        """Encode ``corpus`` with ``model`` into a new index at ``path``; a killed build of the same corpus is resumed,
+        a finished one left as it is (``overwrite`` starts afresh). ``on_chunk(position)`` runs after each commit."""
+        from ..data.documents import resolve_format
+        from .index import _load_encoder
+
+        config = config or IndexConfig()
+        path = Path(path)
+        started = time.perf_counter()
+        resolve_format(corpus, config.format)  # a missing corpus fails before the model loads
+        if overwrite and path.exists():
+            _remove(path)
+        manifest_path = path / MANIFEST
+        encoder, label = _load_encoder(model, config, encoder_options or {})
+        source = Path(encoder.source) if encoder.source else None
+        identity = {"format": FORMAT, "dim": int(encoder.dim),
+                    "model": {"path": encoder.source or label, "name": _model_label(encoder.source or label),
+                              "digest": _model_digest(source) if source is not None and source.is_dir() else None},
+                    "encoder": dataclasses.asdict(encoder.config)}
+        if manifest_path.exists():
+            manifest = _read_manifest(path)
+            if manifest.get("job") is None and manifest.get("version") is not None:
+                index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True,
+                            encoder=encoder)
+                return index, IndexReport("build", documents=index.count, nothing_to_do=True)
+            changed = {k for k in ("dim", "model", "encoder") if manifest.get(k) != identity[k]}
+            if changed or (manifest.get("job") or {}).get("input") != str(corpus):
+                raise ConfigError(f"{path} holds an unfinished build of another corpus or model ({', '.join(sorted(changed)) or 'input'} "
+                                  "differs): re-run the same command to finish it, or add --overwrite to start afresh")
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            manifest = {**identity, "fields": [], "job": None, "version": None, "documents": 0, "files": {},
+                        "jobs_done": 0}
+            db = _lancedb().connect(str(path / DATA))
+            db.create_table(TABLE, schema=_schema(int(encoder.dim)), exist_ok=True)
+            _write_manifest(path, manifest)
+        index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True, encoder=encoder)
+        report = index._run("build", corpus, config, on_chunk)
+        report.seconds = time.perf_counter() - started
+        return index, report
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, model: Any = None, writable: bool = False,
+             device: str | None = None) -> "LanceIndex":
+        """Open the index at ``path`` (see the module docstring for what is checked). A reader follows the writer:
+        each query sees the latest committed version."""
+        path = Path(path)
+        if not path.is_dir():
+            raise DataError(path, "no index here" if not path.exists() else "is not a folder",
+                            fix="build one with: robustir index --corpus CORPUS --output " + str(path))
+        manifest = _read_manifest(path)
+        if manifest.get("job") is not None and not writable:
+            job = _Job.from_json(manifest["job"], path / MANIFEST)
+            raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input records)",
+                            fix=f"re-run that command to finish it (robustir index --{'corpus' if job.kind == 'build' else job.kind} {job.input} --output {path})")
+        index = cls(path, _open_table(path, manifest, writable=writable), manifest, writable=writable)
+        index.device = device
+        if model is not None:
+            index.use_model(model, device=device)
+        return index
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def count(self) -> int:
+        return int(self._table.count_rows())
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    @property
+    def version(self) -> int:
+        """The Lance version a query would read now (a reader follows the writer)."""
+        return int(self._table.version)
+
+    @property
+    def field_names(self) -> list[str]:
+        return list(self.manifest.get("fields", []))
+
+    @property
+    def model_path(self) -> str:
+        return self.manifest["model"]["path"]
+
+    @property
+    def model_name(self) -> str:
+        return self.manifest["model"]["name"]
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            self.use_model(self.model_path, device=self.device)
+        return self._encoder
+
+    def use_model(self, model: Any, device: str | None = None) -> None:
+        """Use ``model`` for queries and additions, after checking it is the one the index was built with."""
+        from ..models.encoder import Encoder, resolve_model_path
+
+        recorded = self.manifest["model"]
+        if isinstance(model, Encoder):
+            encoder, folder = model, Path(model.source) if model.source else None
+        else:
+            folder = resolve_model_path(model)
+            encoder = Encoder.from_pretrained(folder, device=device or "auto", **self.manifest["encoder"])
+            encoder.source = str(model)
+        if recorded.get("digest") is not None and folder is not None and folder.is_dir() \
+                and _model_digest(folder) != recorded["digest"]:
+            raise ConfigError(f"model {model if not isinstance(model, Encoder) else encoder.source} is not the model "
+                              f"index {self.path} was built with ({recorded['path']}): its files differ; search with "
+                              "that model, or rebuild the index with this one")
+        if encoder.dim != self.dim:
+            raise ConfigError(f"model makes {encoder.dim}-dimensional vectors, but index {self.path} holds "
+                              f"{self.dim}-dimensional ones (built with {recorded['path']})")
+        settings = dataclasses.asdict(encoder.config)
+        differs = [k for k, v in self.manifest["encoder"].items() if settings.get(k) != v]
+        if differs:
+            raise ConfigError(f"index {self.path} was encoded with other encoder settings ({', '.join(differs)}) than "
+                              "this model has: use the index's settings or rebuild it")
+        self._encoder = encoder
+
+    # ------------------------------------------------------------------ changing
+    def add(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None, on_chunk: Any = None) -> IndexReport:
+        """Add the documents of ``corpus``; an id already in the index is an error (use :meth:`upsert`)."""
+        return self._timed("add", corpus, config, on_chunk)
+
+    def upsert(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None,
+               on_chunk: Any = None) -> IndexReport:
+        """Insert the documents of ``corpus``, replacing (title, text, fields and vector) those whose id exists."""
+        return self._timed("upsert", corpus, config, on_chunk)
+
+    def delete(self, ids: Iterable[str]) -> IndexReport:
+        """Delete the documents with these ids (one commit); an id not in the index is an error naming it."""
+        self._need_writable("delete")
+        wanted = list(dict.fromkeys(str(i) for i in ids))
+        if not wanted:
+            raise ConfigError("no document ids to delete")
+        present = set()
+        for start in range(0, len(wanted), 500):
+            part = wanted[start:start + 500]
+            where = f"id IN ({', '.join(_quote(i) for i in part)})"
+            present.update(self._table.search().where(where).select(["id"]).limit(len(part)).to_arrow()
+                           .column("id").to_pylist())
+        missing = [i for i in wanted if i not in present]
+        if missing:
+            shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise DataError(self.path, f"{len(missing)} of {len(wanted)} id(s) to delete are not in the index: {shown}",
+                            fix="check the ids; nothing was deleted")
+        before = self.count
+        for start in range(0, len(wanted), 500):
+            self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted[start:start + 500])})")
+        self._finish_job()
+        return IndexReport("delete", documents=self.count, deleted=before - self.count)
+
+    # ------------------------------------------------------------------ searching
+    def search(self, queries: str | Sequence[str], top_k: int = 10, filter: dict | None = None, *,
+               mode: SearchMode = "dense", rrf_k: int = 60, candidates: int = 100,
+               weights: tuple[float, float] = (1.0, 1.0)) -> list[list[Hit]]:
+        """The ``top_k`` best documents for each query: ``dense`` (the model), ``lexical`` (BM25 full text) or
+        ``hybrid`` (reciprocal rank fusion of both, ``rrf_k`` and ``weights`` = (dense, lexical))."""
+        from ..index.fusion import reciprocal_rank_fusion
+
+        texts = [queries] if isinstance(queries, str) else list(queries)
+        if top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {top_k}")
+        where = self._where(filter)
+        if mode not in ("dense", "lexical", "hybrid"):
+            raise ConfigError(f"mode {mode!r} is not one of dense, lexical, hybrid")
+        dense = self.search_vectors(self.encoder.encode(texts, "query", show_progress=False),
+                                    max(top_k, candidates) if mode == "hybrid" else top_k, filter, where=where) \
+            if mode != "lexical" else None
+        if mode == "dense":
+            return dense  # type: ignore[return-value]
+        lexical = [self._lexical(text, max(top_k, candidates) if mode == "hybrid" else top_k, where) for text in texts]
+        if mode == "lexical":
+            return lexical
+        out = []
+        for d, lex in zip(dense, lexical):  # type: ignore[arg-type]
+            by_id = {h.id: h for h in [*lex, *d]}
+            fused = reciprocal_rank_fusion([[h.id for h in d], [h.id for h in lex]], list(weights), k=rrf_k,
+                                           top_k=top_k)
+            out.append([dataclasses.replace(by_id[doc], score=score) for doc, score in fused])
+        return out
+
+    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filter: dict | None = None, *,
+                       where: str | None = None) -> list[list[Hit]]:
+        """Dense search with query vectors; the score is the inner product (cosine for a normalising model)."""
+        where = where if where is not None else self._where(filter)
+        out = []
+        for vector in np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim):
+            query = self._table.search(vector, vector_column_name="vector").distance_type("dot").limit(top_k)
+            if where:
+                query = query.where(where, prefilter=True)
+            rows = query.select(["id", "title", "text", "fields", "_distance"]).to_arrow().to_pylist()
+            out.append([Hit(r["id"], 1.0 - float(r["_distance"]), r["title"], r["text"], _fields(r["fields"]))
+                        for r in rows])
+        return out
+
+    def _lexical(self, text: str, top_k: int, where: str | None) -> list[Hit]:
+        query = self._table.search(text, query_type="fts").limit(top_k)
+        if where:
+            query = query.where(where, prefilter=True)
+        rows = query.select(["id", "title", "text", "fields", "_score"]).to_arrow().to_pylist()
+        return [Hit(r["id"], float(r["_score"]), r["title"], r["text"], _fields(r["fields"])) for r in rows]
+
+    def check_filter(self, filter: dict) -> None:
+        self._where(filter)
+
+    def _where(self, filter: dict | None) -> str | None:
+        if not filter:
+            return None
+        from .filters import parse_filter, to_lance_sql
+
+        return to_lance_sql(parse_filter(filter, ["id", "title", *self.field_names]))
+
+    # ------------------------------------------------------------------ integrity
+    def check(self) -> str:
+        """Verify every data file of the recorded version (size and SHA-256) and the count; never repairs. Returns a
+        one-line summary, raises :class:`DataError` naming what is damaged."""
+        recorded = self.manifest.get("files") or {}
+        for name, meta in sorted(recorded.items()):
+            file = self.path / name
+            if not file.is_file():
+                raise DataError(file, "is missing", fix=f"the index is damaged: rebuild it (robustir index --corpus ... "
+                                f"--output {self.path} --overwrite)")
+            if file.stat().st_size != meta["size"]:
+                raise DataError(file, f"is {file.stat().st_size} bytes, the index recorded {meta['size']} (truncated or "
+                                "overwritten)", fix="the index is damaged: rebuild it with --overwrite")
+            if _sha256(file) != meta["sha256"]:
+                raise DataError(file, "was edited after it was written (its SHA-256 differs from the recorded one)",
+                                fix="the index is damaged: rebuild it with --overwrite")
+        count = self.count
+        if self.manifest.get("job") is None and count != self.manifest.get("documents"):
+            raise DataError(self.path, f"holds {count} documents but its manifest says {self.manifest.get('documents')}",
+                            fix="the index was changed outside robustir: rebuild it with --overwrite")
+        return f"{self.path}: {count} documents, {len(recorded)} data files verified"
+
+    def summary(self) -> str:
+        return (f"index {self.path}: {self.count} documents, {self.dim}-d vectors from {self.model_name}, "
+                f"Lance version {self.version}")
+
+    def close(self) -> None:
+        self._table = None
+
+    def __enter__(self) -> "LanceIndex":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ jobs
+    def _need_writable(self, what: str) -> None:
+        if not self.writable:
+            raise ConfigError(f"index {self.path} is open for reading: open it with writable=True to {what}")
+
+    def _timed(self, kind: str, corpus: str | os.PathLike, config: IndexConfig | None, on_chunk: Any) -> IndexReport:
+        self._need_writable(kind)
+        started = time.perf_counter()
+        report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _run(self, kind: str, corpus: str | os.PathLike, config: IndexConfig, on_chunk: Any) -> IndexReport:
+        from tqdm.auto import tqdm
+
+        from ..data.beir import Corpus
+
+        job = _Job.from_json(self.manifest["job"], self.path / MANIFEST) if self.manifest.get("job") else None
+        if job is not None and (job.kind != kind or job.input != str(corpus)):
+            raise ConfigError(f"index {self.path} has an unfinished {job.kind} of {job.input}: re-run that command to "
+                              "finish it first")
+        if job is None:
+            job = _Job(int(self.manifest.get("jobs_done", 0)) + 1, kind, str(corpus))  # type: ignore[arg-type]
+            self._save_job(job)
+        else:  # rows a killed run committed after its last recorded position are written again below
+            self._table.delete(f"job = {job.id} AND line > {job.position}")
+            logger.info("resuming the %s of %s after %d input records", kind, corpus, job.position)
+        total = _count_records(corpus, config.format)
+        show = config.show_progress if config.show_progress is not None else True
+        report = IndexReport(kind, resumed_from=job.position, skipped_empty=job.skipped)
+        fields = set(self.field_names)
+        buffer: list[_Record] = []
+        with tqdm(total=total, initial=job.position, desc=f"index {kind}", unit="doc", disable=not show) as bar:
+            position = job.position
+            for record in _read_records(corpus, config.format):
+                if record.line <= job.position:
+                    continue
+                position = record.line
+                if not record.text.strip() and not record.title.strip():
+                    job.skipped += 1
+                    bar.update(1)
+                    continue
+                _finite(record.fields, "fields", record, corpus)
+                buffer.append(record)
+                if len(buffer) >= config.chunk_size:
+                    self._commit(job, buffer, position, config, Corpus, corpus, fields, bar)
+                    report.added += len(buffer)
+                    buffer = []
+                    if on_chunk is not None:
+                        on_chunk(position)
+            if buffer or position > job.position:
+                self._commit(job, buffer, position, config, Corpus, corpus, fields, bar)
+                report.added += len(buffer)
+                if on_chunk is not None and buffer:
+                    on_chunk(position)
+        report.skipped_empty = job.skipped
+        if kind == "build" and self.count == 0:
+            raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
+        self._finish_job()
+        report.documents = self.count
+        return report
+
+    def _commit(self, job: _Job, records: list[_Record], position: int, config: IndexConfig, corpus_cls: type,
+                source: str | os.PathLike, fields: set, bar: Any) -> None:
+        """Encode ``records``, commit them as one Lance version, then record the job's position."""
+        import pyarrow as pa
+
+        if records:
+            seen: dict[str, int] = {}
+            for record in records:
+                if record.id in seen:
+                    raise DataError(source, f"duplicate document id {record.id!r} (also on line {seen[record.id]})",
+                                    line=record.line, field="_id", fix="make document ids unique")
+                seen[record.id] = record.line
+            if job.kind != "upsert":
+                where = f"id IN ({', '.join(_quote(r.id) for r in records)}) AND job != {job.id}"
+                clash = self._table.search().where(where).select(["id"]).limit(1).to_arrow().column("id").to_pylist()
+                if clash:
+                    line = next(r.line for r in records if r.id == clash[0])
+                    raise DataError(source, f"duplicate document id {clash[0]!r} (already in the index)", line=line,
+                                    field="_id", fix="give it a new id, use --upsert to replace it, or delete it "
+                                    f"first (robustir index --delete-id {clash[0]} --output {self.path})")
+            texts = corpus_cls(ids=[r.id for r in records], titles=[r.title for r in records],
+                               texts=[r.text for r in records]).texts_for_encoding()
+            vectors = np.zeros((0, self.dim), np.float32)
+            parts = []
+            for start in range(0, len(texts), config.batch_size):  # the bar moves per batch, not per chunk
+                parts.append(self.encoder.encode(texts[start:start + config.batch_size], "passage",
+                                                 batch_size=config.batch_size, precision=config.precision,
+                                                 show_progress=False))
+                bar.update(len(parts[-1]))
+            vectors = np.vstack(parts).astype(np.float32)
+            rows = pa.table({"id": [r.id for r in records], "title": [r.title for r in records],
+                             "text": [r.text for r in records],
+                             "fields": pa.array([json.dumps(r.fields, ensure_ascii=False) for r in records],
+                                                type=pa.json_(pa.string())),
+                             "job": [job.id] * len(records), "line": [r.line for r in records],
+                             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()),
+                                                                         self.dim)},
+                            schema=_schema(self.dim))
+            if job.kind == "upsert":
+                self._table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
+            else:
+                self._table.add(rows)
+            new = sorted({key for r in records for key in r.fields} - fields)
+            if new:
+                fields.update(new)
+                self.manifest["fields"] = sorted(fields)
+        job.position = position
+        self._save_job(job)
+
+    def _save_job(self, job: _Job) -> None:
+        self.manifest["job"] = dataclasses.asdict(job)
+        _write_manifest(self.path, self.manifest)
+
+    def _finish_job(self) -> None:
+        """Rebuild the full-text index, then record the version, the count and the data files."""
+        if self.count:
+            from lancedb.index import FTS
+
+            self._table.create_index("text", config=FTS(), replace=True)  # the first argument names the column
+        self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
+                             jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
+                             files=_data_files(self.path))
+        _write_manifest(self.path, self.manifest)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+def _fields(value: Any) -> dict:
+    if value is None:
+        return {}
+    return json.loads(value) if isinstance(value, (str, bytes)) else dict(value)
+
+
+def _count_records(corpus: str | os.PathLike, fmt: str) -> int:
+    """Input records in ``corpus`` (one cheap pass), so the progress bar has its total from the start."""
+    from ..data.documents import resolve_format
+    from ..io import open_binary
+
+    file, _ = resolve_format(corpus, fmt)
+    with open_binary(Path(file)) as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def _data_files(path: Path) -> dict:
+    """Size and SHA-256 of every file of the table's data folder (Lance files are immutable once written)."""
+    root = path / DATA
+    out = {}
+    for file in sorted(root.rglob("*")):
+        if file.is_file() and "/_versions/" not in file.as_posix() and "/_transactions/" not in file.as_posix():
+            out[file.relative_to(path).as_posix()] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+    return out
+
+
+def _read_manifest(path: Path) -> dict:
+    file = path / MANIFEST
+    if not file.is_file():
+        raise DataError(file, "is missing: this folder is not a robustir index, or the index is damaged",
+                        fix=f"rebuild it: robustir index --corpus CORPUS --output {path} --overwrite")
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise DataError(file, f"cannot be read ({exc})", fix="rebuild the index with --overwrite") from None
+    wanted = {"format": str, "dim": int, "model": dict, "encoder": dict, "fields": list, "documents": int,
+              "files": dict}
+    for key, kind in wanted.items():
+        if not isinstance(manifest, dict) or not isinstance(manifest.get(key), kind):
+            raise DataError(file, f"field {key!r} is missing or not a {kind.__name__}", field=key,
+                            fix="the manifest was damaged or edited: rebuild the index with --overwrite")
+    if manifest["format"] != FORMAT:
+        raise DataError(file, f"index format {manifest['format']!r} is not {FORMAT!r}",
+                        fix="rebuild the index with this robustir (--overwrite)")
+    return manifest
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    write_json(path / MANIFEST, manifest)
+
+
+def _open_table(path: Path, manifest: dict, *, writable: bool) -> Any:
+    """The table, opened so that every read sees the latest committed version (live reads)."""
+    lancedb = _lancedb()
+    try:
+        db = lancedb.connect(str(path / DATA), read_consistency_interval=timedelta(0))
+        table = db.open_table(TABLE)
+        dim = table.schema.field("vector").type.list_size
+    except Exception as exc:  # lance raises its own error types for a missing or unreadable table
+        raise DataError(path / DATA, f"cannot be opened as the index's table ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200]})", fix="the index is damaged: rebuild it with --overwrite") \
+            from None
+    if dim != manifest["dim"]:
+        raise DataError(path / DATA, f"holds {dim}-d vectors but the manifest says {manifest['dim']}",
+                        fix="the index is damaged: rebuild it with --overwrite")
+    return table
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if (path / MANIFEST).exists() or (path / DATA).exists():
+        (path / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(path / DATA, ignore_errors=True)
