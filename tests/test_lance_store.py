@@ -201,3 +201,25 @@ def test_non_finite_metadata_is_refused_at_build(tmp_path, tiny_model_dir):
     corpus.write_text('{"_id": "a", "text": "x", "score": NaN}\n', encoding="utf-8")
     with pytest.raises(DataError, match="line 1.*not a finite number"):
         LanceIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet())
+
+
+def test_filtered_search_is_exact_in_every_mode_and_hostile_filters_are_refused_or_literal(built):
+    from robustir.serving.filters import matches, parse_filter
+
+    rows = built._table.to_arrow().to_pylist()
+    records = {r["id"]: {"id": r["id"], "title": r["title"], **json.loads(r["fields"])} for r in rows}
+    for flt in [{"lang": "de"}, {"meta.year": {"$gte": 2010, "$lt": 2020}}, {"lang": {"$ne": "en"}},
+                {"$or": [{"lang": "fr"}, {"meta.year": {"$lt": 2003}}]}, {"id": {"$in": ["d1", "d2", "nope"]}}]:
+        wanted = {i for i, rec in records.items() if matches(parse_filter(flt, ["id", "title", "lang", "meta"]), rec)}
+        for mode in ("dense", "hybrid"):
+            hits = built.search("health study", top_k=5, filter=flt, mode=mode)[0]
+            assert {h.id for h in hits} <= wanted and len(hits) == min(5, len(wanted)), (flt, mode)
+        lexical = built.search("health", top_k=30, filter=flt, mode="lexical")[0]
+        assert {h.id for h in lexical} == wanted, flt  # every document says "health"
+    # a value that looks like SQL is a value; the table is intact
+    assert built.search("x", top_k=3, filter={"lang": "en' OR '1'='1"})[0] == []
+    assert built.count == 24
+    with pytest.raises(ConfigError, match="'colour' is in no document"):
+        built.search("x", top_k=3, filter={"colour": "red"})
+    with pytest.raises(ConfigError, match="unknown operator '\\$gtt'"):
+        built.search("x", top_k=3, filter={"meta.year": {"$gtt": 1}})
