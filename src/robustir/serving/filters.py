@@ -259,13 +259,7 @@ class _Parser:
                 raise _error(at, f"expected a finite number, got {_show(value)}; NaN and infinities equal nothing")
             return float(value)
         if isinstance(value, str):
-            if "\x00" in value:
-                raise _error(at, "a string with a NUL character (\\u0000) cannot be compared; remove it")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _error(at, "a string with a lone surrogate (\\ud800-\\udfff) is not valid Unicode; send the "
-                                 "character itself or a surrogate pair") from None
+            _check_text(value, at)
             return str(value)
         raise _error(at, f"expected {_VALUES}, got {_show(value)}; a list of values is written {{\"$in\": [...]}}")
 
@@ -278,6 +272,17 @@ class _Parser:
     def too_many(at: str) -> ConfigError:
         return _error(at, f"the filter has more than {MAX_CONDITIONS} conditions; use $in with a list of values, or "
                           "split the request")
+
+
+def _check_text(value: str, at: str) -> None:
+    """A string value must be comparable in every store: no NUL (SQLite stops reading there), valid Unicode."""
+    if "\x00" in value:
+        raise _error(at, "a string with a NUL character (\\u0000) cannot be compared; remove it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _error(at, "a string with a lone surrogate (\\ud800-\\udfff) is not valid Unicode; send the character "
+                         "itself or a surrogate pair") from None
 
 
 def _error(at: str, problem: str) -> ConfigError:
@@ -526,13 +531,7 @@ class _LanceField:
         if isinstance(value, float) and not math.isfinite(value):
             raise _error(at, f"expected a finite number, got {_show(value)}")
         if isinstance(value, str):
-            if "\x00" in value:
-                raise _error(at, "a string with a NUL character (\\u0000) cannot be compared; remove it")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _error(at, "a string with a lone surrogate is not valid Unicode; send the character itself") \
-                    from None
+            _check_text(value, at)
         elif not isinstance(value, (int, float)):
             raise _error(at, f"expected {_VALUES}, got {_show(value)}")
 
