@@ -1,0 +1,152 @@
+"""The LanceDB index (issue 23): build throughput against ``SentenceTransformer.encode``, and dense-search latency
+with and without a filter at 100k documents.
+
+    python bench/lance_index.py build --data ../shared/data/scifact --docs 1000 --precision fp32
+    python bench/lance_index.py latency --rows 100000 --queries 200
+
+``build``: the same first ``--docs`` documents of a BEIR corpus, the same model (the bundled all-MiniLM-L6-v2),
+precision and batch size: ``LanceIndex.build`` (reading, encoding, committing chunks, the full-text index) against
+``SentenceTransformer.encode`` of the same texts alone, each timed once after a warm-up of 64 texts, in one run.
+
+``latency``: a table of ``--rows`` documents whose vectors are random unit vectors (the store's speed does not depend
+on the model; encoding 100k passages takes about an hour on 2 cores) and whose fields are ``lang`` (3 values),
+``year`` (50 values) and a nested ``meta.cites``; the rows are written straight into the index's table after a real
+build of 8 documents made it. Then ``--queries`` random query vectors, top 10, exact search (no ANN index): unfiltered,
+``{"lang": "de"}`` (a third of the rows), ``{"year": {"$gte": 2020}}`` (a tenth) and ``{"meta.cites": {"$lt": 5}}``
+(a twentieth); p50 / p95 in ms, peak RSS and size on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(args: argparse.Namespace) -> None:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from robustir.data.beir import load_corpus
+    from robustir.resources import default_model_path
+    from robustir.serving.index import IndexConfig
+    from robustir.serving.lance_store import LanceIndex
+
+    source = Path(args.data) / "corpus.jsonl"
+    lines = source.read_text(encoding="utf-8").splitlines()[:args.docs]
+    work = Path(tempfile.mkdtemp(prefix="lance-bench-"))
+    corpus = work / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    docs, _ = load_corpus(corpus)
+    texts = docs.texts_for_encoding()
+    model = SentenceTransformer(default_model_path(), device="cpu")
+    model.max_seq_length = 256
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    model.to(dtype)
+    model.encode(texts[:64], batch_size=args.batch_size)
+    start = time.perf_counter()
+    model.encode(texts, batch_size=args.batch_size)
+    st = time.perf_counter() - start
+    config = IndexConfig(precision=args.precision, batch_size=args.batch_size, device="cpu", show_progress=False)
+    start = time.perf_counter()
+    index, report = LanceIndex.build(work / "idx", default_model_path(), corpus, config=config)
+    ours = time.perf_counter() - start
+    size = sum(p.stat().st_size for p in (work / "idx").rglob("*") if p.is_file()) / 2**20
+    row = {"bench": "build", "docs": len(texts), "precision": args.precision, "batch_size": args.batch_size,
+           "st_encode_s": round(st, 1), "lance_build_s": round(ours, 1), "st_docs_per_s": round(len(texts) / st, 1),
+           "build_docs_per_s": round(len(texts) / ours, 1), "ratio": round(st / ours, 3), "size_mb": round(size, 1)}
+    print(json.dumps(row))
+    _append(args, row)
+
+
+def latency(args: argparse.Namespace) -> None:
+    import pyarrow as pa
+
+    from robustir.resources import default_model_path
+    from robustir.serving.index import IndexConfig
+    from robustir.serving.lance_store import LanceIndex, _schema
+
+    work = Path(tempfile.mkdtemp(prefix="lance-latency-"))
+    seed = work / "seed.jsonl"
+    seed.write_text("".join(json.dumps({"_id": f"s{i}", "text": f"seed {i}", "lang": "en", "year": 2000,
+                                        "meta": {"cites": 0}}) + "\n" for i in range(8)), encoding="utf-8")
+    index, _ = LanceIndex.build(work / "idx", default_model_path(), seed, config=IndexConfig(show_progress=False))
+    rng = np.random.default_rng(0)
+    dim, started = index.dim, time.perf_counter()
+    for start in range(0, args.rows, 20_000):
+        n = min(20_000, args.rows - start)
+        vectors = rng.standard_normal((n, dim)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        fields = [json.dumps({"lang": ["en", "de", "fr"][i % 3], "year": 1975 + i % 50, "meta": {"cites": i % 100}})
+                  for i in range(start, start + n)]
+        index._table.add(pa.table({
+            "id": [f"r{i}" for i in range(start, start + n)], "title": [""] * n,
+            "text": [f"passage {i}" for i in range(start, start + n)],
+            "fields": pa.array(fields, type=pa.json_(pa.string())), "job": [99] * n,
+            "line": list(range(start, start + n)),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), dim)},
+            schema=_schema(dim)))
+    write_s = time.perf_counter() - started
+    queries = rng.standard_normal((args.queries, dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    reader = LanceIndex.open(work / "idx")
+    rows = []
+    for name, flt in [("none", None), ("lang = de (1/3)", {"lang": "de"}), ("year >= 2020 (1/10)",
+                      {"year": {"$gte": 2020}}), ("meta.cites < 5 (1/20)", {"meta.cites": {"$lt": 5}})]:
+        reader.search_vectors(queries[:3], 10, flt)  # warm-up
+        times, counts = [], []
+        for q in queries:
+            t0 = time.perf_counter()
+            hits = reader.search_vectors(q[None], 10, flt)[0]
+            times.append((time.perf_counter() - t0) * 1000)
+            counts.append(len(hits))
+        row = {"bench": "latency", "rows": reader.count, "filter": name, "p50_ms": round(float(np.percentile(times, 50)), 1),
+               "p95_ms": round(float(np.percentile(times, 95)), 1), "hits_min": min(counts)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    size = sum(p.stat().st_size for p in (work / "idx").rglob("*") if p.is_file()) / 2**20
+    summary = {"bench": "latency-setup", "rows": reader.count, "write_s": round(write_s, 1),
+               "size_mb": round(size, 1), "peak_rss_mb": round(_rss_mb(), 1)}
+    print(json.dumps(summary))
+    for row in [*rows, summary]:
+        _append(args, row)
+
+
+def _append(args: argparse.Namespace, row: dict) -> None:
+    if args.output:
+        with open(args.output, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--data", required=True)
+    b.add_argument("--docs", type=int, default=1000)
+    b.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    b.add_argument("--batch-size", type=int, default=64)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--rows", type=int, default=100_000)
+    lat.add_argument("--queries", type=int, default=200)
+    for p in (b, lat):
+        p.add_argument("--output", default=None, help="JSONL the rows are appended to")
+    args = parser.parse_args()
+    (build if args.what == "build" else latency)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
