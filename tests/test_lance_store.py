@@ -223,3 +223,29 @@ def test_filtered_search_is_exact_in_every_mode_and_hostile_filters_are_refused_
         built.search("x", top_k=3, filter={"colour": "red"})
     with pytest.raises(ConfigError, match="unknown operator '\\$gtt'"):
         built.search("x", top_k=3, filter={"meta.year": {"$gtt": 1}})
+
+
+def test_discard_an_interrupted_add_and_compact(built, tmp_path):
+    def stop(position):
+        if position >= 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        built.add(write_corpus(tmp_path / "more.jsonl", n=12, start=100, prefix="n"), config=quiet(chunk_size=5),
+                  on_chunk=stop)
+    assert built.count == 29  # the first chunk is committed (and a reader would see it)
+    with pytest.raises(DataError, match="its add of .* did not finish"):
+        LanceIndex.open(built.path)
+    assert built.discard_unfinished() == 5 and built.count == 24
+    assert built.discard_unfinished() == 0
+    reader = LanceIndex.open(built.path)
+    built.delete([f"d{i}" for i in range(10)])
+    files_before = len(list((built.path / "lance").rglob("*.lance")))
+    from datetime import timedelta
+
+    with pytest.warns(UserWarning, match="removes every version except the latest"):
+        report = built.compact(keep=timedelta(0))  # no other process works on this table
+    assert report.documents == 14 and reader.count == 14
+    assert len(list((built.path / "lance").rglob("*.lance"))) < files_before  # merged, old versions dropped
+    assert "data files verified" in LanceIndex.open(built.path).check()
+    assert {h.id for h in reader.search("coffee", top_k=20, mode="lexical")[0]} == {"d17"}

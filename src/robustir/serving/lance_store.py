@@ -293,6 +293,33 @@ class LanceIndex:
         self._finish_job()
         return IndexReport("delete", documents=self.count, deleted=before - self.count)
 
+    def discard_unfinished(self) -> int:
+        """Drop the rows an interrupted add / upsert committed and forget the job (a build cannot be discarded:
+        rebuild with ``overwrite``); returns the number of rows dropped. An interrupted upsert has already replaced
+        the documents it reached: those stay replaced."""
+        self._need_writable("discard an unfinished job")
+        if self.manifest.get("job") is None:
+            return 0
+        job = _Job.from_json(self.manifest["job"], self.path / MANIFEST)
+        if job.kind == "build":
+            raise ConfigError(f"index {self.path}: an unfinished build cannot be discarded; finish it (re-run the "
+                              "build) or start afresh with --overwrite")
+        before = self.count
+        if job.kind == "add":
+            self._table.delete(f"job = {job.id}")
+        self._finish_job()
+        return before - self.count
+
+    def compact(self, keep: timedelta = timedelta(minutes=10)) -> IndexReport:
+        """Merge small data files, fold deletions in and bring the full-text index up to date (LanceDB's
+        ``optimize``), then drop the versions older than ``keep``: a reader still reading an older version than that
+        (a query running for longer than ``keep``) would fail, so keep it above the longest query."""
+        self._need_writable("compact")
+        started = time.perf_counter()
+        self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
+        self._finish_job()
+        return IndexReport("compact", documents=self.count, seconds=time.perf_counter() - started)
+
     # ------------------------------------------------------------------ searching
     def search(self, queries: str | Sequence[str], top_k: int = 10, filter: dict | None = None, *,
                mode: SearchMode = "dense", rrf_k: int = 60, candidates: int = 100,
