@@ -249,3 +249,21 @@ def test_discard_an_interrupted_add_and_compact(built, tmp_path):
     assert len(list((built.path / "lance").rglob("*.lance"))) < files_before  # merged, old versions dropped
     assert "data files verified" in LanceIndex.open(built.path).check()
     assert {h.id for h in reader.search("coffee", top_k=20, mode="lexical")[0]} == {"d17"}
+
+
+def test_an_ann_index_from_the_threshold_on(tmp_path, tiny_model_dir):
+    from robustir.serving.lance_store import AnnConfig
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=300)
+    exact, _ = LanceIndex.build(tmp_path / "exact", tiny_model_dir, corpus, config=quiet(chunk_size=100))
+    index, _ = LanceIndex.build(tmp_path / "ann", tiny_model_dir, corpus, config=quiet(chunk_size=100),
+                                ann=AnnConfig(kind="auto", threshold=200))
+    assert not exact.manifest["ann"]["indexed"]
+    assert index.manifest["ann"]["indexed"] and index.manifest["ann"]["kind_built"] == "ivf_hnsw_sq"
+    assert "IvfHnswSq" in {i.index_type for i in index._table.list_indices()}
+    hits = index.search("coffee and health", top_k=10, filter={"lang": "de"})[0]
+    assert len(hits) == 10 and all(h.fields["lang"] == "de" for h in hits)
+    reopened = LanceIndex.open(index.path)  # the manifest says how to search it
+    assert len(reopened.search("coffee", top_k=7)[0]) == 7
+    with pytest.raises(ConfigError, match="kind: 'ivf' is not one of"):
+        AnnConfig(kind="ivf")  # type: ignore[arg-type]

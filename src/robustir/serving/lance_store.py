@@ -49,6 +49,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..io import write_json
+from ..validation import PositiveInt, config_dataclass
 from .index import Hit, IndexConfig, IndexReport, _model_digest, _model_label, _read_records, _Record
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@config_dataclass
+class AnnConfig:
+    """The vector index: exact search below ``threshold`` documents, an ANN index from there on."""
+
+    kind: Literal["auto", "exact", "ivf_hnsw_sq", "ivf_pq"] = "exact"
+    """exact (default): never an ANN index; auto: ivf_hnsw_sq from ``threshold`` documents, exact below. Exact is
+    the default until the recall of the ANN index is measured on real embeddings (docs/benchmarks.md: on random
+    vectors, with no cluster structure, IVF-HNSW-SQ with 20 of 316 partitions finds 20% of the exact top 10)."""
+    threshold: PositiveInt = 100_000
+    """Documents from which ``auto`` builds the ANN index (exact search is fast enough below)."""
+    nprobes: PositiveInt = 20
+    """IVF partitions searched per query (more: higher recall, slower)."""
+    refine_factor: PositiveInt | None = 10
+    """Re-score this many times top_k candidates with the full vectors (None: no re-scoring)."""
+
+
 @dataclass
 class _Job:
     id: int
@@ -141,9 +158,10 @@ class LanceIndex:
     @classmethod
     def build(cls, path: str | os.PathLike, model: Any, corpus: str | os.PathLike, *,
               config: IndexConfig | None = None, encoder_options: dict | None = None, overwrite: bool = False,
-              on_chunk: Any = None) -> tuple["LanceIndex", IndexReport]:
+              ann: AnnConfig | None = None, on_chunk: Any = None) -> tuple["LanceIndex", IndexReport]:
         """Encode ``corpus`` with ``model`` into a new index at ``path``; a killed build of the same corpus is resumed,
-        a finished one left as it is (``overwrite`` starts afresh). ``on_chunk(position)`` runs after each commit."""
+        a finished one left as it is (``overwrite`` starts afresh). ``ann``: the vector index (kept in the manifest,
+        applied after every job). ``on_chunk(position)`` runs after each commit."""
         from ..data.documents import resolve_format
         from .index import _load_encoder
 
@@ -173,7 +191,7 @@ class LanceIndex:
         else:
             path.mkdir(parents=True, exist_ok=True)
             manifest = {**identity, "fields": [], "job": None, "version": None, "documents": 0, "files": {},
-                        "jobs_done": 0}
+                        "jobs_done": 0, "ann": {**dataclasses.asdict(ann or AnnConfig()), "indexed": False}}
             db = _lancedb().connect(str(path / DATA))
             db.create_table(TABLE, schema=_schema(int(encoder.dim)), exist_ok=True)
             _write_manifest(path, manifest)
@@ -357,6 +375,11 @@ class LanceIndex:
         out = []
         for vector in np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim):
             query = self._table.search(vector, vector_column_name="vector").distance_type("dot").limit(top_k)
+            ann = self.manifest.get("ann") or {}
+            if ann.get("indexed"):
+                query = query.nprobes(int(ann["nprobes"]))
+                if ann.get("refine_factor"):
+                    query = query.refine_factor(int(ann["refine_factor"]))
             if where:
                 query = query.where(where, prefilter=True)
             rows = query.select(["id", "title", "text", "fields", "_distance"]).to_arrow().to_pylist()
@@ -527,6 +550,23 @@ class LanceIndex:
         job.position = position
         self._save_job(job)
 
+    def _vector_index(self) -> None:
+        """Build (or rebuild, once a fifth of the rows are new) the ANN index the manifest's ``ann`` asks for."""
+        ann = self.manifest.setdefault("ann", {**dataclasses.asdict(AnnConfig()), "indexed": False})
+        count = self.count
+        kind = ann["kind"] if ann["kind"] != "auto" else ("ivf_hnsw_sq" if count >= ann["threshold"] else "exact")
+        if kind == "exact":
+            return
+        indexed_rows = int(ann.get("indexed_rows", 0))
+        if ann.get("indexed") and count - indexed_rows < count / 5:
+            return  # rows added since are searched exactly beside the index (LanceDB does that by itself)
+        partitions = max(1, int(math.sqrt(count)))
+        from lancedb.index import IvfHnswSq, IvfPq
+
+        config = (IvfHnswSq if kind == "ivf_hnsw_sq" else IvfPq)(distance_type="dot", num_partitions=partitions)
+        self._table.create_index("vector", config=config, replace=True)
+        ann.update(indexed=True, indexed_rows=count, kind_built=kind, partitions=partitions)
+
     def _save_job(self, job: _Job) -> None:
         self.manifest["job"] = dataclasses.asdict(job)
         _write_manifest(self.path, self.manifest)
@@ -537,6 +577,7 @@ class LanceIndex:
             from lancedb.index import FTS
 
             self._table.create_index("text", config=FTS(), replace=True)  # the first argument names the column
+            self._vector_index()
         self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
                              jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
                              files=_data_files(self.path))
