@@ -3,6 +3,7 @@ with and without a filter at 100k documents.
 
     python bench/lance_index.py build --data ../shared/data/scifact --docs 1000 --precision fp32
     python bench/lance_index.py latency --rows 100000 --queries 200
+    python bench/lance_index.py recall --data ../shared/data/npl --precision bf16
 
 ``build``: the same first ``--docs`` documents of a BEIR corpus, the same model (the bundled all-MiniLM-L6-v2),
 precision and batch size: ``LanceIndex.build`` (reading, encoding, committing chunks, the full-text index) against
@@ -140,6 +141,46 @@ def latency(args: argparse.Namespace) -> None:
         _append(args, row)
 
 
+def recall(args: argparse.Namespace) -> None:
+    """Recall@10 of the ANN index on real embeddings: ``LanceIndex.build`` of a BEIR corpus (exact), the collection's
+    queries searched exactly, then with the IVF-HNSW-SQ index ``AnnConfig(kind="auto")`` builds, at several nprobes."""
+    from robustir.data.beir import load_beir
+    from robustir.resources import default_model_path
+    from robustir.serving.index import IndexConfig
+    from robustir.serving.lance_store import LanceIndex
+
+    work = Path(tempfile.mkdtemp(prefix="lance-recall-"))
+    corpus = Path(args.data) / "corpus.jsonl"
+    config = IndexConfig(precision=args.precision, device="cpu", show_progress=True)
+    started = time.perf_counter()
+    index, _ = LanceIndex.build(work / "idx", default_model_path(), corpus, config=config)
+    build_s = time.perf_counter() - started
+    dataset = load_beir(args.data, "test")
+    texts = list(dataset.queries.values())
+    vectors = index.encoder.encode(texts, "query", precision=args.precision, show_progress=False)
+    exact = [{h.id for h in hits} for hits in index.search_vectors(vectors, 10)]
+    index.manifest["ann"].update(kind="ivf_hnsw_sq", indexed=False)
+    started = time.perf_counter()
+    index._vector_index()
+    index._finish_job()
+    ann_s = time.perf_counter() - started
+    for nprobes in args.nprobes:
+        index.manifest["ann"]["nprobes"] = nprobes
+        times, found = [], []
+        for vector in vectors:
+            t0 = time.perf_counter()
+            found.append({h.id for h in index.search_vectors(vector[None], 10)[0]})
+            times.append((time.perf_counter() - t0) * 1000)
+        row = {"bench": "recall", "data": Path(args.data).name, "docs": index.count, "queries": len(texts),
+               "precision": args.precision, "index": "ivf_hnsw_sq", "partitions": index.manifest["ann"]["partitions"],
+               "nprobes": nprobes, "refine_factor": index.manifest["ann"]["refine_factor"],
+               "recall@10": round(float(np.mean([len(a & b) / max(1, len(b)) for a, b in zip(found, exact)])), 3),
+               "p50_ms": round(float(np.percentile(times, 50)), 1), "build_s": round(build_s, 1),
+               "ann_index_s": round(ann_s, 1)}
+        print(json.dumps(row), flush=True)
+        _append(args, row)
+
+
 def _append(args: argparse.Namespace, row: dict) -> None:
     if args.output:
         with open(args.output, "a", encoding="utf-8") as handle:
@@ -157,10 +198,14 @@ def main() -> int:
     lat = sub.add_parser("latency")
     lat.add_argument("--rows", type=int, default=100_000)
     lat.add_argument("--queries", type=int, default=200)
-    for p in (b, lat):
+    rec = sub.add_parser("recall")
+    rec.add_argument("--data", required=True)
+    rec.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    rec.add_argument("--nprobes", type=int, nargs="+", default=[5, 20, 50])
+    for p in (b, lat, rec):
         p.add_argument("--output", default=None, help="JSONL the rows are appended to")
     args = parser.parse_args()
-    (build if args.what == "build" else latency)(args)
+    {"build": build, "latency": latency, "recall": recall}[args.what](args)
     return 0
 
 
