@@ -267,3 +267,18 @@ def test_an_ann_index_from_the_threshold_on(tmp_path, tiny_model_dir):
     assert len(reopened.search("coffee", top_k=7)[0]) == 7
     with pytest.raises(ConfigError, match="kind: 'ivf' is not one of"):
         AnnConfig(kind="ivf")  # type: ignore[arg-type]
+
+
+def test_a_build_over_an_index_of_another_corpus_is_refused_not_reported_done(built, tmp_path, tiny_model_dir):
+    corpus = tmp_path / "corpus.jsonl"
+    again, report = LanceIndex.build(built.path, tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    assert report.nothing_to_do and again.count == 24  # the same corpus: done
+    with open(corpus, "a", encoding="utf-8") as handle:  # the same path, edited
+        handle.write(json.dumps({"_id": "late", "text": "a late document"}) + "\n")
+    with pytest.raises(ConfigError, match="another corpus or model \\(corpus .* differs\\).*--add / --upsert"):
+        LanceIndex.build(built.path, tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    other = write_corpus(tmp_path / "other.jsonl", n=3)
+    with pytest.raises(ConfigError, match="corpus .*corpus.jsonl -> .*other.jsonl"):
+        LanceIndex.build(built.path, tiny_model_dir, other, config=quiet())
+    rebuilt, report = LanceIndex.build(built.path, tiny_model_dir, other, config=quiet(), overwrite=True)
+    assert rebuilt.count == 3 and not report.nothing_to_do

@@ -50,7 +50,8 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..io import write_json
 from ..validation import PositiveInt, config_dataclass
-from .index import Hit, IndexConfig, IndexReport, _model_digest, _model_label, _read_records, _Record
+from .index import (Hit, IndexConfig, IndexReport, _corpus_digest, _model_digest, _model_label, _read_records,
+                    _Record)
 
 logger = logging.getLogger(__name__)
 
@@ -178,19 +179,26 @@ class LanceIndex:
                     "model": {"path": encoder.source or label, "name": _model_label(encoder.source or label),
                               "digest": _model_digest(source) if source is not None and source.is_dir() else None},
                     "encoder": dataclasses.asdict(encoder.config)}
+        source_digest = _corpus_digest(corpus, config.format)
         if manifest_path.exists():
             manifest = _read_manifest(path)
-            if manifest.get("job") is None and manifest.get("version") is not None:
+            changed = sorted(k for k in ("dim", "model", "encoder") if manifest.get(k) != identity[k])
+            if (manifest.get("build") or {}).get("digest") != source_digest:
+                changed.append(f"corpus ({(manifest.get('build') or {}).get('input')} -> {corpus}, or its content)")
+            finished = manifest.get("job") is None and manifest.get("version") is not None
+            if changed:
+                raise ConfigError(f"{path} holds {'an index' if finished else 'an unfinished build'} of another "
+                                  f"corpus or model ({', '.join(changed)} differs): "
+                                  + ("add documents with --add / --upsert, or rebuild with --overwrite" if finished
+                                     else "re-run the first command to finish it, or add --overwrite to start afresh"))
+            if finished:
                 index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True,
                             encoder=encoder)
                 return index, IndexReport("build", documents=index.count, nothing_to_do=True)
-            changed = {k for k in ("dim", "model", "encoder") if manifest.get(k) != identity[k]}
-            if changed or (manifest.get("job") or {}).get("input") != str(corpus):
-                raise ConfigError(f"{path} holds an unfinished build of another corpus or model ({', '.join(sorted(changed)) or 'input'} "
-                                  "differs): re-run the same command to finish it, or add --overwrite to start afresh")
         else:
             path.mkdir(parents=True, exist_ok=True)
-            manifest = {**identity, "fields": [], "job": None, "version": None, "documents": 0, "files": {},
+            manifest = {**identity, "build": {"input": str(corpus), "digest": source_digest},
+                        "fields": [], "job": None, "version": None, "documents": 0, "files": {},
                         "jobs_done": 0, "ann": {**dataclasses.asdict(ann or AnnConfig()), "indexed": False}}
             db = _lancedb().connect(str(path / DATA))
             db.create_table(TABLE, schema=_schema(int(encoder.dim)), exist_ok=True)
