@@ -60,7 +60,6 @@ __all__ = ["LanceIndex", "SearchMode", "FORMAT"]
 FORMAT = "robustir-lance-1"
 MANIFEST, DATA, TABLE = "manifest.json", "lance", "docs"
 SearchMode = Literal["dense", "lexical", "hybrid"]
-_FIELDS_TYPE_NOTE = "the record's keys other than id, title and text"
 
 
 def _lancedb():
@@ -531,7 +530,6 @@ class LanceIndex:
                                     f"first (robustir index --delete-id {clash[0]} --output {self.path})")
             texts = corpus_cls(ids=[r.id for r in records], titles=[r.title for r in records],
                                texts=[r.text for r in records]).texts_for_encoding()
-            vectors = np.zeros((0, self.dim), np.float32)
             parts = []
             for start in range(0, len(texts), config.batch_size):  # the bar moves per batch, not per chunk
                 parts.append(self.encoder.encode(texts[start:start + config.batch_size], "passage",
