@@ -103,23 +103,29 @@ def _refuse_true_as_a_number(cls: type, value: Any, info: ValidationInfo) -> Any
 
 
 class OptionError(ConfigError):
-    """Bad config values: ``problems`` is a list of ``(key path, what is wrong)``, shown as ``key = value is ...`` or
-    ``key: ...`` (``config: ...`` for the top level); :meth:`under` puts them under a section."""
+    """Bad config values: ``problems`` is a list of ``(key path, what is wrong)``. A text that follows its key
+    (``" = 0 is out of range ..."``, ``": expected ..."``) is shown after the key (``config`` for the top level); any
+    other text -- a config's own check at the top level -- is shown as it is. :meth:`under` puts them under a
+    section."""
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         self.problems = problems
-        super().__init__("; ".join(text[len(_BARE):] if text.startswith(_BARE) else f"{key or 'config'}{text}"
+        super().__init__("; ".join(f"{key or 'config'}{text}" if _follows_key(text) else text
                                    for key, text in problems))
 
     def under(self, section: str) -> "OptionError":
         join = lambda key: f"{section}{key}" if key.startswith("[") else f"{section}.{key}" if key else section
-        return OptionError([(join(key), ": " + text[len(_BARE):] if text.startswith(_BARE) else text)
+        return OptionError([(join(key), text if _follows_key(text) else f": {text}")
                             for key, text in self.problems]) if section else self
 
     @classmethod
     def from_validation(cls, exc: ValidationError, config: type) -> "OptionError":
         return cls([problem for error in _deepest(exc.errors(include_url=False))
                     for problem in _explain(error, config)])
+
+
+def _follows_key(text: str) -> bool:
+    return text.startswith((":", " = "))
 
 
 def _deepest(errors: list[dict]) -> list[dict]:
@@ -191,7 +197,6 @@ def _members(hint: Any) -> list[Any]:
     return [hint]
 
 
-_BARE = "\0"  # marks a message of a config's own check at the top level: shown without a key
 _BOUNDS = {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}
 _KINDS = {"int": "an integer", "float": "a number", "bool": "true/false", "string": "a string", "list": "a list",
           "dict": "a mapping", "tuple": "a list"}
@@ -211,7 +216,7 @@ def _explain(error: dict, config: type) -> list[tuple[str, str]]:
     if kind in ("value_error", "assertion_error") and isinstance(ctx.get("error"), ConfigError):
         inner = ctx["error"]  # raised by a config's own checks (__post_init__)
         return inner.under(key).problems if isinstance(inner, OptionError) else [(key, f": {inner}" if key else
-                                                                                   f"{_BARE}{inner}")]
+                                                                                   str(inner))]
     shown = f"{value!r}" if not isinstance(value, dict) or len(repr(value)) < 200 else "a mapping"
     if kind in _BOUNDS:
         rng = field_range(owner, name) if owner is not None and name else None
