@@ -102,7 +102,7 @@ def flags_from_args(args: argparse.Namespace, names: dict[str, str]) -> dict:
 
 
 
-def config_with_encoder_flags(cls: type, args: argparse.Namespace) -> Any:
+def config_from_flags(cls: type, args: argparse.Namespace) -> Any:
     """A stage's config from its generated flags (:func:`add_config_flags`)."""
     from ..config import load_config
 
@@ -125,32 +125,24 @@ def add_config_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, 
     file's value (:func:`flags_from_args`).
     """
     keys: dict[str, str] = {}
-    for path, owner, name, hint, default, flag in config_flags(cls):
-        kind = _argparse_kind(hint)
-        if kind is None or f"--{flag}" in parser._option_string_actions:
-            continue
-        text = field_help(owner, name)
-        text = text[:-1] if text.endswith(".") and not text.endswith("..") else text
+    for path, owner, name, kind, default, flag in _flaggable(parser, cls):
         shown = default_text if default_text is not None else _show_default(default)
-        text = f"{text} (default: {shown})" if text else f"default: {shown}"
         dest = flag.replace("-", "_")
-        parser.add_argument(f"--{flag}", dest=dest, default=None, help=text.replace("%", "%%"), **kind)
+        parser.add_argument(f"--{flag}", dest=dest, default=None, help=_help(field_help(owner, name), shown), **kind)
         keys[dest] = path
     if "precision" in keys:  # the older spellings of --precision fp32 / bf16
         add_precision_arg(parser, "precision", generated=True)
     return keys
 
 
-def add_method_flags(parser: argparse.ArgumentParser, configs: Mapping[str, type],
-                     titles: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+def add_method_flags(parser: argparse.ArgumentParser, configs: Mapping[str, type]) -> dict[str, dict[str, str]]:
     """Flags for several alternative configs (``robustir filter --method llm|teacher|sieve``): a flag of every
     method goes in the main group, one of some methods in a group named by them; a flag shared by methods whose
     fields mean different things says so in its help. Returns ``{method: {dest: field path}}``."""
-    fields: dict[str, list[tuple[str, str, type, str, Any, Any]]] = {}
+    fields: dict[str, list[tuple[str, str, type, str, dict, Any]]] = {}
     for method, cls in configs.items():
-        for path, owner, name, hint, default, flag in config_flags(cls):
-            if _argparse_kind(hint) is not None and f"--{flag}" not in parser._option_string_actions:
-                fields.setdefault(flag, []).append((method, path, owner, name, hint, default))
+        for path, owner, name, kind, default, flag in _flaggable(parser, cls):
+            fields.setdefault(flag, []).append((method, path, owner, name, kind, default))
     groups: dict[tuple[str, ...], Any] = {}
     keys: dict[str, dict[str, str]] = {method: {} for method in configs}
     for flag, users in fields.items():
@@ -158,24 +150,37 @@ def add_method_flags(parser: argparse.ArgumentParser, configs: Mapping[str, type
         if len(methods) == len(configs):
             group = parser
         else:
-            title = (titles or {}).get("/".join(methods)) or " / ".join(methods)
-            group = groups.get(methods) or groups.setdefault(methods, parser.add_argument_group(title))
+            group = groups.get(methods) or groups.setdefault(methods, parser.add_argument_group(" / ".join(methods)))
         texts = {method: field_help(owner, name) for method, _, owner, name, _, _ in users}
         known = next((t for t in texts.values() if t), "")
         texts = {method: text or known for method, text in texts.items()}  # an undocumented twin reads the same
-        defaults = {method: _show_default(default) for method, _, _, _, _, default in users}
+        defaults = {method: _show_default(default) for method, *_, default in users}
         if len(set(texts.values())) == 1 and len(set(defaults.values())) == 1:
-            text = next(iter(texts.values())).rstrip(".")
-            text = f"{text} (default: {next(iter(defaults.values()))})"
+            text = _help(known, next(iter(defaults.values())))
         else:
-            text = "; ".join(f"{m}: {texts[m].rstrip('.')} (default: {defaults[m]})" for m in methods)
-        kinds = [_argparse_kind(u[4]) for u in users]
+            text = "; ".join(f"{m}: {_help(texts[m], defaults[m])}" for m in methods)
+        kinds = [u[4] for u in users]
         kind = kinds[0] if all(k == kinds[0] for k in kinds) else {"type": str}
         dest = flag.replace("-", "_")
-        group.add_argument(f"--{flag}", dest=dest, default=None, help=text.replace("%", "%%"), **kind)
+        group.add_argument(f"--{flag}", dest=dest, default=None, help=text, **kind)
         for method, path, *_ in users:
             keys[method][dest] = path
     return keys
+
+
+def _flaggable(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type):
+    """:func:`config_flags` of ``cls`` that can be a flag and that the command does not define itself, each with its
+    argparse keywords in place of the type hint."""
+    for path, owner, name, hint, default, flag in config_flags(cls):
+        kind = _argparse_kind(hint)
+        if kind is not None and f"--{flag}" not in parser._option_string_actions:
+            yield path, owner, name, kind, default, flag
+
+
+def _help(text: str, default: str) -> str:
+    """A field's description (its final period dropped) and its default, ``%`` escaped for argparse."""
+    text = text[:-1] if text.endswith(".") and not text.endswith("..") else text
+    return (f"{text} (default: {default})" if text else f"default: {default}").replace("%", "%%")
 
 
 def config_flags(cls: type, prefix: str = "", default: Any = None):

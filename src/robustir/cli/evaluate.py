@@ -11,7 +11,7 @@ import argparse
 
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
-from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, data_or_default, encoder_options,
+from .common import (add_config_flags, add_encoder_args, config_from_flags, data_or_default, encoder_options,
                      model_or_default)
 
 
@@ -25,7 +25,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> EvalConfig:
-    return config_with_encoder_flags(EvalConfig, args)
+    return config_from_flags(EvalConfig, args)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import argparse
 
 from ..errors import ConfigError
 from ..serving.index import IndexConfig, SearchIndex, read_id_list
-from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
+from .common import (add_config_flags, add_encoder_args, config_from_flags, encoder_options,
                      model_or_default)
 
 # IndexConfig fields with a flag (help from the dataclass); --batch-size, --precision (--bf16) and --device
@@ -47,7 +47,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def index_config(args: argparse.Namespace) -> IndexConfig:
-    return config_with_encoder_flags(IndexConfig, args)
+    return config_from_flags(IndexConfig, args)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from ..errors import ConfigError
 from ..io import Shard
 from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
-from .common import (add_config_flags, add_encoder_args, config_with_encoder_flags, encoder_options,
+from .common import (add_config_flags, add_encoder_args, config_from_flags, encoder_options,
                      model_or_default)
 
 
@@ -48,7 +48,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def mining_config(args: argparse.Namespace) -> MiningConfig:
     """The :class:`MiningConfig` the flags describe (validated)."""
-    config = config_with_encoder_flags(MiningConfig, args)
+    config = config_from_flags(MiningConfig, args)
     config.validate()
     return config
 
