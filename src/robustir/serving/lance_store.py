@@ -578,15 +578,17 @@ class LanceIndex:
         _write_manifest(self.path, self.manifest)
 
     def _finish_job(self) -> None:
-        """Rebuild the full-text index, then record the version, the count and the data files."""
+        """Make the full-text index once (rows added later are searched beside it until :meth:`compact` folds them
+        in, so no job rebuilds it), then record the version, the count and the data files."""
         if self.count:
             from lancedb.index import FTS
 
-            self._table.create_index("text", config=FTS(), replace=True)  # the first argument names the column
+            if not any(i.index_type == "FTS" for i in self._table.list_indices()):
+                self._table.create_index("text", config=FTS())  # the first argument names the column
             self._vector_index()
         self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
                              jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
-                             files=_data_files(self.path))
+                             files=_data_files(self.path, self.manifest.get("files") or {}))
         _write_manifest(self.path, self.manifest)
 
 
@@ -608,13 +610,16 @@ def _count_records(corpus: str | os.PathLike, fmt: str) -> int:
         return sum(1 for line in handle if line.strip())
 
 
-def _data_files(path: Path) -> dict:
-    """Size and SHA-256 of every file of the table's data folder (Lance files are immutable once written)."""
+def _data_files(path: Path, known: dict) -> dict:
+    """Size and SHA-256 of every file of the table's data folder. Lance never rewrites a file, so a file already in
+    ``known`` (the last record) with the same size keeps its checksum: a job hashes only the files it wrote."""
     root = path / DATA
     out = {}
     for file in sorted(root.rglob("*")):
         if file.is_file() and "/_versions/" not in file.as_posix() and "/_transactions/" not in file.as_posix():
-            out[file.relative_to(path).as_posix()] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+            name, size = file.relative_to(path).as_posix(), file.stat().st_size
+            recorded = known.get(name)
+            out[name] = recorded if recorded and recorded["size"] == size else {"size": size, "sha256": _sha256(file)}
     return out
 
 
