@@ -411,6 +411,7 @@ GEN = ["generate", "--input", "{passages}", "--output", "{out}/g.jsonl", "--mode
        "{gen_url}", "--no-progress", "--max-retries", "0", "--timeout", "5"]
 RERANK = ["rerank-eval", "--model", "{tiny}", "--data", "{rerank}", "--batch-size", "2"]
 RUN = ["run", "{pipe}", "--work-dir", "{out}/w", "--until", "queries"]
+IDX = ["index", "--model", "{tiny}", "--corpus", "{data}", "--output", "{out}/idx", "--batch-size", "2"]
 NB = ["noise-bench", "--data", "{data}", "--output", "{out}/nb", "--model", "{tiny}"]
 
 
@@ -806,6 +807,69 @@ def cases() -> list[Case]:
            file_has("w/mine/train.jsonl"), timeout=150))
     add(OK("run-json-full", ["run", "{cfg}/pipeline.json", "--work-dir", "{out}/wé 数"], file_has("wé 数/results.md"), timeout=240))
     add(OK("eval-bm25-config-dotted-output", BM25 + ["--output", "{out}/./a/../e"], file_has("e/metrics.json")))
+    # ======================================================================== the search index (issue 23)
+    n = "index"
+    made = [IDX]
+    manifest = "{out}/idx/manifest.json"
+    data_files = "{out}/idx/lance/docs.lance/data/*.lance"
+    job = json.dumps({"job": {"id": 2, "kind": "add", "input": "x.jsonl", "position": 1, "skipped": 0}})
+    for name, step, msg in [
+        ("manifest-removed", ["@remove", manifest], "manifest.json: is missing"),
+        ("manifest-not-json", ["@write", manifest, "{not json"], "cannot be read"),
+        ("manifest-empty", ["@write", manifest, ""], "cannot be read"),
+        ("manifest-a-list", ["@write", manifest, "[]"], "field 'format' is missing"),
+        ("manifest-dim-string", ["@json", manifest, '{"dim": "32"}'], "field 'dim'"),
+        ("manifest-dim-other", ["@json", manifest, '{"dim": 64}'], "holds 32-d vectors but the manifest says 64"),
+        ("manifest-format", ["@json", manifest, '{"format": "robustir-9"}'], "index format 'robustir-9'"),
+        ("manifest-count", ["@json", manifest, '{"documents": 99}'], "but its manifest says 99"),
+        ("manifest-job-malformed", ["@json", manifest, '{"job": {"kind": "x"}}'], "unfinished job is malformed"),
+        ("manifest-job-dead", ["@json", manifest, job], "did not finish"),
+        ("manifest-files-list", ["@json", manifest, '{"files": []}'], "field 'files'"),
+        ("manifest-file-record", ["@json", manifest, '{"files": {"lance/x": 1}}'], "data file 'lance/x' is malformed"),
+        ("manifest-ann", ["@json", manifest, '{"ann": {"kind": "annoy"}}'], "settings are malformed"),
+        ("manifest-ann-list", ["@json", manifest, '{"ann": [1]}'], "field 'ann' is not a dict"),
+        ("manifest-encoder", ["@json", manifest, '{"encoder": {"pooling": 3}}'], "settings are malformed"),
+        ("manifest-model", ["@json", manifest, '{"model": {"path": 1}}'], "field 'model' lacks"),
+        ("manifest-fields", ["@json", manifest, '{"fields": [null]}'], "non-string name"),
+        ("data-truncated", ["@truncate", data_files], "truncated or overwritten"),
+        ("data-edited", ["@flip", data_files], "was edited after it was written"),
+        ("table-removed", ["@rmtree", "{out}/idx/lance"], "cannot be opened as the index's table"),
+        ("versions-removed", ["@rmtree", "{out}/idx/lance/docs.lance/_versions"], "cannot be opened"),
+    ]:
+        add(E(f"index-check-{name}", n, ["index", "--check", "--output", "{out}/idx"], msg, setup=[*made, step]))
+        if name in ("manifest-removed", "manifest-dim-other", "manifest-job-dead", "data-edited", "manifest-ann"):
+            add(E(f"serve-{name}", n, ["serve", "--index", "{out}/idx", "--port", "0"], msg, setup=[*made, step]))
+            add(E(f"index-add-{name}", n, ["index", "--add", "{out}/new.jsonl", "--output", "{out}/idx"], msg,
+                  setup=[*made, step, ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "new"}\n']]))
+    new = ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "a new document"}\n']
+    add(E("index-add-duplicate-id", n, ["index", "--add", "{data}/corpus.jsonl", "--output", "{out}/idx"],
+          "already in the index", setup=made))
+    add(E("index-add-bad-json", n, ["index", "--add", "{out}/x.jsonl", "--output", "{out}/idx"], "line 2",
+          setup=[*made, ["@write", "{out}/x.jsonl", '{"_id": "n1", "text": "t"}\n{oops\n']]))
+    add(E("index-add-nan-field", n, ["index", "--add", "{out}/x.jsonl", "--output", "{out}/idx"], "not a finite number",
+          setup=[*made, ["@write", "{out}/x.jsonl", '{"_id": "n1", "text": "t", "s": NaN}\n']]))
+    add(E("index-add-twice-in-file", n, ["index", "--add", "{out}/x.jsonl", "--output", "{out}/idx"], "also on line 1",
+          setup=[*made, ["@write", "{out}/x.jsonl", '{"_id": "n1", "text": "t"}\n{"_id": "n1", "text": "u"}\n']]))
+    add(E("index-add-encoder-option", n, ["index", "--add", "{out}/new.jsonl", "--output", "{out}/idx", "--pooling",
+                                          "mean"], "can only be set when the index is built", setup=[*made, new]))
+    add(E("index-delete-unknown", n, ["index", "--delete-id", "nope", "--output", "{out}/idx"], "'nope'", setup=made))
+    add(E("index-delete-empty-file", n, ["index", "--delete", "{out}/ids.txt", "--output", "{out}/idx"],
+          "holds no document id", setup=[*made, ["@write", "{out}/ids.txt", "\n\n"]]))
+    add(E("index-build-empty-corpus", n, IDX[:4] + ["{out}/e.jsonl"] + IDX[5:], "no documents",
+          setup=[["@write", "{out}/e.jsonl", '{"_id": "a", "text": "  "}\n']]))
+    add(E("index-build-output-is-a-file", n, IDX[:6] + ["{out}/afile"] + IDX[7:], "is a file",
+          setup=[["@write", "{out}/afile", "x"]]))
+    add(E("index-build-other-corpus", n, IDX[:4] + ["{docs}"] + IDX[5:], "another corpus or model", setup=made))
+    add(E("index-build-bad-ann", n, IDX + ["--ann", "annoy"], "invalid choice"))
+    add(E("index-build-bad-nprobes", n, IDX + ["--nprobes", "0"], "nprobes = 0"))
+    add(E("index-check-not-an-index", n, ["index", "--check", "--output", "{out}/d"], "is missing",
+          setup=[["@write", "{out}/d/notes.txt", "x"]]))
+    add(OK("index-build-check", ["index", "--check", "--output", "{out}/idx"],
+           lambda out, text: None if "data files verified" in text else "no verification", setup=made))
+    add(OK("index-upsert-delete-compact", ["index", "--compact", "--output", "{out}/idx"],
+           lambda out, text: None if "compact: 6 documents" in text else "wrong count", protect_setup=False,
+           setup=[*made, new, ["index", "--upsert", "{out}/new.jsonl", "--output", "{out}/idx"],
+                  ["index", "--delete-id", "d1", "--output", "{out}/idx"]]))
     return c
 
 
@@ -886,6 +950,23 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
                 return Result(case, "setup-failed", " ".join(step), tail="no file matches")
             for path in matched:
                 path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+            continue
+        if step[0] == "@json":  # merge a JSON object into a JSON file (a tampered manifest)
+            target = Path(step[1])
+            target.write_text(json.dumps({**json.loads(target.read_text(encoding="utf-8")), **json.loads(step[2])}),
+                              encoding="utf-8")
+            continue
+        if step[0] == "@flip":  # flip one byte in the middle of every file the pattern matches (an edited file)
+            matched = sorted(p for p in Path("/").glob(step[1].lstrip("/")) if p.is_file())
+            if not matched:
+                return Result(case, "setup-failed", " ".join(step), tail="no file matches")
+            for path in matched:
+                blob = bytearray(path.read_bytes())
+                blob[len(blob) // 2] ^= 0xFF
+                path.write_bytes(bytes(blob))
+            continue
+        if step[0] == "@rmtree":
+            shutil.rmtree(step[1])
             continue
         if step[0] == "@write":
             Path(step[1]).parent.mkdir(parents=True, exist_ok=True)

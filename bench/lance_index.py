@@ -4,9 +4,10 @@ with and without a filter at 100k documents.
     python bench/lance_index.py build --data ../shared/data/scifact --docs 1000 --precision fp32
     python bench/lance_index.py latency --rows 100000 --queries 200
     python bench/lance_index.py recall --data ../shared/data/npl --precision bf16
+    python bench/lance_index.py scale --data ../shared/data/{scifact,npl,dbpedia-entity-sub5k} --docs 100000
 
 ``build``: the same first ``--docs`` documents of a BEIR corpus, the same model (the bundled all-MiniLM-L6-v2),
-precision and batch size: ``LanceIndex.build`` (reading, encoding, committing chunks, the full-text index) against
+precision and batch size: ``SearchIndex.build`` (reading, encoding, committing chunks, the full-text index) against
 ``SentenceTransformer.encode`` of the same texts alone, each timed once after a warm-up of 64 texts, in one run.
 
 ``latency``: a table of ``--rows`` documents whose vectors are random unit vectors (the store's speed does not depend
@@ -43,7 +44,7 @@ def build(args: argparse.Namespace) -> None:
     from robustir.data.beir import load_corpus
     from robustir.resources import default_model_path
     from robustir.serving.index import IndexConfig
-    from robustir.serving.lance_store import LanceIndex
+    from robustir.serving.index import SearchIndex
 
     source = Path(args.data) / "corpus.jsonl"
     lines = source.read_text(encoding="utf-8").splitlines()[:args.docs]
@@ -62,7 +63,7 @@ def build(args: argparse.Namespace) -> None:
     st = time.perf_counter() - start
     config = IndexConfig(precision=args.precision, batch_size=args.batch_size, device="cpu", show_progress=False)
     start = time.perf_counter()
-    index, report = LanceIndex.build(work / "idx", default_model_path(), corpus, config=config)
+    index, report = SearchIndex.build(work / "idx", default_model_path(), corpus, config=config)
     ours = time.perf_counter() - start
     size = sum(p.stat().st_size for p in (work / "idx").rglob("*") if p.is_file()) / 2**20
     row = {"bench": "build", "docs": len(texts), "precision": args.precision, "batch_size": args.batch_size,
@@ -77,13 +78,13 @@ def latency(args: argparse.Namespace) -> None:
 
     from robustir.resources import default_model_path
     from robustir.serving.index import IndexConfig
-    from robustir.serving.lance_store import LanceIndex, _schema
+    from robustir.serving.index import SearchIndex, _schema
 
     work = Path(tempfile.mkdtemp(prefix="lance-latency-"))
     seed = work / "seed.jsonl"
     seed.write_text("".join(json.dumps({"_id": f"s{i}", "text": f"seed {i}", "lang": "en", "year": 2000,
                                         "meta": {"cites": 0}}) + "\n" for i in range(8)), encoding="utf-8")
-    index, _ = LanceIndex.build(work / "idx", default_model_path(), seed, config=IndexConfig(show_progress=False))
+    index, _ = SearchIndex.build(work / "idx", default_model_path(), seed, config=IndexConfig(show_progress=False))
     rng = np.random.default_rng(0)
     dim, started = index.dim, time.perf_counter()
     for start in range(0, args.rows, 20_000):
@@ -95,6 +96,7 @@ def latency(args: argparse.Namespace) -> None:
         index._table.add(pa.table({
             "id": [f"r{i}" for i in range(start, start + n)], "title": [""] * n,
             "text": [f"passage {i}" for i in range(start, start + n)],
+            "content": [f"passage {i}" for i in range(start, start + n)],
             "fields": pa.array(fields, type=pa.json_(pa.string())), "job": [99] * n,
             "line": list(range(start, start + n)),
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), dim)},
@@ -107,13 +109,13 @@ def latency(args: argparse.Namespace) -> None:
     rows: list[dict] = []
     exact: dict[str, list[set]] = {}
     for search in ("exact", "ivf_hnsw_sq"):
-        if search != "exact":  # the ANN index LanceIndex builds from its threshold on, made here for the same rows
+        if search != "exact":  # the ANN index SearchIndex builds from its threshold on, made here for the same rows
             index.manifest["ann"].update(kind=search, indexed=False)
             t0 = time.perf_counter()
             index._vector_index()
             index._finish_job()
             built_s = time.perf_counter() - t0
-        reader = LanceIndex.open(work / "idx")
+        reader = SearchIndex.open(work / "idx")
         for name, flt in filters:
             reader.search_vectors(queries[:3], 10, flt)  # warm-up
             times, found = [], []
@@ -142,18 +144,18 @@ def latency(args: argparse.Namespace) -> None:
 
 
 def recall(args: argparse.Namespace) -> None:
-    """Recall@10 of the ANN index on real embeddings: ``LanceIndex.build`` of a BEIR corpus (exact), the collection's
+    """Recall@10 of the ANN index on real embeddings: ``SearchIndex.build`` of a BEIR corpus (exact), the collection's
     queries searched exactly, then with the IVF-HNSW-SQ index ``AnnConfig(kind="auto")`` builds, at several nprobes."""
     from robustir.data.beir import load_beir
     from robustir.resources import default_model_path
     from robustir.serving.index import IndexConfig
-    from robustir.serving.lance_store import LanceIndex
+    from robustir.serving.index import SearchIndex
 
     work = Path(tempfile.mkdtemp(prefix="lance-recall-"))
     corpus = Path(args.data) / "corpus.jsonl"
     config = IndexConfig(precision=args.precision, device="cpu", show_progress=True)
     started = time.perf_counter()
-    index, _ = LanceIndex.build(work / "idx", default_model_path(), corpus, config=config)
+    index, _ = SearchIndex.build(work / "idx", default_model_path(), corpus, config=config)
     build_s = time.perf_counter() - started
     dataset = load_beir(args.data, "test")
     texts = list(dataset.queries.values())
@@ -181,6 +183,59 @@ def recall(args: argparse.Namespace) -> None:
         _append(args, row)
 
 
+def scale(args: argparse.Namespace) -> None:
+    """A ``--docs``-passage build with the bundled MiniLM, as ``robustir index`` does it: the passages of the shared
+    BEIR corpora in ``--data`` (each cut to its first ``--words`` words), repeated with a new id until there are
+    ``--docs``, each with a ``lang`` (3 values) and a ``year`` (50 values). Reports the build time, docs/s, peak RSS and
+    size on disk, then dense-search latency over the real vectors with 200 of the collections' queries: unfiltered,
+    ``{"lang": "de"}`` (a third) and ``{"year": {"$gte": 2015}}`` (a fifth), p50 / p95 in ms."""
+    import shutil
+    import subprocess
+
+    from robustir.resources import default_model_path
+    from robustir.serving.index import IndexConfig, SearchIndex
+
+    work = Path(tempfile.mkdtemp(prefix="lance-scale-"))
+    texts, queries = [], []
+    for folder in args.data:
+        with open(Path(folder) / "corpus.jsonl", encoding="utf-8") as handle:
+            for line in handle:
+                row = json.loads(line)
+                words = f"{row.get('title', '')} {row['text']}".split()[:args.words]
+                if words:
+                    texts.append(" ".join(words))
+        with open(Path(folder) / "queries.jsonl", encoding="utf-8") as handle:
+            queries += [json.loads(line)["text"] for line in handle][:60]
+    corpus = work / "corpus.jsonl"
+    with open(corpus, "w", encoding="utf-8") as handle:
+        for i in range(args.docs):
+            handle.write(json.dumps({"_id": f"p{i}", "text": texts[i % len(texts)] + ("" if i < len(texts) else
+                                                                                       f" (copy {i // len(texts)})"),
+                                     "lang": ["en", "de", "fr"][i % 3], "year": 1975 + i % 50}) + "\n")
+    config = IndexConfig(precision=args.precision, batch_size=args.batch_size, show_progress=True)
+    started = time.perf_counter()
+    index, report = SearchIndex.build(work / "idx", default_model_path(), corpus, config=config)
+    seconds = time.perf_counter() - started
+    size = int(subprocess.run(["du", "-sb", str(work / "idx")], capture_output=True, text=True).stdout.split()[0])
+    rows = {"docs": index.count, "unique_passages": len(texts), "words": args.words, "precision": args.precision,
+            "build_s": round(seconds, 1), "docs_per_s": round(index.count / seconds, 1),
+            "peak_rss_mb": round(_rss_mb()), "disk_mb": round(size / 2 ** 20, 1)}
+    vectors = index.encoder.encode(queries[:200], "query", show_progress=False)
+    for name, flt in [("unfiltered", None), ("lang=de", {"lang": "de"}), ("year>=2015", {"year": {"$gte": 2015}})]:
+        times = []
+        for vector in vectors:
+            t = time.perf_counter()
+            hits = index.search_vectors(vector[None], 10, flt)
+            times.append((time.perf_counter() - t) * 1000)
+            assert len(hits[0]) == 10
+        rows[f"{name}_p50_ms"] = round(float(np.percentile(times, 50)), 1)
+        rows[f"{name}_p95_ms"] = round(float(np.percentile(times, 95)), 1)
+    print(json.dumps(rows))
+    _append(args, {"bench": "lance_index.scale", **rows})
+    index.close()
+    shutil.rmtree(work)
+
+
 def _append(args: argparse.Namespace, row: dict) -> None:
     if args.output:
         with open(args.output, "a", encoding="utf-8") as handle:
@@ -202,10 +257,16 @@ def main() -> int:
     rec.add_argument("--data", required=True)
     rec.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     rec.add_argument("--nprobes", type=int, nargs="+", default=[5, 20, 50])
-    for p in (b, lat, rec):
+    sc = sub.add_parser("scale")
+    sc.add_argument("--data", nargs="+", required=True)
+    sc.add_argument("--docs", type=int, default=100_000)
+    sc.add_argument("--words", type=int, default=100)
+    sc.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    sc.add_argument("--batch-size", type=int, default=64)
+    for p in (b, lat, rec, sc):
         p.add_argument("--output", default=None, help="JSONL the rows are appended to")
     args = parser.parse_args()
-    {"build": build, "latency": latency, "recall": recall}[args.what](args)
+    {"build": build, "latency": latency, "recall": recall, "scale": scale}[args.what](args)
     return 0
 
 

@@ -1,12 +1,11 @@
-"""robustir.serving.filters: the JSON filter language -- the SQLite compiler against the Python evaluator on random
-records and filters, hostile names and values, error messages, and filters through SearchIndex and POST /search."""
+"""robustir.serving.filters: the JSON filter language -- the parsed tree and its documented semantics, hostile names,
+limits and bad values refused naming the place, error messages, and filters through SearchIndex and POST /search
+(the LanceDB compiler against the Python evaluator: tests/test_lance_filters.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import random
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,80 +15,20 @@ try:  # the HTTP client the installed openai package uses (httpx2 with openai >=
 except ImportError:  # pragma: no cover
     import httpx
 
-from filter_oracle import (SEMANTIC_CASES, SEMANTIC_RECORDS, known_fields, python_ids, random_filter,
-                           random_records)  # tests/ is on sys.path
+from filter_oracle import SEMANTIC_CASES, SEMANTIC_RECORDS, known_fields, python_ids  # tests/ is on sys.path
 from helpers import DOCS
 from test_serving_index import beir, quiet  # noqa: F401  (beir is a fixture)
 
 from robustir.errors import ConfigError
-from robustir.serving import filters as filters_module
-from robustir.serving.filters import (MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or, parse_filter,
-                                      to_sqlite)
+from robustir.serving.filters import MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or, parse_filter
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-# ------------------------------------------------------------------------------------------------ helpers
-
-SCHEMA = ("CREATE TABLE docs (id INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL UNIQUE, title TEXT NOT NULL, "
-          "text TEXT NOT NULL, fields TEXT NOT NULL, indexed INTEGER NOT NULL)")
-
-
-def load(records: list[dict]) -> sqlite3.Connection:
-    """An in-memory ``docs`` table as SearchIndex writes it (extra fields as JSON, ensure_ascii=False)."""
-    db = sqlite3.connect(":memory:")
-    db.execute(SCHEMA)
-    db.executemany("INSERT INTO docs (doc_id, title, text, fields, indexed) VALUES (?, ?, '', ?, 1)",
-                   [(r["id"], r["title"], json.dumps(r["fields"], ensure_ascii=False)) for r in records])
-    return db
-
-
-def sql_ids(db: sqlite3.Connection, f) -> list[str]:
-    where, params = to_sqlite(f)
-    return [row[0] for row in db.execute(f"SELECT doc_id FROM docs WHERE indexed = 1 AND {where} ORDER BY id",
-                                         params)]
-
-
-# ------------------------------------------------------------------------------------------------ random oracle
-
-def disagreements(seed: int, n_records: int = 300, n_filters: int = 300) -> tuple[list, int]:
-    """Filters on which the SQL and the Python evaluator disagree, and how many filters selected some but not all."""
-    rng = random.Random(seed)
-    records = random_records(rng, n_records)
-    db, fields = load(records), known_fields(records)
-    wrong, informative = [], 0
-    for _ in range(n_filters):
-        obj = random_filter(rng)
-        f = parse_filter(obj, fields)
-        expected, got = python_ids(records, f), sql_ids(db, f)
-        informative += 0 < len(expected) < len(records)
-        if got != expected:
-            wrong.append((obj, sorted(set(expected) ^ set(got))[:5]))
-    return wrong, informative
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sqlite_agrees_with_the_python_evaluator_on_random_records_and_filters(seed):
-    wrong, informative = disagreements(seed)
-    assert not wrong, f"{len(wrong)} filters disagree, e.g. {wrong[:3]}"
-    assert informative > 150  # most filters select some documents but not all: the comparison has power
-
-
-@pytest.mark.parametrize("op, broken", [("$gte", ">"), ("$lt", "<=")])
-def test_the_random_oracle_catches_a_broken_operator(monkeypatch, op, broken):
-    monkeypatch.setitem(filters_module._SQL_RANGES, op, broken)
-    wrong, _ = disagreements(0)
-    assert wrong
-
-
-# ------------------------------------------------------------------------------------------------ semantics
-
 @pytest.mark.parametrize("obj, expected", SEMANTIC_CASES)
-def test_documented_semantics_in_python_and_in_sqlite(obj, expected):
+def test_documented_semantics_in_python(obj, expected):
     f = parse_filter(obj, known_fields(SEMANTIC_RECORDS))
     order = [r["id"] for r in SEMANTIC_RECORDS]
-    expected = sorted(expected, key=order.index)
-    assert python_ids(SEMANTIC_RECORDS, f) == expected
-    assert sql_ids(load(SEMANTIC_RECORDS), f) == expected
+    assert python_ids(SEMANTIC_RECORDS, f) == sorted(expected, key=order.index)
 
 
 def test_parse_builds_a_typed_tree():
@@ -112,26 +51,12 @@ HOSTILE = ["x') OR 1=1 --", "\"; DROP TABLE docs; --", '$."a"', 'a"b', "a\nb", "
 
 @pytest.fixture()
 def hostile_db():
+    """Known field names and records with hostile values (values matched literally in LanceDB:
+    tests/test_lance_filters.py)."""
     records = [{"id": f"h{i}", "title": value, "fields": {"s": value, "x') OR 1=1 --": value, "n": i}}
                for i, value in enumerate(HOSTILE)]
     records.append({"id": "plain", "title": "plain", "fields": {"s": "plain", "n": -1}})
-    db = load(records)
-    yield db, known_fields(records), records
-    assert db.execute("SELECT count(*) FROM docs").fetchone() == (len(records),)  # the table is still there
-    db.close()
-
-
-@pytest.mark.parametrize("value", HOSTILE)
-def test_hostile_values_are_matched_literally(hostile_db, value):
-    db, fields, records = hostile_db
-    wanted = [r["id"] for r in records if r["fields"]["s"] == value]
-    for obj in ({"s": value}, {"title": value}, {"s": {"$in": [value, "nothing"]}}, {"s": {"$gte": value,
-                                                                                           "$lte": value}},
-                {"x') OR 1=1 --": value}):  # a known field whose name looks like SQL is only a JSON path
-        f = parse_filter(obj, fields)
-        assert sql_ids(db, f) == wanted == python_ids(records, f)
-        assert len(value) < 2 or value not in to_sqlite(f)[0]  # values travel as parameters only
-    assert len(sql_ids(db, parse_filter({"s": {"$ne": value}}, fields))) == len(records) - 1
+    return None, known_fields(records), records
 
 
 @pytest.mark.parametrize("name, path, message", [
@@ -151,7 +76,7 @@ def test_hostile_field_names_are_refused_naming_the_path(hostile_db, name, path,
     db, fields, records = hostile_db
     if message is None:
         f = parse_filter({name: 1}, fields)
-        assert sql_ids(db, f) == [] == python_ids(records, f)
+        assert python_ids(records, f) == []
         return
     with pytest.raises(ConfigError) as exc:
         parse_filter({name: "x"}, fields)
@@ -193,16 +118,6 @@ def test_limits_and_bad_values_are_refused_naming_the_path(hostile_db, obj, path
         parse_filter(obj, hostile_db[1])
     text = str(exc.value)
     assert text.startswith(path + ": ") and message in text and "\n" not in text and len(text) < 400
-
-
-def test_a_filter_at_every_limit_still_runs_in_sqlite(hostile_db):
-    db, fields, records = hostile_db
-    # 250 conditions over all four kinds of value (4 x 250 = the most list items): the most parameters a filter has
-    wide = parse_filter({"$or": [{"s": {"$nin": [None, True, i, f"v{i}"]}} for i in range(250)]}, fields)
-    deep = parse_filter(nested(MAX_DEPTH, "$or"), fields)
-    assert len(to_sqlite(wide)[1]) == 250 * 7  # one path for the literals, path x 2 + value per number and string
-    for f in (wide, deep):
-        assert sql_ids(db, f) == python_ids(records, f)
 
 
 # ------------------------------------------------------------------------------------------------ messages

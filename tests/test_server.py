@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
 
 import numpy as np
@@ -189,7 +190,7 @@ def test_search_without_an_index_is_404_and_models_are_checked_against_the_index
         reply = httpx.post(f"{url}/search", json={"query": "x"})
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "no_index"
         assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}).status_code == 200  # no key set: open
-    with pytest.raises(ConfigError, match="was built with model .*, not "):
+    with pytest.raises(ConfigError, match="is not the model index .* was built with .*its files differ"):
         create_app(minilm_path, tiny_index)
     with pytest.raises(ConfigError, match="come from the index's manifest"):
         create_app(None, tiny_index, encoder_options={"pooling": "mean"})
@@ -368,3 +369,109 @@ def test_port_in_use_is_a_one_line_error(tiny_model_dir):
             _bind("127.0.0.1", taken.getsockname()[1])
     finally:
         taken.close()
+
+
+# ------------------------------------------------------------------------------------------------ modes, live changes
+
+def test_search_modes_equal_robustir_eval_through_the_same_index(client, tiny_index, tiny_server):
+    from robustir.evaluation.retrieval import EvalConfig, evaluate
+
+    beir = tiny_index.parent / "beir"
+    qids, texts = [q for q, _ in QUERIES], [t for _, t in QUERIES]
+    for mode in ("dense", "lexical", "hybrid"):
+        run = evaluate(None, beir, "test", EvalConfig(search_index=str(tiny_index), mode=mode, top_k=4,
+                                                      fusion={"candidates": 20}, show_progress=False)).run
+        body = {"query": texts, "top_k": 4, "mode": mode}
+        if mode == "hybrid":
+            body["fusion"] = {"candidates": 20}  # the server's max_top_k
+        reply = client.post("/search", json=body)
+        assert reply.status_code == 200, reply.text
+        for qid, row in zip(qids, reply.json()["hits"]):
+            if qid not in run:
+                continue  # a query without qrels is not evaluated
+            expected = sorted(run[qid].items(), key=lambda item: -item[1])
+            assert [h["id"] for h in row] == [d for d, _ in expected], mode
+            np.testing.assert_allclose([h["score"] for h in row], [s for _, s in expected], atol=1e-5)
+    lexical = client.post("/search", json={"query": "coffee", "top_k": 6, "mode": "lexical"}).json()["hits"]
+    assert [h["id"] for h in lexical] == ["d5"]  # only the coffee document has the word: fewer than top_k
+    dense = client.post("/search", json={"query": "coffee", "top_k": 6}).json()["hits"]
+    assert len(dense) == 6
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"query": "x", "mode": "sparse"}, "mode", "'dense', 'lexical' or 'hybrid'"),
+    ({"query": "x", "fusion": {"rrf_k": 10}}, "fusion", "goes with mode 'hybrid'"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"rrf_k": 0}}, "fusion", "fusion.rrf_k = 0 is out of range"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"k": 1}}, "fusion", "fusion: unknown option 'k'"),
+    ({"query": "x", "mode": "hybrid", "fusion": [60]}, "fusion", "must be an object"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"candidates": 10 ** 9}}, "fusion", "at most 20"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"dense_weight": float("nan")}}, "fusion", "not a finite number"),
+])
+def test_bad_mode_and_fusion_requests(client, body, param, message):
+    try:
+        reply = client.post("/search", json=body)
+    except ValueError:  # the client refuses to send NaN as JSON; send it by hand
+        reply = client.post("/search", content=b'{"query": "x", "mode": "hybrid", "fusion": {"dense_weight": NaN}}',
+                            headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and message in error["message"], error
+
+
+def test_a_running_server_follows_add_delete_and_upsert(tmp_path, tiny_model_dir):
+    """Under a running server: each committed change shows on the next query -- found, filtered, exactly top_k while
+    enough documents match -- and no request fails while the writer works."""
+    import threading
+
+    from test_serving_index import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl")  # 24 documents, 8 topics, lang en/de/fr, meta.year
+    SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=IndexConfig(show_progress=False))[0].close()
+    app = create_app(None, tmp_path / "idx", ServeConfig(max_wait_ms=0))
+    failures: list = []
+    stop = threading.Event()
+    with running_server(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        def hammer() -> None:  # other clients, all the while
+            bodies = [{"query": "health study", "top_k": 5}, {"query": "study", "top_k": 5, "mode": "lexical"},
+                      {"query": "health", "top_k": 5, "mode": "hybrid", "filter": {"lang": "de"}},
+                      {"query": "health", "top_k": 5, "filter": {"meta.year": {"$gte": 2004}}}]
+            while not stop.is_set():
+                for body in bodies:
+                    reply = client.post("/search", json=body)
+                    if reply.status_code != 200 or len(reply.json()["hits"]) != 5:
+                        failures.append((body, reply.status_code, reply.text[:300]))
+
+        def search(**body) -> list[dict]:
+            reply = client.post("/search", json=body)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["hits"]
+
+        thread = threading.Thread(target=hammer)
+        thread.start()
+        try:
+            writer = SearchIndex.open(tmp_path / "idx", writable=True)
+            more = tmp_path / "more.jsonl"
+            more.write_text("".join(json.dumps({"_id": f"n{i}", "title": "Zebra", "text": f"zebra crossing {i}",
+                                                "lang": "de", "colour": ["red", "blue"][i % 2]}) + "\n"
+                                    for i in range(6)))
+            writer.add(more, config=IndexConfig(show_progress=False, chunk_size=2))
+            assert client.get("/health").json()["index"]["documents"] == 30
+            assert {h["id"] for h in search(query="zebra", top_k=10, mode="lexical")} == {f"n{i}" for i in range(6)}
+            red = search(query="zebra crossing", top_k=3, filter={"colour": "red"})  # a field new since the start
+            assert len(red) == 3 and all(h["fields"]["colour"] == "red" for h in red)
+            writer.delete(["n0", "n2", "d1"])
+            assert client.get("/health").json()["index"]["documents"] == 27
+            assert {h["id"] for h in search(query="zebra", top_k=10, mode="lexical")} == {"n1", "n3", "n4", "n5"}
+            assert len(search(query="zebra crossing", top_k=10, filter={"lang": "de"})) == 10  # 8 + 4 - 0 de left
+            update = tmp_path / "update.jsonl"
+            update.write_text(json.dumps({"_id": "n1", "title": "Okapi", "text": "okapi sightings", "lang": "fr"})
+                              + "\n")
+            writer.upsert(update, config=IndexConfig(show_progress=False))
+            okapi = search(query="okapi", top_k=5, mode="lexical")
+            assert [(h["id"], h["title"], h["fields"]) for h in okapi] == [("n1", "Okapi", {"lang": "fr"})]
+            assert "n1" not in {h["id"] for h in search(query="zebra", top_k=10, mode="lexical")}
+            writer.close()
+        finally:
+            stop.set()
+            thread.join(timeout=120)
+    assert not failures, failures[:3]

@@ -1,10 +1,18 @@
-"""robustir.serving.index (``robustir index``): build, resume, add, delete, filters, integrity checks, CLI."""
+"""robustir.serving.index (``robustir index``): the LanceDB index -- build, modes, filters, add / delete / upsert seen
+by a live reader (in this process and in another one), a killed build resumed to the same table, damage named by open
+and check, and the CLI."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import sqlite3
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +21,14 @@ import pytest
 from helpers import DOCS, QUERIES  # noqa: E402  (tests/ is on sys.path)
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
-from robustir.index.dense import DenseIndexConfig
 from robustir.models.encoder import Encoder
-from robustir.serving import index as index_module
-from robustir.serving.index import IndexConfig, SearchIndex
+from robustir.serving.index import AnnConfig, IndexConfig, SearchIndex
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
+REPO = Path(__file__).resolve().parents[1]
 
 LANGS = {"d1": "en", "d2": "en", "d3": "de", "d4": "fr", "d5": "en", "d6": "de"}
+TOPICS = ["sleep", "coffee", "exercise", "protein", "vitamin", "sugar", "memory", "stress"]
 
 
 def write_beir(root: Path) -> Path:
@@ -61,6 +69,17 @@ def ids(hits) -> list[list[str]]:
     return [[h.id for h in row] for row in hits]
 
 
+def write_corpus(path: Path, n: int = 24, start: int = 0, prefix: str = "d") -> Path:
+    """``n`` documents, each about one topic word (so BM25 finds it) with a year and a nested field."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(start, start + n):
+            topic = TOPICS[i % len(TOPICS)]
+            handle.write(json.dumps({"_id": f"{prefix}{i}", "title": f"On {topic} {i}",
+                                     "text": f"A study of {topic} and health, number {i}.",
+                                     "lang": ["en", "de", "fr"][i % 3], "meta": {"year": 2000 + i}}) + "\n")
+    return path
+
+
 # ------------------------------------------------------------------------------------------------ build and search
 
 def test_build_searches_like_brute_force_and_writes_a_manifest(tmp_path, beir, tiny_model_dir, encoder):
@@ -78,12 +97,11 @@ def test_build_searches_like_brute_force_and_writes_a_manifest(tmp_path, beir, t
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     assert manifest["model"]["path"] == str(Path(tiny_model_dir).resolve())
     assert "model.safetensors" in manifest["model"]["digest"]
-    assert manifest["encoder"]["pooling"] == "cls" and manifest["dimension"] == 32
-    assert manifest["index"]["kind"] == "flat" and manifest["index"]["deletes"] == "remove_ids"
-    assert manifest["counts"] == {"documents": 6, "vectors": 6, "tombstones": 0}
-    assert set(manifest["files"]) == {"index-000001.faiss", "meta.sqlite"}
-    assert all(f["sha256"].startswith("sha256:") for f in manifest["files"].values())
-    assert manifest["robustir_version"] and manifest["fields"] == ["lang"]
+    assert manifest["encoder"]["pooling"] == "cls" and manifest["dim"] == 32
+    assert manifest["format"] == "robustir-lance-1" and manifest["job"] is None and manifest["documents"] == 6
+    assert manifest["ann"]["kind"] == "exact" and not manifest["ann"]["indexed"] and index.kind == "exact"
+    assert manifest["fields"] == ["lang"] and manifest["files"]
+    assert all(name.startswith("lance/docs.lance/") and len(f["sha256"]) == 64 for name, f in manifest["files"].items())
 
 
 def test_plain_text_and_gzipped_jsonl_corpora(tmp_path, tiny_model_dir):
@@ -104,145 +122,6 @@ def test_plain_text_and_gzipped_jsonl_corpora(tmp_path, tiny_model_dir):
         assert index.search("passage", top_k=5)[0][0].fields == {"doc_id": "D1", "start": 0}
 
 
-def test_filters_select_in_sqlite_exactly_or_through_a_faiss_selector(tmp_path, beir, tiny_model_dir, monkeypatch):
-    with SearchIndex.build(tmp_path / "idx", tiny_model_dir, beir, config=quiet())[0] as index:
-        query = ["sleep and exercise"]
-        assert {h.id for h in index.search(query, 6, {"lang": "de"})[0]} == {"d3", "d6"}
-        assert {h.id for h in index.search(query, 6, {"lang": ["de", "fr"]})[0]} == {"d3", "d4", "d6"}
-        assert [h.id for h in index.search(query, 6, {"title": "Coffee"})[0]] == ["d5"]
-        assert [h.id for h in index.search(query, 6, {"id": "d2", "lang": "en"})[0]] == ["d2"]
-        assert index.search(query, 6, {"lang": "xx"})[0] == []
-        exact = index.search(query, 2, {"lang": "en"})[0]
-        monkeypatch.setattr(index_module, "EXACT_FILTER_LIMIT", 0)  # the FAISS ID-selector path
-        selected = index.search(query, 2, {"lang": "en"})[0]
-        assert [h.id for h in selected] == [h.id for h in exact]
-        np.testing.assert_allclose([h.score for h in selected], [h.score for h in exact], atol=1e-5)
-        with pytest.raises(ConfigError, match="'colour' is in no document.*fields: id, title, lang"):
-            index.search(query, 3, {"colour": "red"})
-        assert {h.id for h in index.search(query, 6, {"lang": {"$ne": "en"}})[0]} == {"d3", "d4", "d6"}
-        with pytest.raises(ConfigError, match=r"filter\.lang\.\$eq: expected a string, a finite number"):
-            index.search(query, 3, {"lang": {"$eq": {"en": 1}}})
-        with pytest.raises(ConfigError, match="top_k"):
-            index.search(query, 0)
-
-
-# ------------------------------------------------------------------------------------------------ resume
-
-class Killed(Exception):
-    pass
-
-
-def test_a_killed_build_resumes_where_it_stopped(tmp_path, beir, tiny_model_dir, monkeypatch):
-    encoder = Encoder.from_pretrained(tiny_model_dir)
-    encoded: list[int] = []
-    original = Encoder.encode
-
-    def counting(self, texts, kind="passage", **kwargs):
-        if kind == "passage":
-            encoded.append(len(texts))
-        return original(self, texts, kind, **kwargs)
-
-    monkeypatch.setattr(Encoder, "encode", counting)
-
-    def kill_after_first_chunk(position: int) -> None:
-        raise Killed(position)
-
-    with pytest.raises(Killed):
-        SearchIndex.build(tmp_path / "idx", encoder, beir, config=quiet(chunk_size=2), on_chunk=kill_after_first_chunk)
-    assert encoded == [2]
-    with pytest.raises(DataError, match="unfinished: a build of .* stopped after 2 input records"):
-        SearchIndex.open(tmp_path / "idx")
-    with pytest.raises(ConfigError, match="unfinished build .* other settings.*kind"):
-        SearchIndex.build(tmp_path / "idx", encoder, beir, config=quiet(chunk_size=2, index=DenseIndexConfig(kind="hnsw")))
-    index, report = SearchIndex.build(tmp_path / "idx", encoder, beir, config=quiet(chunk_size=2))
-    assert encoded == [2, 2, 2] and report.resumed_from == 2 and report.added == 4
-    index.close()
-    with SearchIndex.build(tmp_path / "whole", encoder, beir, config=quiet(chunk_size=100))[0] as whole, \
-            SearchIndex.open(tmp_path / "idx", model=encoder) as resumed:
-        queries = [q for _, q in QUERIES]
-        a, b = whole.search(queries, 6), resumed.search(queries, 6)
-        assert ids(a) == ids(b)
-        np.testing.assert_allclose([[h.score for h in r] for r in a], [[h.score for h in r] for r in b], atol=1e-5)
-    again, report = SearchIndex.build(tmp_path / "idx", encoder, beir, config=quiet(chunk_size=2))
-    again.close()
-    assert report.nothing_to_do
-
-
-def test_a_kill_between_the_faiss_file_and_the_commit_leaves_the_old_generation(tmp_path, beir, tiny_model_dir,
-                                                                                 monkeypatch):
-    SearchIndex.build(tmp_path / "idx", tiny_model_dir, beir, config=quiet())[0].close()
-    more = tmp_path / "more.jsonl"
-    more.write_text(json.dumps({"_id": "n1", "text": "a new note on coffee and sleep"}) + "\n")
-    original = SearchIndex._set_state
-
-    def crash_on_commit(self, key, value):
-        if key == "generation":
-            raise Killed("after the FAISS file was written, before the commit")
-        return original(self, key, value)
-
-    with SearchIndex.open(tmp_path / "idx", writable=True) as index:
-        monkeypatch.setattr(SearchIndex, "_set_state", crash_on_commit)
-        with pytest.raises(Killed):
-            index.add(more, config=quiet())
-        monkeypatch.setattr(SearchIndex, "_set_state", original)
-    assert (tmp_path / "idx" / "index-000002.faiss").exists()  # written, never committed
-    with pytest.raises(DataError, match="unfinished: an add"):
-        SearchIndex.open(tmp_path / "idx")
-    with SearchIndex.open(tmp_path / "idx", writable=True) as index:
-        assert not (tmp_path / "idx" / "index-000002.faiss").exists()  # the stale generation is dropped
-        report = index.add(more, config=quiet())
-        assert report.added == 0 and report.documents == 7  # the committed chunk is not encoded again
-    with SearchIndex.open(tmp_path / "idx") as index:
-        assert index.count == 7 and index.manifest["counts"]["vectors"] == 7
-        assert index.search("coffee sleep note", 1, {"id": "n1"})[0][0].id == "n1"
-
-
-def test_an_interrupted_save_is_reported_and_finished_by_check(tmp_path, beir, tiny_model_dir, monkeypatch):
-    SearchIndex.build(tmp_path / "idx", tiny_model_dir, beir, config=quiet())[0].close()
-    with SearchIndex.open(tmp_path / "idx", writable=True) as index:
-        monkeypatch.setattr(SearchIndex, "_write_manifest", lambda self: (_ for _ in ()).throw(Killed("manifest")))
-        with pytest.raises(Killed):
-            index.delete(["d2"])
-        monkeypatch.undo()
-    with pytest.raises(DataError, match="(?s)stopped while saving.*--check"):
-        SearchIndex.open(tmp_path / "idx")
-    assert main(["index", "--check", "--output", str(tmp_path / "idx")]) == 0
-    with SearchIndex.open(tmp_path / "idx") as index:
-        assert index.count == 5
-
-
-# ------------------------------------------------------------------------------------------------ add and delete
-
-@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
-def test_add_and_delete_without_a_rebuild(tmp_path, beir, tiny_model_dir, kind):
-    config = quiet(index=DenseIndexConfig(kind=kind))
-    more = tmp_path / "more.jsonl"
-    more.write_text("".join(json.dumps({"_id": f"n{i}", "text": f"new note {i} about tea", "lang": "it"}) + "\n"
-                            for i in range(3)))
-    with SearchIndex.build(tmp_path / "idx", tiny_model_dir, beir, config=config)[0] as index:
-        report = index.add(more, config=config)
-        assert report.added == 3 and index.count == 9
-        assert {h.id for h in index.search("tea", 9)[0]} == {d for d, _, _ in DOCS} | {"n0", "n1", "n2"}
-        assert {h.id for h in index.search("tea", 9, {"lang": "it"})[0]} == {"n0", "n1", "n2"}
-        before = index.search("tea", 9)[0]
-        index.delete(["n1", "d2"])
-        after = index.search("tea", 9)[0]
-        assert {h.id for h in after} == {h.id for h in before} - {"n1", "d2"}
-        assert len(after) == 7
-    with SearchIndex.open(tmp_path / "idx", model=tiny_model_dir) as index:
-        counts = index.manifest["counts"]
-        assert counts["documents"] == 7
-        assert counts["tombstones"] == (2 if kind == "hnsw" else 0)
-        assert counts["vectors"] == (9 if kind == "hnsw" else 7)
-        assert "n1" not in {h.id for h in index.search("tea", 9)[0]}
-    if kind == "hnsw":  # FAISS cannot remove from HNSW: tombstones until compacted
-        with SearchIndex.open(tmp_path / "idx", writable=True) as index:
-            index.compact()
-        with SearchIndex.open(tmp_path / "idx") as index:
-            assert index.manifest["counts"] == {"documents": 7, "vectors": 7, "tombstones": 0}
-            assert {h.id for h in index.search("tea", 9)[0]} == {h.id for h in after}
-
-
 def test_bad_input_is_refused_before_anything_changes(tmp_path, beir, tiny_model_dir):
     SearchIndex.build(tmp_path / "idx", tiny_model_dir, beir, config=quiet())[0].close()
     dup = tmp_path / "dup.jsonl"
@@ -259,53 +138,340 @@ def test_bad_input_is_refused_before_anything_changes(tmp_path, beir, tiny_model
         with pytest.raises(DataError, match=r"twice.jsonl, line 2, field '_id': duplicate document id 'n1' \(also on "
                                             r"line 1\)"):
             index.add(twice, config=quiet())
-        with pytest.raises(DataError, match=r"1 of 2 id\(s\) to delete are not in the index: 'nope'; nothing was "
-                                            "deleted"):
+        with pytest.raises(DataError, match=r"1 of 2 id\(s\) to delete are not in the index: 'nope'\n  Fix: check "
+                                            "the ids; nothing was deleted"):
             index.delete(["d1", "nope"])
     with SearchIndex.open(tmp_path / "idx") as index:  # untouched, and no unfinished job left behind
         assert index.count == 6
 
 
-# ------------------------------------------------------------------------------------------------ integrity
+@pytest.fixture()
+def built(tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    index, report = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    assert report.added == 24 and index.count == 24
+    return index
+
+
+def table_rows(index: SearchIndex) -> list[tuple]:
+    """Every row (a row written twice shows twice), in id order."""
+    rows = index._table.to_arrow().to_pylist()
+    return sorted((r["id"], r["title"], r["text"], r["fields"], tuple(np.round(r["vector"], 6))) for r in rows)
+
+
+def test_modes_return_top_k_and_lexical_finds_the_word(built):
+    dense = built.search("coffee and health", top_k=5)[0]
+    assert len(dense) == 5 and len({h.id for h in dense}) == 5
+    lexical = built.search("coffee", top_k=10, mode="lexical")[0]
+    assert {h.id for h in lexical} == {f"d{i}" for i in range(24) if TOPICS[i % 8] == "coffee"}
+    hybrid = built.search("coffee", top_k=5, mode="hybrid")[0]
+    assert len(hybrid) == 5 and hybrid[0].id in {h.id for h in lexical}
+    assert all(a.score >= b.score for a, b in zip(hybrid, hybrid[1:]))
+    with pytest.raises(ConfigError, match="top_k"):
+        built.search("x", top_k=0)
+    with pytest.raises(ConfigError, match="mode 'sparse'"):
+        built.search("x", mode="sparse")  # type: ignore[arg-type]
+
+
+def test_a_reader_follows_add_delete_and_upsert_without_reopening(built, tmp_path):
+    reader = SearchIndex.open(built.path)
+    assert reader.count == 24
+    built.add(write_corpus(tmp_path / "more.jsonl", n=3, start=100, prefix="n"), config=quiet())
+    assert reader.count == 27
+    found = reader.search("vitamin", top_k=30, mode="lexical")[0]  # n100 is about vitamins
+    assert "n100" in {h.id for h in found}
+    built.delete(["d1", "n100"])
+    assert reader.count == 25
+    hits = reader.search("anything", top_k=25)[0]
+    assert len(hits) == 25 and not {"d1", "n100"} & {h.id for h in hits}  # exactly top_k, none deleted
+    update = tmp_path / "up.jsonl"
+    update.write_text(json.dumps({"_id": "d2", "title": "Replaced", "text": "zebra crossings", "lang": "xx"}) + "\n")
+    built.upsert(update, config=quiet())
+    assert reader.count == 25
+    zebra = reader.search("zebra", top_k=3, mode="lexical")[0]
+    assert [(h.id, h.title, h.fields) for h in zebra] == [("d2", "Replaced", {"lang": "xx"})]
+    with pytest.raises(DataError, match="not in the index: 'nope'"):
+        built.delete(["nope"])
+    with pytest.raises(DataError, match="duplicate document id 'd3' \\(already in the index\\)"):
+        built.add(write_corpus(tmp_path / "dup.jsonl", n=1, start=3), config=quiet())
+
+
+def test_a_reader_in_another_process_sees_each_commit(built, tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / 'src')!r})
+        from robustir.serving.index import SearchIndex
+        index = SearchIndex.open({str(built.path)!r})
+        for line in sys.stdin:
+            hits = index.search("protein", top_k=50, mode="lexical")[0]
+            print(index.count, sorted(h.id for h in hits if h.id.startswith("n")), flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        def ask() -> str:
+            child.stdin.write("?\n")
+            child.stdin.flush()
+            return child.stdout.readline().strip()
+
+        assert ask() == "24 []"
+        built.add(write_corpus(tmp_path / "more.jsonl", n=8, start=100, prefix="n"), config=quiet())
+        assert ask() == "32 ['n107']"  # n107 is about protein
+        built.delete(["n107"])
+        assert ask() == "31 []"
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+def test_a_killed_build_resumes_to_the_same_table(tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    whole, _ = SearchIndex.build(tmp_path / "whole", tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    # a real kill -9 after the second chunk was committed
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(REPO / 'src')!r})
+        from robustir.serving.index import IndexConfig, SearchIndex
+        def kill(position):
+            if position >= 10:
+                os.kill(os.getpid(), signal.SIGKILL)
+        SearchIndex.build({str(tmp_path / 'killed')!r}, {tiny_model_dir!r}, {str(corpus)!r},
+                         config=IndexConfig(show_progress=False, chunk_size=5), on_chunk=kill)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    with pytest.raises(DataError, match="did not finish \\(after 10 input records\\)"):
+        SearchIndex.open(tmp_path / "killed")
+    resumed, report = SearchIndex.build(tmp_path / "killed", tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    assert report.resumed_from == 10 and report.added == 14
+    assert table_rows(resumed) == table_rows(whole)
+
+
+def test_a_kill_between_the_commit_and_the_manifest_leaves_no_extra_rows(tmp_path, tiny_model_dir, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    whole, _ = SearchIndex.build(tmp_path / "whole", tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    saves = {"n": 0}
+    original = SearchIndex._save_job
+
+    def save(self, job):
+        saves["n"] += 1
+        if saves["n"] == 4:  # the start, two chunks recorded, then the third chunk is committed but not recorded
+            raise KeyboardInterrupt
+        original(self, job)
+
+    monkeypatch.setattr(SearchIndex, "_save_job", save)
+    with pytest.raises(KeyboardInterrupt):
+        SearchIndex.build(tmp_path / "cut", tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    monkeypatch.setattr(SearchIndex, "_save_job", original)
+    resumed, report = SearchIndex.build(tmp_path / "cut", tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    assert report.resumed_from == 10
+    assert table_rows(resumed) == table_rows(whole)  # the third chunk's rows were written once, not twice
+
+
+def test_one_writer_at_a_time_and_readers_open_during_a_running_job(built, tmp_path):
+    seen = []
+
+    def during(position):
+        if position == 5:
+            reader = SearchIndex.open(built.path)  # the add is running: the committed rows are served
+            seen.append(reader.count)
+            with pytest.raises(ConfigError, match="is being changed by another process"):
+                SearchIndex.open(built.path, writable=True)
+            reader.close()
+
+    built.add(write_corpus(tmp_path / "more.jsonl", n=8, start=100, prefix="n"), config=quiet(chunk_size=5),
+              on_chunk=during)
+    assert seen == [29] and built.count == 32
+    with pytest.raises(ConfigError, match="is being changed by another process"):
+        SearchIndex.open(built.path, writable=True)  # ``built`` still holds the lock
+    built.close()
+    with SearchIndex.open(built.path, writable=True) as again:  # released by close()
+        assert again.count == 32
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"dim": "32"}, "field 'dim' is missing or not a int"),
+    ({"format": "robustir-2"}, "index format 'robustir-2'"),
+    ({"documents": 99}, "holds 24 documents but its manifest says 99"),
+    ({"dim": 64}, "holds 32-d vectors but the manifest says 64"),
+    ({"job": {"kind": "x"}}, "its unfinished job is malformed"),
+    ({"job": 7}, "field 'job' is not a dict"),
+    ({"files": []}, "field 'files' is missing or not a dict"),
+    ({"files": {"lance/x": 3}}, "the record of data file 'lance/x' is malformed"),
+    ({"model": "m"}, "field 'model' is missing or not a dict"),
+    ({"ann": {"kind": "annoy"}}, "its settings are malformed (kind: 'annoy' is not one of"),
+    ({"encoder": {"pooling": "max"}}, "its settings are malformed (pooling: 'max'"),
+    ({"fields": [1]}, "field 'fields' holds a non-string name"),
+    ({"version": "one"}, "field 'version' is not a int"),
+])
+def test_a_tampered_manifest_is_named_never_a_traceback(built, edit, message):
+    built.close()
+    file = built.path / "manifest.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **edit}))
+    for writable in (False, True):
+        with pytest.raises(DataError) as exc:
+            SearchIndex.open(built.path, writable=writable)
+        assert message in str(exc.value) and str(built.path) in str(exc.value), str(exc.value)
+
+
+def test_damage_is_named_by_open_and_check(built, tmp_path, tiny_model_dir):
+    path = built.path
+    assert "data files verified" in built.check()
+    data = sorted(p for p in (path / "lance").rglob("*.lance") if p.is_file())
+    assert data
+    # a row edited: one byte of a data file flipped
+    victim = data[0]
+    blob = bytearray(victim.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    victim.write_bytes(bytes(blob))
+    built.close()
+    for writable in (False, True):  # open names it (a server never starts on it), and so does check
+        with pytest.raises(DataError, match="was edited after it was written"):
+            SearchIndex.open(path, writable=writable)
+    victim.write_bytes(bytes(blob[:len(blob) // 3]))  # vectors truncated
+    with pytest.raises(DataError, match="truncated or overwritten"):
+        SearchIndex.open(path)
+    blob[len(blob) // 2] ^= 0xFF
+    victim.write_bytes(bytes(blob))  # repaired by hand: the index opens again
+    assert SearchIndex.open(path).count == 24
+    # a wrong model: same architecture, other weights
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_model_dir, other)
+    weights = other / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
+    with pytest.raises(ConfigError, match="is not the model index .* was built with"):
+        SearchIndex.open(path, model=str(other))
+    # the manifest gone
+    (path / "manifest.json").unlink()
+    with pytest.raises(DataError, match="manifest.json.*is missing"):
+        SearchIndex.open(path)
+
+
+def test_non_finite_metadata_is_refused_at_build(tmp_path, tiny_model_dir):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"_id": "a", "text": "x", "score": NaN}\n', encoding="utf-8")
+    with pytest.raises(DataError, match="line 1.*not a finite number"):
+        SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet())
+
+
+def test_filtered_search_is_exact_in_every_mode_and_hostile_filters_are_refused_or_literal(built):
+    from robustir.serving.filters import matches, parse_filter
+
+    rows = built._table.to_arrow().to_pylist()
+    records = {r["id"]: {"id": r["id"], "title": r["title"], **json.loads(r["fields"])} for r in rows}
+    for flt in [{"lang": "de"}, {"meta.year": {"$gte": 2010, "$lt": 2020}}, {"lang": {"$ne": "en"}},
+                {"$or": [{"lang": "fr"}, {"meta.year": {"$lt": 2003}}]}, {"id": {"$in": ["d1", "d2", "nope"]}}]:
+        wanted = {i for i, rec in records.items() if matches(parse_filter(flt, ["id", "title", "lang", "meta"]), rec)}
+        for mode in ("dense", "hybrid"):
+            hits = built.search("health study", top_k=5, filter=flt, mode=mode)[0]
+            assert {h.id for h in hits} <= wanted and len(hits) == min(5, len(wanted)), (flt, mode)
+        lexical = built.search("health", top_k=30, filter=flt, mode="lexical")[0]
+        assert {h.id for h in lexical} == wanted, flt  # every document says "health"
+    # a value that looks like SQL is a value; the table is intact
+    assert built.search("x", top_k=3, filter={"lang": "en' OR '1'='1"})[0] == []
+    assert built.count == 24
+    with pytest.raises(ConfigError, match="'colour' is in no document"):
+        built.search("x", top_k=3, filter={"colour": "red"})
+    with pytest.raises(ConfigError, match="unknown operator '\\$gtt'"):
+        built.search("x", top_k=3, filter={"meta.year": {"$gtt": 1}})
+
+
+def test_discard_an_interrupted_add_and_compact(built, tmp_path):
+    def stop(position):
+        if position >= 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        built.add(write_corpus(tmp_path / "more.jsonl", n=12, start=100, prefix="n"), config=quiet(chunk_size=5),
+                  on_chunk=stop)
+    assert built.count == 29  # the first chunk is committed (and a reader would see it)
+    assert SearchIndex.open(built.path).count == 29  # the writer still holds the lock: its job is running
+    built.close()  # the writer is gone
+    with pytest.raises(DataError, match="its add of .* did not finish .* and no process is working on it"):
+        SearchIndex.open(built.path)
+    built = SearchIndex.open(built.path, writable=True)
+    assert built.discard_unfinished() == 5 and built.count == 24
+    assert built.discard_unfinished() == 0
+    reader = SearchIndex.open(built.path)
+    built.delete([f"d{i}" for i in range(10)])
+    files_before = len(list((built.path / "lance").rglob("*.lance")))
+    with pytest.warns(UserWarning, match="removes every version except the latest"):
+        report = built.compact(keep=timedelta(0))  # no other process works on this table
+    assert report.documents == 14 and reader.count == 14
+    assert len(list((built.path / "lance").rglob("*.lance"))) < files_before  # merged, old versions dropped
+    assert "data files verified" in SearchIndex.open(built.path).check()
+    assert {h.id for h in reader.search("coffee", top_k=20, mode="lexical")[0]} == {"d17"}
+
+
+def test_an_ann_index_from_the_threshold_on(tmp_path, tiny_model_dir):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=300)
+    exact, _ = SearchIndex.build(tmp_path / "exact", tiny_model_dir, corpus, config=quiet(chunk_size=100))
+    index, _ = SearchIndex.build(tmp_path / "ann", tiny_model_dir, corpus, config=quiet(chunk_size=100, ann=AnnConfig(kind="auto", threshold=200)))
+    assert not exact.manifest["ann"]["indexed"]
+    assert index.manifest["ann"]["indexed"] and index.manifest["ann"]["kind_built"] == "ivf_hnsw_sq"
+    assert "IvfHnswSq" in {i.index_type for i in index._table.list_indices()}
+    hits = index.search("coffee and health", top_k=10, filter={"lang": "de"})[0]
+    assert len(hits) == 10 and all(h.fields["lang"] == "de" for h in hits)
+    reopened = SearchIndex.open(index.path)  # the manifest says how to search it
+    assert len(reopened.search("coffee", top_k=7)[0]) == 7
+    with pytest.raises(ConfigError, match="kind: 'ivf' is not one of"):
+        AnnConfig(kind="ivf")  # type: ignore[arg-type]
+
+
+def test_a_build_over_an_index_of_another_corpus_is_refused_not_reported_done(built, tmp_path, tiny_model_dir):
+    built.close()  # the writer that built it is done
+    corpus = tmp_path / "corpus.jsonl"
+    again, report = SearchIndex.build(built.path, tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    assert report.nothing_to_do and again.count == 24  # the same corpus: done
+    again.close()
+    with open(corpus, "a", encoding="utf-8") as handle:  # the same path, edited
+        handle.write(json.dumps({"_id": "late", "text": "a late document"}) + "\n")
+    with pytest.raises(ConfigError, match="another corpus or model \\(corpus .* differs\\).*--add / --upsert"):
+        SearchIndex.build(built.path, tiny_model_dir, corpus, config=quiet(chunk_size=5))
+    other = write_corpus(tmp_path / "other.jsonl", n=3)
+    with pytest.raises(ConfigError, match="corpus .*corpus.jsonl -> .*other.jsonl"):
+        SearchIndex.build(built.path, tiny_model_dir, other, config=quiet())
+    rebuilt, report = SearchIndex.build(built.path, tiny_model_dir, other, config=quiet(), overwrite=True)
+    assert rebuilt.count == 3 and not report.nothing_to_do
+
 
 @pytest.fixture()
-def built(tmp_path, beir, tiny_model_dir) -> Path:
+def built_beir(tmp_path, beir, tiny_model_dir) -> Path:
     SearchIndex.build(tmp_path / "idx", tiny_model_dir, beir, config=quiet())[0].close()
     return tmp_path / "idx"
 
 
-def test_a_truncated_faiss_file_is_an_error(built):
-    faiss_file = built / "index-000001.faiss"
-    faiss_file.write_bytes(faiss_file.read_bytes()[:-100])
-    with pytest.raises(DataError, match=r"index-000001.faiss: has \d+ bytes; the manifest says \d+ \(truncated"):
-        SearchIndex.open(built)
+def test_filters_on_the_beir_fields(built_beir):
+    with SearchIndex.open(built_beir) as index:
+        query = ["sleep and exercise"]
+        assert {h.id for h in index.search(query, 6, {"lang": "de"})[0]} == {"d3", "d6"}
+        assert {h.id for h in index.search(query, 6, {"lang": ["de", "fr"]})[0]} == {"d3", "d4", "d6"}
+        assert [h.id for h in index.search(query, 6, {"title": "Coffee"})[0]] == ["d5"]
+        assert [h.id for h in index.search(query, 6, {"_id": "d2", "lang": "en"})[0]] == ["d2"]
+        assert index.search(query, 6, {"lang": "xx"})[0] == []
+        assert {h.id for h in index.search(query, 6, {"lang": {"$ne": "en"}})[0]} == {"d3", "d4", "d6"}
+        with pytest.raises(ConfigError, match="'colour' is in no document.*fields: id, title, lang"):
+            index.search(query, 3, {"colour": "red"})
+        with pytest.raises(ConfigError, match=r"filter\.lang\.\$eq: expected a string, a finite number"):
+            index.search(query, 3, {"lang": {"$eq": {"en": 1}}})
 
 
-def test_an_edited_metadata_store_is_an_error(built):
-    with sqlite3.connect(built / "meta.sqlite") as db:
-        db.execute("UPDATE docs SET text = 'something else' WHERE doc_id = 'd1'")
-    db.close()
-    with pytest.raises(DataError, match="meta.sqlite: content differs from its checksum in the manifest"):
-        SearchIndex.open(built)
+def test_a_reader_filters_on_a_field_a_writer_added_after_it_opened(built_beir, tmp_path):
+    reader = SearchIndex.open(built_beir)
+    assert reader.field_names == ["lang"]
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "n1", "text": "green tea and sleep", "colour": "green"}) + "\n")
+    with SearchIndex.open(built_beir, writable=True) as writer:
+        writer.add(more, config=quiet())
+    hits = reader.search("tea", top_k=3, filter={"colour": "green"})[0]
+    assert [h.id for h in hits] == ["n1"] and reader.field_names == ["colour", "lang"]
 
 
-def test_another_model_than_the_manifest_says_is_an_error(built, minilm_path):
-    with pytest.raises(ConfigError, match=r"was built with model .*tiny-bert.*, not .*content of .* changed"):
-        SearchIndex.open(built, model=minilm_path)
-
-
-def test_counts_that_do_not_add_up_are_an_error(built):
-    manifest = json.loads((built / "manifest.json").read_text())
-    manifest["counts"]["documents"] = 5
-    (built / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(DataError, match="counts do not match: the manifest says 5 documents, the metadata holds 6"):
-        SearchIndex.open(built)
-
-
-def test_a_missing_manifest_or_folder_is_an_error(built, tmp_path):
-    (built / "manifest.json").unlink()
-    with pytest.raises(DataError, match="manifest.json: missing"):
-        SearchIndex.open(built)
+def test_a_missing_manifest_or_folder_is_an_error(built_beir, tmp_path):
+    (built_beir / "manifest.json").unlink()
+    with pytest.raises(DataError, match="manifest.json: is missing: this folder is not a robustir index"):
+        SearchIndex.open(built_beir)
     with pytest.raises(DataError, match="no index here"):
         SearchIndex.open(tmp_path / "nowhere")
     (tmp_path / "stuff").mkdir()
@@ -316,7 +482,7 @@ def test_a_missing_manifest_or_folder_is_an_error(built, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ CLI
 
-def test_cli_build_add_delete_check(tmp_path, beir, tiny_model_dir, capsys):
+def test_cli_build_add_upsert_delete_compact_check(tmp_path, beir, tiny_model_dir, capsys):
     out = str(tmp_path / "idx")
     assert main(["index", "--model", tiny_model_dir, "--corpus", str(beir), "--output", out, "--chunk-size", "4"]) == 0
     assert "build: 6 documents in the index, 6 added" in capsys.readouterr().out
@@ -328,34 +494,57 @@ def test_cli_build_add_delete_check(tmp_path, beir, tiny_model_dir, capsys):
     ids_file.write_text("d1\n\nd2\n")
     assert main(["index", "--add", str(more), "--output", out, "--format", "text"]) == 0
     assert "add: 7 documents in the index, 1 added" in capsys.readouterr().out
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(json.dumps({"_id": "d4", "title": "Tea", "text": "green tea", "lang": "en"}) + "\n"
+                       + json.dumps({"_id": "n9", "text": "a new one"}) + "\n")
+    assert main(["index", "--upsert", str(changed), "--output", out]) == 0
+    assert "upsert: 8 documents in the index, 2 inserted or replaced" in capsys.readouterr().out
     assert main(["index", "--delete", str(ids_file), "--delete-id", "d3", "--output", out]) == 0
-    assert "delete: 4 documents in the index, 3 deleted" in capsys.readouterr().out
+    assert "delete: 5 documents in the index, 3 deleted" in capsys.readouterr().out
+    assert main(["index", "--compact", "--output", out]) == 0
+    assert "compact: 5 documents in the index" in capsys.readouterr().out
     assert main(["index", "--check", "--output", out]) == 0
-    assert "checked (checksums, counts, dimension)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "checked " in printed and "5 documents" in printed and "data files verified" in printed
+    with SearchIndex.open(out) as index:
+        assert [(h.id, h.title) for h in index.search("green tea", 1, mode="lexical")[0]] == [("d4", "Tea")]
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--output", "X"], "give one of --corpus (build), --add"),
+    (["--output", "X"], "give one of --corpus (build), --add, --upsert"),
     (["--corpus", "C", "--add", "D", "--output", "X"], "--corpus and --add cannot go together"),
-    (["--add", "D", "--index", "ivf", "--output", "IDX"], "--index can only be set when the index is built"),
+    (["--add", "D", "--ann", "auto", "--output", "IDX"], "--ann can only be set when the index is built"),
+    (["--upsert", "D", "--pooling", "mean", "--output", "IDX"], "--pooling can only be set when the index is built"),
     (["--delete-id", "nope", "--output", "IDX"], "1 of 1 id(s) to delete are not in the index: 'nope'"),
     (["--corpus", "missing.jsonl", "--output", "NEW"], "missing.jsonl: file not found"),
     (["--corpus", "BEIR", "--output", "NEW", "--chunk-size", "0"], "chunk_size = 0 is out of range"),
     (["--check", "--output", "nowhere"], "nowhere: no index here"),
+    (["--upsert", "BEIR", "--output", "IDX", "--overwrite"], "--overwrite goes with --corpus"),
 ])
-def test_cli_errors_are_one_message_without_traceback(built, beir, tmp_path, capsys, argv, message, monkeypatch):
+def test_cli_errors_are_one_message_without_traceback(built_beir, beir, tmp_path, capsys, argv, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    argv = [{"IDX": str(built), "BEIR": str(beir), "NEW": str(tmp_path / "new")}.get(a, a) for a in argv]
+    argv = [{"IDX": str(built_beir), "BEIR": str(beir), "NEW": str(tmp_path / "new")}.get(a, a) for a in argv]
     assert main(["index", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("robustir index: error: ") and message in err and "Traceback" not in err
 
 
+def test_cli_check_names_damage_and_changes_nothing(built_beir, capsys):
+    data = sorted(p for p in (built_beir / "lance").rglob("*.lance") if p.is_file())
+    data[0].write_bytes(data[0].read_bytes()[:-10])
+    manifest = (built_beir / "manifest.json").read_bytes()
+    assert main(["index", "--check", "--output", str(built_beir)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated or overwritten" in err and "rebuild it with --overwrite" in err and "Traceback" not in err
+    assert (built_beir / "manifest.json").read_bytes() == manifest  # never repaired, never re-recorded
+
+
 def test_cli_help_and_bad_flags(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["index", "--help"])
-    assert exc.value.code == 0 and "--delete-id" in capsys.readouterr().out
+    help_text = capsys.readouterr().out
+    assert exc.value.code == 0 and "--delete-id" in help_text and "--upsert" in help_text and "--ann" in help_text
     with pytest.raises(SystemExit) as exc:
-        main(["index", "--corpus", "c", "--output", "o", "--index", "annoy"])
+        main(["index", "--corpus", "c", "--output", "o", "--ann", "annoy"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "invalid choice: 'annoy'" in err and "Traceback" not in err

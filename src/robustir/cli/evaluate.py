@@ -3,12 +3,14 @@
     robustir eval --data ../shared/data/scifact                      # dense, the bundled all-MiniLM-L6-v2
     robustir eval --data ../shared/data/scifact --mode lexical       # BM25 (same as --model bm25)
     robustir eval --data ../shared/data/scifact --mode hybrid        # reciprocal rank fusion of both lists
+    robustir eval --data ../shared/data/scifact --search-index runs/index --mode hybrid   # as /search ranks
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..errors import ConfigError
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
 from .common import (add_config_flags, add_encoder_args, config_from_flags, data_or_default, encoder_options,
@@ -29,14 +31,22 @@ def build_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = args.model if args.model and args.model.lower() == "bm25" else model_or_default(args.model)
     config = build_config(args)
+    if config.search_index is not None and not args.model:
+        model = None  # the index's model
+    else:
+        model = args.model if args.model and args.model.lower() == "bm25" else model_or_default(args.model)
     data = data_or_default(args.data)
     lexical = model == "bm25" or config.mode == "lexical"
     options = {} if lexical else encoder_options(args)
+    if config.search_index is not None and any(v is not None for v in options.values()):
+        raise ConfigError("encoder options come from the index's manifest with --search-index: leave them out")
     result = evaluate("bm25" if lexical else model, data, args.split, config, output=args.output, **options)
-    name = "bm25" if lexical else (args.model or "all-MiniLM-L6-v2 (bundled)")
-    name += " + bm25 (rrf)" if config.mode == "hybrid" and not lexical else ""
+    if config.search_index is not None:
+        name = result.system
+    else:
+        name = "bm25" if lexical else (args.model or "all-MiniLM-L6-v2 (bundled)")
+        name += " + bm25 (rrf)" if config.mode == "hybrid" and not lexical else ""
     print(format_table({name: result.metrics}, title=f"{data.name} / {args.split}  ({result.seconds:.0f} s)"))
     if args.output:
         print(f"wrote {args.output}/metrics.json and {args.output}/run.trec")

@@ -14,6 +14,7 @@ import numpy as np
 from ..data.beir import BeirDataset, load_beir
 from ..data.trec import write_trec_run
 from ..index.bm25 import BM25Config, BM25Index
+from ..errors import ConfigError
 from ..index.dense import DenseIndex, DenseIndexConfig
 from ..index.fusion import FusionConfig, reciprocal_rank_fusion
 from ..io import write_json
@@ -46,6 +47,10 @@ class EvalConfig:
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     bm25: BM25Config = field(default_factory=BM25Config)
     fusion: FusionConfig = field(default_factory=FusionConfig, metadata=cli(flatten=True))
+    search_index: str | None = None
+    """Search through this persistent index (built by robustir index from the same corpus) with its own engines --
+    LanceDB vectors and BM25 full text -- as robustir serve's /search does, instead of in-memory FAISS / bm25s; the
+    model is the index's (another one is refused)."""
     show_progress: bool | None = operational(None)
     """Show progress bars."""
     device: str = operational("auto")
@@ -116,10 +121,41 @@ def fuse_runs(dense: dict[str, dict[str, float]], lexical: dict[str, dict[str, f
     return run
 
 
-def evaluate(model: "Encoder | str", data: "BeirDataset | str | Path", split: str = "test",
+def retrieve_from_index(model: "Encoder | str | None", dataset: BeirDataset, config: EvalConfig,
+                        mode: str) -> tuple[dict[str, dict[str, float]], str]:
+    """The run of ``config.search_index`` (:class:`robustir.serving.index.SearchIndex`) in ``mode``: the same calls
+    as ``POST /search`` makes, so its ranking is the served one. The index must hold the dataset's corpus (its count
+    is checked; a document it holds that the qrels do not know simply counts as not relevant)."""
+    from ..serving.index import SearchIndex
+
+    index = SearchIndex.open(config.search_index, device=config.device)
+    with index:
+        if index.count != len(dataset.corpus.ids):
+            raise ConfigError(f"index {config.search_index} holds {index.count} documents, the corpus of the dataset "
+                              f"{len(dataset.corpus.ids)}: evaluate an index built from that corpus")
+        if mode != "lexical":
+            index.use_model(model if model is not None else index.model_path, device=config.device)
+        query_ids = list(dataset.queries)
+        extra = 1 if config.ignore_identical_ids else 0
+        run: dict[str, dict[str, float]] = {}
+        batch = config.batch_size
+        for start in range(0, len(query_ids), batch):
+            ids = query_ids[start:start + batch]
+            texts = [dataset.queries[q] for q in ids]
+            vectors = None if mode == "lexical" else index.encoder.encode(
+                texts, "query", batch_size=batch, precision=config.precision, show_progress=False)
+            for qid, hits in zip(ids, index.search_encoded(texts, vectors, config.top_k + extra, mode=mode,
+                                                           fusion=config.fusion)):
+                kept = [h for h in hits if not (config.ignore_identical_ids and h.id == qid)][:config.top_k]
+                run[qid] = {h.id: float(h.score) for h in kept}
+        return run, f"{index.model_name if mode != 'lexical' else 'bm25'} via {config.search_index} ({mode})"
+
+
+def evaluate(model: "Encoder | str | None", data: "BeirDataset | str | Path", split: str = "test",
              config: EvalConfig | None = None, output: str | Path | None = None, **encoder_options) -> EvalResult:
     """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``, the same as ``mode:
-    lexical``) on a BEIR folder, in ``config.mode``: dense, lexical (BM25) or hybrid (both, fused by rank).
+    lexical``) on a BEIR folder, in ``config.mode``: dense, lexical (BM25) or hybrid (both, fused by rank). With
+    ``config.search_index``, through that persistent index (``model`` None: the index's model).
 
     ``output``: folder for ``metrics.json`` and ``run.trec``. A dense model runs on ``config.device`` (an
     :class:`Encoder` given is moved there); BM25 runs on the CPU whatever the device (which is still checked).
@@ -131,7 +167,12 @@ def evaluate(model: "Encoder | str", data: "BeirDataset | str | Path", split: st
     device = resolve_device(config.device)  # checked before anything loads
     dataset = data if isinstance(data, BeirDataset) else load_beir(data, split)
     start = time.perf_counter()
-    if mode == "lexical":
+    if config.search_index is not None:
+        if encoder_options:
+            raise ConfigError("encoder options come from the index's manifest with search_index: leave them out")
+        given = model.to(device) if isinstance(model, Encoder) else model
+        run, system = retrieve_from_index(None if given == "bm25" else given, dataset, config, mode)
+    elif mode == "lexical":
         run = retrieve_bm25(dataset, config)
         system = "bm25"
     else:

@@ -1,14 +1,15 @@
 """Serving a trained retriever for retrieval-augmented generation.
 
-* :class:`SearchIndex` (:mod:`robustir.serving.index`): a persistent FAISS + sqlite index with a manifest, built in
-  resumable chunks, with additions and deletions without a rebuild and integrity checks on every open;
+* :class:`SearchIndex` (:mod:`robustir.serving.index`): a persistent LanceDB index (vectors, BM25 full text, metadata)
+  with a model-identity manifest, built in resumable chunks; add / delete / upsert while a server reads it; dense,
+  lexical and hybrid search with JSON filters; integrity checks (``check``) that never repair silently;
 * :func:`create_app` (:mod:`robustir.serving.app`): the FastAPI app of ``robustir serve`` -- OpenAI-compatible
   ``POST /v1/embeddings``, ``POST /search`` over an index, ``GET /health`` and ``GET /v1/models`` -- with concurrent
   requests batched together (:class:`MicroBatcher`);
 * :func:`running_server` (:mod:`robustir.serving.server`): run an app with uvicorn in a thread on 127.0.0.1 (tests,
   notebooks).
 
-Loaded lazily, so ``import robustir.serving`` does not import FastAPI or FAISS.
+Loaded lazily, so ``import robustir.serving`` does not import FastAPI or LanceDB.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _EXPORTS = {
     "IndexConfig": "robustir.serving.index",
     "Hit": "robustir.serving.index",
     "IndexReport": "robustir.serving.index",
+    "AnnConfig": "robustir.serving.index",
     "create_app": "robustir.serving.app",
     "ServeConfig": "robustir.serving.config",
     "MicroBatcher": "robustir.serving.batcher",

@@ -8,11 +8,16 @@ Routes:
   with ``--matryoshka-dims``; the vector is cut and re-normalised), ``user`` (ignored); plus the extension
   ``input_type``: ``document`` (default) or ``query`` (the model's query instruction and query length apply).
   ``usage`` counts the tokens the model saw (instruction and special tokens included, after truncation).
-* ``POST /search`` -- ``{"query": str | [str], "top_k": int, "filter": {...}}`` ->
-  ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists). The
-  filter is :mod:`robustir.serving.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
+* ``POST /search`` -- ``{"query": str | [str], "top_k": int, "filter": {...}, "mode": "dense" | "lexical" |
+  "hybrid", "fusion": {"rrf_k", "dense_weight", "lexical_weight", "candidates"}}`` ->
+  ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists). ``dense``
+  (default) searches with the model, ``lexical`` with BM25 over title and text (no model), ``hybrid`` fuses both
+  lists by reciprocal rank (``fusion``, as ``robustir eval --mode hybrid``; only with ``hybrid``). The filter is
+  :mod:`robustir.serving.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
   ``{"year": {"$gte": 2020, "$lt": 2024}}``, ``$eq``/``$ne``/``$in``/``$nin``, nested fields by dotted name
-  (``{"meta.source": "pubmed"}``) and ``$and``/``$or``/``$not``; it is checked before the model runs.
+  (``{"meta.source": "pubmed"}``) and ``$and``/``$or``/``$not``; it is checked before the model runs. Every query
+  reads the index's latest committed version: ``robustir index --add / --upsert / --delete`` while the server runs
+  show on the next query, with no restart.
 * ``GET /health`` (no key needed; says nothing about the data) and ``GET /v1/models``.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed request (bad JSON,
@@ -22,7 +27,7 @@ Bearer KEY`` when the server has an API key, 404 for a ``model`` that is not the
 ``model_not_found``) and for ``/search`` on a server without an index, 413 for a body over ``max_body_bytes``, 500
 when the model fails.
 
-Concurrent requests are batched (:class:`~robustir.serving.batcher.MicroBatcher`); the model and FAISS run on worker
+Concurrent requests are batched (:class:`~robustir.serving.batcher.MicroBatcher`); the model and LanceDB run on worker
 threads (one on a GPU; one per core on the CPU, each with its own tokenizer and one torch thread), the event loop only
 parses, validates and answers.
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import functools
 import hmac
 import json
 import logging
@@ -48,6 +54,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ConfigError, RobustIRError
+from ..index.fusion import FusionConfig
+from ..validation import OptionError
 from .config import ServeConfig
 
 logger = logging.getLogger(__name__)
@@ -348,13 +356,32 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
         if search_index is None:
             raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
                            code="no_index")
-        body = _check_fields(await read_json(request), ("query", "top_k", "filter", "model"), ("query",))
+        body = _check_fields(await read_json(request),
+                             ("query", "top_k", "filter", "model", "mode", "fusion"), ("query",))
         check_model(body.get("model"))
         queries = _texts(body["query"], "query", config)
         top_k = body.get("top_k", 10)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= config.max_top_k:
             raise ApiError(400, f"'top_k' must be an integer from 1 to {config.max_top_k}, got "
                            f"{json.dumps(top_k)[:40]}", param="top_k")
+        mode = body.get("mode", "dense")
+        if mode not in ("dense", "lexical", "hybrid"):
+            raise ApiError(400, f"'mode' must be 'dense', 'lexical' or 'hybrid', got {json.dumps(mode)[:40]}",
+                           param="mode")
+        fusion = body.get("fusion")
+        if fusion is not None:
+            if mode != "hybrid":
+                raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {mode!r}", param="fusion")
+            if not isinstance(fusion, dict):
+                raise ApiError(400, f"'fusion' must be an object ({{\"rrf_k\", \"dense_weight\", \"lexical_weight\", "
+                               f"\"candidates\"}}), got {_type(fusion)}", param="fusion")
+            try:
+                fusion = FusionConfig(**fusion)
+            except OptionError as exc:
+                raise ApiError(400, str(exc.under("fusion")), param="fusion") from None
+            if fusion.candidates > config.max_top_k:
+                raise ApiError(400, f"fusion.candidates must be at most {config.max_top_k}, got {fusion.candidates}",
+                               param="fusion")
         where = body.get("filter")
         if where is not None and not isinstance(where, dict):
             raise ApiError(400, f"'filter' must be an object of field: value, got {_type(where)}", param="filter")
@@ -363,9 +390,10 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                 search_index.check_filter(where)
             except ConfigError as exc:
                 raise ApiError(400, str(exc), param="filter") from None
-        vectors, _ = await run_model(queries, "query")
+        vectors = None if mode == "lexical" else (await run_model(queries, "query"))[0]
         try:
-            hits = await batcher.run(search_index.search_vectors, vectors, top_k, where or None)
+            hits = await batcher.run(functools.partial(search_index.search_encoded, queries, vectors, top_k,
+                                                       where or None, mode=mode, fusion=fusion))
         except ConfigError as exc:
             raise ApiError(400, str(exc), param="filter") from None
         rows = [[hit.to_dict() for hit in row] for row in hits]

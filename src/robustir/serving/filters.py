@@ -1,11 +1,10 @@
-"""A small JSON filter language for search: parsed into a typed tree, evaluated in Python, compiled to SQLite and
-to LanceDB.
+"""A small JSON filter language for search: parsed into a typed tree, evaluated in Python, compiled to LanceDB.
 
 It is independent of any store: :func:`parse_filter` checks a request's ``filter`` against the field names an index
 knows and returns a :data:`Filter` (frozen dataclasses); :func:`matches` evaluates one on a record (the reference
-semantics, and a post-filter for stores without a query language); :func:`to_sqlite` compiles one to a ``WHERE``
-fragment over :mod:`robustir.serving.index`'s ``docs`` table, :func:`to_lance_sql` to a LanceDB ``.where()``
-expression over a table of ``id``, ``title`` and ``fields`` (the extra fields as a ``lance.json`` column).
+semantics, and a post-filter for stores without a query language); :func:`to_lance_sql` compiles one to a LanceDB
+``.where()`` expression over a table of ``id``, ``title`` and ``fields`` (the extra fields as a ``lance.json``
+column), as :mod:`robustir.serving.index` writes it.
 
 **Grammar.** A filter is a JSON object; its keys are ANDed.
 
@@ -23,8 +22,8 @@ under a known top-level field (a known name containing dots is taken whole first
 so a name can always be written into a JSON path safely. Values are strings, finite numbers (integers within 64
 bits), ``true``, ``false`` and ``null``; ranges take a number or a string.
 
-**Semantics** (:func:`matches`, :func:`to_sqlite` and :func:`to_lance_sql` agree exactly, checked by randomised tests
-on real SQLite and LanceDB tables):
+**Semantics** (:func:`matches` and :func:`to_lance_sql` agree exactly, checked by randomised tests on real LanceDB
+tables):
 
 * a missing field, or a path through something that is not an object, is ``null``; so ``{"x": null}`` matches
   documents where ``x`` is missing or null, and ``{"x": {"$ne": null}}`` those where it has a value;
@@ -74,7 +73,7 @@ from typing import Any, Literal, get_args
 from ..errors import ConfigError
 
 __all__ = ["FIELD_OPERATORS", "LOGICAL_OPERATORS", "MAX_CONDITIONS", "MAX_DEPTH", "MAX_LANCE_PATH", "MAX_LIST_ITEMS",
-           "And", "Condition", "Filter", "Not", "Or", "Scalar", "matches", "parse_filter", "to_lance_sql", "to_sqlite"]
+           "And", "Condition", "Filter", "Not", "Or", "Scalar", "matches", "parse_filter", "to_lance_sql"]
 
 MAX_DEPTH = 8
 MAX_CONDITIONS = 256
@@ -275,7 +274,8 @@ class _Parser:
 
 
 def _check_text(value: str, at: str) -> None:
-    """A string value must be comparable in every store: no NUL (SQLite stops reading there), valid Unicode."""
+    """A string value must be comparable in every store: no NUL (stores written in C stop reading there), valid
+    Unicode."""
     if "\x00" in value:
         raise _error(at, "a string with a NUL character (\\u0000) cannot be compared; remove it")
     try:
@@ -350,7 +350,7 @@ def _kind(value: Any) -> str:
 
 
 def _number(value: Any) -> Any:
-    """SQLite reads a JSON integer beyond 64 bits as a float (±inf beyond the float range); so does this."""
+    """A JSON integer beyond 64 bits is read as a float (±inf beyond the float range), as LanceDB reads it."""
     if isinstance(value, int) and not isinstance(value, bool) and not _INT64[0] <= value <= _INT64[1]:
         try:
             return float(value)
@@ -374,71 +374,6 @@ def _test(c: Condition, value: Any) -> bool:
         return found if c.op == "$in" else not found
     kind = _kind(c.value)
     return _kind(value) == kind and kind in ("number", "string") and _RANGES[c.op](_number(value), c.value)
-
-
-# ---------------------------------------------------------------------------------------------------------- SQLite
-
-_COLUMNS = {"id": "doc_id", "title": "title"}
-
-
-def to_sqlite(f: Filter) -> tuple[str, list]:
-    """A ``WHERE`` fragment over the ``docs`` table (``doc_id``, ``title``, ``fields`` = the extra fields as a JSON
-    object) and its parameters, in the order of its ``?``.
-
-    Every value and every JSON path is a ``?`` parameter; the only text put into the SQL is this module's own
-    (column names, operators, JSON type names). Field kinds come from ``json_type`` (``'integer'``, ``'real'``,
-    ``'text'``, ``'true'``, ``'false'``, ``'null'``, ``'object'``, ``'array'``; ``NULL`` when missing, read as
-    ``'null'``), so every test is two-valued (never SQL ``NULL``) and ``NOT`` is exact. ``json_extract`` is compared
-    only once the kind is known: a number with ``=``/``<``... on numbers, a string with ``BINARY`` collation (UTF-8
-    byte order = code-point order). A filter :func:`parse_filter` accepted uses at most ~2,300 parameters (SQLite
-    allows 32,766).
-
-    SQLite's own limits: a stored string containing U+0000 is read only up to it, and a stored integer beyond 64 bits
-    as a float (:func:`matches` does the latter too)."""
-    if isinstance(f, Condition):
-        return _condition_sql(f)
-    if isinstance(f, (And, Or)):
-        if not f.parts:
-            return ("1" if isinstance(f, And) else "0"), []
-        pieces = [to_sqlite(part) for part in f.parts]
-        joiner = " AND " if isinstance(f, And) else " OR "
-        return "(" + joiner.join(sql for sql, _ in pieces) + ")", [p for _, params in pieces for p in params]
-    if isinstance(f, Not):
-        sql, params = to_sqlite(f.part)
-        return f"(NOT {sql})", params
-    raise TypeError(f"not a filter: {f!r}")
-
-
-def _json_path(path: tuple[str, ...]) -> str:
-    """SQLite's JSON path of nested keys: ``$."meta"."year"`` (names were checked free of ``"`` and ``\\``)."""
-    return "$" + "".join(f'."{key}"' for key in path)
-
-
-def _condition_sql(c: Condition) -> tuple[str, list]:
-    if len(c.path) == 1 and c.path[0] in _COLUMNS:  # a TEXT NOT NULL column: its kind is known
-        kind, kind_params, value, value_params = "'text'", [], _COLUMNS[c.path[0]], []
-    else:
-        path = _json_path(c.path)
-        kind, kind_params = "coalesce(json_type(fields, ?), 'null')", [path]
-        value, value_params = "json_extract(fields, ?)", [path]
-    if c.op in _SQL_RANGES:
-        number = _kind(c.value) == "number"
-        test = f"{kind} IN ('integer', 'real')" if number else f"{kind} = 'text'"
-        return f"({test} AND {value} {_SQL_RANGES[c.op]} ?)", [*kind_params, *value_params, c.value]
-    values = c.value if c.op in _LISTS else (c.value,)
-    parts, params = [], []
-    literals = [{None: "'null'", True: "'true'", False: "'false'"}[v] for v in dict.fromkeys(  # type: ignore[index]
-        v for v in values if v is None or isinstance(v, bool))]
-    if literals:
-        parts.append(f"{kind} IN ({', '.join(literals)})")
-        params.extend(kind_params)
-    for wanted, test in (("number", f"{kind} IN ('integer', 'real')"), ("string", f"{kind} = 'text'")):
-        same = [v for v in values if _kind(v) == wanted]  # type: ignore[arg-type]
-        if same:
-            parts.append(f"({test} AND {value} IN ({', '.join('?' * len(same))}))")
-            params.extend([*kind_params, *value_params, *same])
-    sql = parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
-    return (f"(NOT {sql})", params) if c.op in ("$ne", "$nin") else (sql, params)
 
 
 # ---------------------------------------------------------------------------------------------------------- LanceDB

@@ -1,94 +1,132 @@
-"""A persistent search index: FAISS vectors + a sqlite metadata store + a manifest, built resumably.
+"""The persistent search index on LanceDB (issue 23): one Lance table of documents and vectors, BM25 full-text and
+vector search, add / delete / upsert by id, live reads, resumable builds and a model-identity manifest.
 
 A folder ``IDX`` holds
 
-==========================  ==========================================================================================
-``manifest.json``           what the index is and how to check it: the model (path, name, file digest), its encoder
-                            settings (pooling, normalisation, lengths, instructions), the dimension, the FAISS index
-                            kind and options, counts, the sha256 and size of every other file, robustir's version.
-                            Written last, atomically, after every change
-``index-<generation>.faiss`` the FAISS index (one file; the number moves on every change, see below)
-``meta.sqlite``             one row per document (its id, title, text and any other input fields as JSON), the
-                            vectors of documents not yet in the FAISS file, tombstones (HNSW deletes), the history
-                            of build/add jobs and their progress
-==========================  ==========================================================================================
+===================  ==================================================================================================
+``manifest.json``    what the index is: the model (path, name, file digest) and its encoder settings, the dimension,
+                     the known metadata fields, the unfinished job (if any) and, after each finished job, the Lance
+                     version it left, the document count and the size + SHA-256 of every data file of that version.
+                     Written atomically.
+``lance/docs.lance`` the LanceDB table: ``id``, ``title``, ``text``, ``fields`` (the record's other keys, a Lance JSON
+                     column, so filters reach nested values), ``job`` and ``line`` (which job and input line wrote the
+                     row: what makes a killed job resumable), ``vector``.
+===================  ==================================================================================================
 
-**Ids.** Every document gets an integer FAISS id, its sqlite row id (``AUTOINCREMENT``: never reused after a delete).
-Flat indexes are ``IndexIDMap2(IndexFlatIP)``; IVF indexes are ``IndexIVFFlat`` with ids stored in the lists (and a
-hashtable direct map, so single vectors can be read back); HNSW indexes are ``IndexIDMap2(IndexHNSWFlat)``.
+**Jobs.** ``build``, ``add`` and ``upsert`` read the corpus with the project's readers and encode it in chunks. Each
+chunk is one Lance commit (``add``, or ``merge_insert`` by id for upsert), then the manifest records how many input
+records are in. A kill between the two leaves rows of the chunk in the table that the manifest does not count; the
+re-run deletes the job's rows past the recorded line and goes on, so a killed and resumed build holds exactly the
+rows of an uninterrupted one. When the job ends, the full-text index is (re)built and the manifest records the
+version, the count and the files.
 
-**Building and adding** (:meth:`SearchIndex.build`, :meth:`SearchIndex.add`) read the corpus with the project's
-readers (BEIR ``corpus.jsonl``, passages JSONL, plain text with one passage per line; ``.gz`` too) and encode it in
-chunks. Each chunk's rows *and* its vectors are committed in one sqlite transaction together with the job's progress
-(input records consumed), so a killed job loses at most one chunk and re-running the same command continues where it
-stopped (another command on an unfinished index is refused, naming what differs). When every chunk is in, the vectors
-go into the FAISS index (IVF is trained once, at build time, on a sample of at most ``256 * nlist`` vectors; later
-additions use that training), which is saved as ``index-<g+1>.faiss``; one sqlite transaction then marks the rows
-indexed and moves the generation to ``g+1``; the old file is removed and the manifest rewritten. A kill anywhere
-leaves either the old or the new generation, never a mix.
+**Live reads.** A reader (the server, another process) opens the table with ``read_consistency_interval=0``: every
+query sees the latest committed version, so an ``add`` / ``delete`` / ``upsert`` made by a writer is visible on the
+next query, without a restart and without a 500. Vector search with a filter uses LanceDB's *prefilter*: the filter
+selects the rows first, so ``top_k`` hits come back whenever that many documents match.
 
-**Deleting** (:meth:`SearchIndex.delete`) removes the rows and, for flat and IVF, the vectors (``remove_ids``). FAISS
-cannot remove from an HNSW graph, so there the ids become *tombstones* in sqlite, filtered out at search time (an ID
-selector); they take space and, once many, recall: :meth:`SearchIndex.compact` rebuilds the graph without them.
-
-**Opening** (:meth:`SearchIndex.open`) checks integrity before answering anything: an unfinished job, a missing,
-truncated or edited file (size and sha256 against the manifest), counts that do not add up (manifest, sqlite and the
-FAISS index), a dimension that differs, and -- when a model is given -- a model other than the one the index was built
-with are each a clear :class:`~robustir.errors.DataError` / :class:`~robustir.errors.ConfigError`, never a wrong answer.
-
-**Filters** (``search(..., filter=...)``) are the JSON language of :mod:`robustir.serving.filters`: equality
-(``{"lang": "en"}``; a list value means any of them), ``$eq``/``$ne``/``$in``/``$nin``/``$gt``/``$gte``/``$lt``/``$lte``
-(``{"year": {"$gte": 2020, "$lt": 2024}}``), nested fields by dotted name (``{"meta.source": "pubmed"}``) and
-``$and``/``$or``/``$not``, on ``id``, ``title`` or any extra field of the input records. The filter is checked
-against the index's field names, compiled to SQL (every value and JSON path a parameter) and selects documents in
-sqlite first; when at most :data:`EXACT_FILTER_LIMIT` documents pass, their vectors are read back and scored exactly,
-otherwise FAISS searches with an ID selector over them (exact for flat indexes, as approximate as any IVF/HNSW search
-otherwise). Either way every hit passes the filter and, where enough documents pass, ``top_k`` hits come back.
+**Checks.** :meth:`SearchIndex.open` refuses an index whose manifest is missing or malformed, whose table is missing
+or unreadable, whose dimension differs, or which has an unfinished job (for readers); a model other than the one the
+index was built with is refused. :meth:`SearchIndex.check` also verifies every data file of the recorded version
+(size and SHA-256), so a truncated or edited file is named -- it never repairs anything.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
-import re
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..index.dense import DenseIndexConfig
-from ..io import atomic_write, describe_changes, input_digest, read_jsonl, write_json
+from ..index.fusion import FusionConfig
+from ..io import input_digest, read_jsonl, write_json
 from ..precision import Precision
-from ..validation import cli, config_dataclass, PositiveInt
-from .filters import parse_filter, to_sqlite
+from ..validation import PositiveInt, cli, config_dataclass
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SearchIndex", "IndexConfig", "Hit", "IndexReport", "EXACT_FILTER_LIMIT", "FORMAT_VERSION"]
+__all__ = ["SearchIndex", "IndexConfig", "AnnConfig", "Hit", "IndexReport", "SearchMode", "FORMAT", "read_id_list"]
 
-FORMAT_VERSION = 1
-MANIFEST, METADATA = "manifest.json", "meta.sqlite"
-EXACT_FILTER_LIMIT = 20_000  # filtered searches over at most this many documents are scored exactly
-_FAISS_FILE = re.compile(r"^index-(\d{6})\.faiss$")
-_RESERVED = ("_id", "id", "title", "text")  # record keys that are not extra fields
+FORMAT = "robustir-lance-1"
+MANIFEST, DATA, TABLE, LOCK = "manifest.json", "lance", "docs", "writer.lock"
+SearchMode = Literal["dense", "lexical", "hybrid"]
 InputFormat = Literal["auto", "jsonl", "text", "beir"]
+
+
+def _lancedb():
+    try:
+        import lancedb
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ConfigError("the search index needs lancedb: pip install 'lancedb>=0.40'") from exc
+    return lancedb
+
+
+def _schema(dim: int):
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("title", pa.string()), ("text", pa.string()), ("content", pa.string()),
+                      ("fields", pa.json_(pa.string())), ("job", pa.int64()), ("line", pa.int64()),
+                      ("vector", pa.list_(pa.float32(), dim))])
+
+
+def _quote(text: str) -> str:
+    """``text`` as an SQL string literal (LanceDB takes no bound parameters): quotes doubled, NUL refused."""
+    if "\x00" in text:
+        raise DataError(None, f"id {text[:40]!r} holds a NUL character", fix="remove it from the id")
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _finite(value: Any, where: str, record: _Record, source: str | os.PathLike) -> None:
+    """Refuse NaN / Infinity anywhere in a record's fields (JSON cannot hold them; a filter over them would fail)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(source, f"field {where!r} is {value}, not a finite number", line=record.line, field=where,
+                        fix="write a finite number or null")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}", record, source)
+    elif isinstance(value, list):
+        for item in value:
+            _finite(item, where, record, source)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@config_dataclass
+class AnnConfig:
+    """The vector index: exact search below ``threshold`` documents, an ANN index from there on."""
+
+    kind: Literal["auto", "exact", "ivf_hnsw_sq", "ivf_pq"] = field(default="exact", metadata=cli("ann"))
+    """exact (default): never an ANN index; auto: ivf_hnsw_sq from ``threshold`` documents, exact below. Exact is
+    the default until the recall of the ANN index is measured on real embeddings at 100k (docs/benchmarks.md: NPL,
+    11k MiniLM passages, 20 of 106 partitions: recall@10 0.978; 100k random vectors, 20 of 316: 0.20)."""
+    threshold: PositiveInt = field(default=100_000, metadata=cli("ann-threshold"))
+    """Documents from which ``auto`` builds the ANN index (exact search is fast enough below)."""
+    nprobes: PositiveInt = 20
+    """IVF partitions searched per query (more: higher recall, slower)."""
+    refine_factor: PositiveInt | None = 10
+    """Re-score this many times top_k candidates with the full vectors (None: no re-scoring)."""
 
 
 @config_dataclass
 class IndexConfig:
-    """How ``robustir index`` builds: the FAISS index, the encoding and the commit granularity."""
+    """How ``robustir index`` builds: the vector index, the encoding and the commit granularity."""
 
-    index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     chunk_size: PositiveInt = 1024
     """Documents encoded and committed together (a killed build loses at most one)"""
     batch_size: PositiveInt = 64
@@ -101,6 +139,8 @@ class IndexConfig:
     """Corpus format: auto (by suffix: .jsonl = records, else text), jsonl, text, beir."""
     show_progress: bool | None = None
     """Show progress bars."""
+    ann: AnnConfig = field(default_factory=AnnConfig, metadata=cli(flatten=True))
+    """The vector index (exact or ANN); set when the index is built, kept in its manifest."""
 
 
 @dataclass
@@ -136,7 +176,7 @@ class IndexReport:
             return f"{self.action}: nothing to do; the index holds {self.documents} documents"
         parts = [f"{self.action}: {self.documents} documents in the index"]
         if self.added:
-            parts.append(f"{self.added} added")
+            parts.append(f"{self.added} {'inserted or replaced' if self.action == 'upsert' else 'added'}")
         if self.resumed_from:
             parts.append(f"resumed after {self.resumed_from} input records")
         if self.skipped_empty:
@@ -198,30 +238,7 @@ def read_id_list(path: str | Path) -> list[str]:
     return ids
 
 
-# ------------------------------------------------------------------------------------------------ small helpers
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _faiss_name(generation: int) -> str:
-    return f"index-{generation:06d}.faiss"
-
-
-def _selector_batch(ids: np.ndarray):
-    import faiss
-
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    return faiss.IDSelectorBatch(len(ids), faiss.swig_ptr(ids)), ids  # keep ``ids`` alive as long as the selector
-
+# ------------------------------------------------------------------------------------------------ models and corpora
 
 def _corpus_digest(corpus: str | os.PathLike, fmt: str) -> dict:
     """Digest of the file a corpus is read from (a BEIR folder: its corpus file only, not its queries or qrels)."""
@@ -247,1000 +264,6 @@ def _model_label(source: str) -> str:
     return path.name or source
 
 
-# ------------------------------------------------------------------------------------------------ the index
-
-class SearchIndex:
-    """A persistent FAISS + sqlite index (see the module docstring). Make one with :meth:`build`, open one with
-    :meth:`open`; :meth:`add`, :meth:`delete`, :meth:`compact` change it, :meth:`search` queries it."""
-
-    def __init__(self, path: Path, db: sqlite3.Connection, manifest: dict, faiss_index: Any, *, writable: bool,
-                 encoder: Any = None, lock_handle: Any = None) -> None:
-        self.path = path
-        self._db = db
-        self.manifest = manifest
-        self._faiss = faiss_index
-        self.writable = writable
-        self._encoder = encoder
-        self._lock_handle = lock_handle
-        self._lock = threading.RLock()
-        self.device: str | None = None  # where a model loaded from the manifest runs (None: auto)
-        self._tombstones = self._load_tombstones()
-        self._field_names = self._load_field_names()
-
-    # ------------------------------------------------------------------ public: making and opening
-    @classmethod
-    def build(cls, path: str | os.PathLike, model: "str | os.PathLike | Any", corpus: str | os.PathLike, *,
-              config: IndexConfig | None = None, encoder_options: dict | None = None, overwrite: bool = False,
-              on_chunk: Callable[[int], None] | None = None) -> tuple["SearchIndex", IndexReport]:
-        """Encode ``corpus`` with ``model`` (a folder, hub id or :class:`~robustir.models.encoder.Encoder`) into a new
-        index at ``path``; an unfinished build made by the same call is resumed; a complete one is left as it is.
-
-        ``encoder_options``: :class:`~robustir.models.encoder.EncoderConfig` overrides (pooling, instructions,
-        lengths), recorded in the manifest. ``on_chunk(position)`` is called after each committed chunk (tests use it
-        to simulate a kill). Returns the open, writable index and a report.
-        """
-        config = config or IndexConfig()
-        path = Path(path)
-        started = time.perf_counter()
-        _check_output_folder(path, corpus)
-        from ..data.documents import resolve_format
-
-        resolve_format(corpus, config.format)  # a missing corpus fails before the model loads
-        lock = _acquire_lock(path)
-        index: SearchIndex | None = None
-        try:
-            if overwrite:
-                _remove_index_files(path)
-            encoder, label = _load_encoder(model, config, encoder_options or {})
-            db = _connect(path / METADATA, create=True)
-            _create_schema(db)
-            settings = _build_settings(corpus, config, encoder)
-            state = _read_state(db)
-            if not state:
-                _init_state(db, encoder, config, label)
-                state = _read_state(db)
-            else:
-                _same_build_or_refuse(path, db, state, settings)
-            index = cls(path, db, _read_json_file(path / MANIFEST) if (path / MANIFEST).exists() else {}, None,
-                        writable=True, encoder=encoder, lock_handle=lock)
-            lock = None  # owned by the index from here on
-            index._recover()
-            job = index._pending_job()
-            if job is not None and job["kind"] != "build":
-                index._refuse_unfinished()
-            if job is None and state.get("generation", 0) > 0:
-                report = IndexReport("build", documents=index.count, nothing_to_do=True)
-                index._faiss = index._load_faiss(verify=False)
-                return index, report
-            index._precheck(corpus, config.format, job)
-            if job is None:
-                job = index._start_job("build", corpus, settings)
-            report = index._run_job(job, corpus, config, on_chunk)
-            report.action = "build"
-            report.seconds = time.perf_counter() - started
-            return index, report
-        except BaseException:
-            if index is not None:
-                index.close()  # the lock and the database go with it; committed chunks stay for a re-run
-            raise
-        finally:
-            if lock is not None:
-                _release_lock(lock)
-
-    @classmethod
-    def open(cls, path: str | os.PathLike, *, model: "str | os.PathLike | Any | None" = None,
-             writable: bool = False, verify: bool = True, device: str | None = None) -> "SearchIndex":
-        """Open the index at ``path`` after checking its integrity (see the module docstring).
-
-        ``model`` (a folder, hub id or Encoder), when given, must be the model the index was built with; without one
-        the manifest's model is loaded when first needed (:meth:`search` with texts, :meth:`add`). ``writable``
-        takes the folder's writer lock and finishes an interrupted save.
-        """
-        path = Path(path)
-        if not path.is_dir():
-            raise DataError(path, "no index here" if not path.exists() else "is not a folder",
-                            fix="build one with: robustir index --corpus CORPUS --output " + str(path))
-        if not (path / METADATA).exists():
-            raise DataError(path, f"is not a robustir index (no {METADATA})",
-                            fix="build one with: robustir index --corpus CORPUS --output " + str(path))
-        lock = _acquire_lock(path) if writable else None
-        try:
-            journal = path / (METADATA + "-journal")
-            if journal.exists() and not writable:
-                raise DataError(path / METADATA, "was being written when its writer stopped (a -journal file is next "
-                                "to it)", fix=f"run `robustir index --check --output {path}` to recover it (or re-run "
-                                "the interrupted command)")
-            db = _connect(path / METADATA, create=False, read_only=not writable)
-            state = _read_state(db)
-            problem = None
-            if not state:
-                problem = DataError(path / METADATA, "holds no index state (not a robustir index, or damaged)",
-                                    fix=f"rebuild it: robustir index --corpus CORPUS --output {path} --overwrite")
-            elif state.get("format_version") != FORMAT_VERSION:
-                problem = DataError(path, f"index format {state.get('format_version')!r} is not the one this robustir "
-                                    f"reads ({FORMAT_VERSION})", fix="rebuild it with this robustir (--overwrite)")
-            if problem is not None:
-                db.close()
-                raise problem
-            index = cls(path, db, {}, None, writable=writable, lock_handle=lock)
-            index.device = device
-            lock = None
-        finally:
-            if lock is not None:
-                _release_lock(lock)
-        try:
-            if writable:
-                index._recover()
-            pending = index._pending_job()
-            if not writable or pending is None or pending["kind"] == "build":
-                index._refuse_unfinished()
-            index.manifest = index._read_manifest()
-            # an unfinished add (resumed or discarded by the writer) has changed meta.sqlite since the manifest
-            index._faiss = index._load_faiss(verify=verify, metadata=pending is None)
-            index._check_counts()
-            if model is not None:
-                index.use_model(model, device=device)
-        except BaseException:
-            index.close()
-            raise
-        return index
-
-    # ------------------------------------------------------------------ public: properties
-    @property
-    def count(self) -> int:
-        """Documents in the index (deleted ones not counted)."""
-        return int(self._db.execute("SELECT COUNT(*) FROM docs WHERE indexed = 1").fetchone()[0])
-
-    @property
-    def kind(self) -> str:
-        return self._state("index")["kind"]
-
-    @property
-    def dim(self) -> int:
-        return int(self._state("dim"))
-
-    @property
-    def encoder_config(self) -> dict:
-        return dict(self._state("encoder"))
-
-    @property
-    def model_path(self) -> str:
-        return self._state("model")["path"]
-
-    @property
-    def model_name(self) -> str:
-        return self._state("model")["name"]
-
-    @property
-    def field_names(self) -> list[str]:
-        """Names of the extra fields documents carry (besides id, title and text): what filters can name."""
-        return list(self._field_names)
-
-    def _load_field_names(self) -> list[str]:
-        return [row[0] for row in self._db.execute("SELECT name FROM field_names ORDER BY name")]
-
-    @property
-    def encoder(self):
-        """The model the index was built with (loaded from the manifest's path on first use)."""
-        if self._encoder is None:
-            self.use_model(self.model_path, device=self.device)
-        return self._encoder
-
-    def use_model(self, model: "str | os.PathLike | Any", device: str | None = None) -> None:
-        """Use ``model`` (folder, hub id or Encoder) for queries and additions, after checking it is the model the
-        index was built with (file digest, dimension and encoder settings)."""
-        from ..models.encoder import Encoder, resolve_model_path
-
-        recorded = self._state("model")
-        if isinstance(model, Encoder):
-            encoder = model
-        else:
-            where = Path(str(model)).expanduser()
-            if not where.exists() and str(model) == recorded["path"]:
-                raise ConfigError(f"index {self.path} was built with model {recorded['path']}, which is no longer "
-                                  "there: pass the same model with --model")
-            resolved = resolve_model_path(model)
-            self._check_model_files(resolved, str(model))
-            encoder = Encoder.from_pretrained(resolved, device=device or "auto", **self._state("encoder"))
-            encoder.source = str(model)
-        if isinstance(model, Encoder):
-            source = Path(encoder.source) if encoder.source else None
-            if source is not None and source.is_dir():
-                self._check_model_files(source, encoder.source)
-        if encoder.dim != self.dim:
-            raise ConfigError(f"model {encoder.source or 'given'} makes {encoder.dim}-dimensional vectors, but index "
-                              f"{self.path} holds {self.dim}-dimensional ones (built with {recorded['path']}): serve "
-                              "it with that model")
-        settings = dataclasses.asdict(encoder.config)
-        wanted = self._state("encoder")
-        differs = {k: (wanted[k], settings.get(k)) for k in wanted if settings.get(k) != wanted[k]}
-        if differs:
-            text = "; ".join(f"{k}: index {a!r}, model {b!r}" for k, (a, b) in differs.items())
-            raise ConfigError(f"index {self.path} was encoded with other encoder settings than this model has "
-                              f"({text}): use the index's settings (leave --pooling/--query-instruction/... out) or "
-                              "rebuild the index")
-        self._encoder = encoder
-
-    def _check_model_files(self, folder: Path, given: str) -> None:
-        recorded = self._state("model")
-        if recorded.get("digest") is None:
-            return  # built from an in-memory encoder: nothing to compare
-        digest = _model_digest(folder)
-        if digest != recorded["digest"]:
-            diffs = describe_changes({}, {}, {"model": {"files": recorded["digest"]}}, {"model": {"files": digest}})
-            raise ConfigError(f"index {self.path} was built with model {recorded['path']}, not {given} "
-                              f"({'; '.join(diffs) or 'different files'}): use --model {recorded['path']} (or the "
-                              "same model elsewhere), or rebuild the index with this model (--overwrite)")
-
-    # ------------------------------------------------------------------ public: changes
-    def add(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None,
-            on_chunk: Callable[[int], None] | None = None) -> IndexReport:
-        """Encode ``corpus`` and add its documents (ids must be new); resumable like :meth:`build`."""
-        self._need_writable("add")
-        config = config or IndexConfig(index=DenseIndexConfig(**self._state("index_options")))
-        started = time.perf_counter()
-        corpus_path = Path(corpus)
-        settings = {"kind": "add", "input": str(corpus_path), "input_digest": _corpus_digest(corpus_path, config.format),
-                    "format": config.format, "precision": config.precision}
-        job = self._pending_job()
-        if job is not None:
-            self._same_job_or_refuse(job, settings)
-        self._precheck(corpus_path, config.format, job)
-        if job is None:
-            job = self._start_job("add", corpus_path, settings)
-        report = self._run_job(job, corpus_path, config, on_chunk)
-        report.action = "add"
-        report.seconds = time.perf_counter() - started
-        return report
-
-    def delete(self, ids: Iterable[str]) -> IndexReport:
-        """Remove documents by id (all or nothing: an unknown id is an error and nothing is deleted)."""
-        self._need_writable("delete")
-        started = time.perf_counter()
-        wanted = list(dict.fromkeys(str(i) for i in ids))
-        if not wanted:
-            raise ConfigError("no document id to delete")
-        if self._pending_job() is not None:
-            self._refuse_unfinished()
-        rows: dict[str, int] = {}
-        for start in range(0, len(wanted), 500):
-            part = wanted[start:start + 500]
-            query = f"SELECT doc_id, id FROM docs WHERE indexed = 1 AND doc_id IN ({','.join('?' * len(part))})"
-            rows.update(self._db.execute(query, part).fetchall())
-        unknown = [i for i in wanted if i not in rows]
-        if unknown:
-            shown = ", ".join(repr(i) for i in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-            raise DataError(self.path, f"{len(unknown)} of {len(wanted)} id(s) to delete are not in the index: {shown}; "
-                            "nothing was deleted", fix="check the ids (ids are compared as exact strings)")
-        faiss_ids = np.array(sorted(rows.values()), dtype=np.int64)
-        generation = self._state("generation")
-        with self._lock:
-            tombstone = self.kind == "hnsw"
-            try:
-                if not tombstone:
-                    self._remove_vectors(faiss_ids)
-                    self._save_faiss(generation + 1)
-                with self._db:
-                    self._db.executemany("DELETE FROM docs WHERE id = ?", [(int(i),) for i in faiss_ids])
-                    if tombstone:
-                        self._db.executemany("INSERT INTO tombstones (id) VALUES (?)", [(int(i),) for i in faiss_ids])
-                    else:
-                        self._set_state("generation", generation + 1)
-                    self._bump_revision()
-            except BaseException:
-                self._faiss = self._load_faiss(verify=False)  # the vectors removed in memory were not committed
-                raise
-            self._tombstones = self._load_tombstones()
-            self._finish_save()
-        return IndexReport("delete", documents=self.count, deleted=len(faiss_ids),
-                           seconds=time.perf_counter() - started)
-
-    def compact(self) -> IndexReport:
-        """Rebuild an HNSW graph without its tombstones (flat and IVF indexes never hold any)."""
-        self._need_writable("compact")
-        started = time.perf_counter()
-        if not self._tombstones.size:
-            return IndexReport("compact", documents=self.count, nothing_to_do=True)
-        live = np.array([r[0] for r in self._db.execute("SELECT id FROM docs WHERE indexed = 1 ORDER BY id")],
-                        dtype=np.int64)
-        with self._lock:
-            vectors = self._reconstruct(live) if live.size else np.zeros((0, self.dim), dtype=np.float32)
-            fresh = self._new_faiss(vectors)
-            if live.size:
-                fresh.add_with_ids(vectors, live)
-            self._faiss = fresh
-            generation = self._state("generation")
-            self._save_faiss(generation + 1)
-            with self._db:
-                self._db.execute("DELETE FROM tombstones")
-                self._set_state("generation", generation + 1)
-                self._bump_revision()
-            self._tombstones = self._load_tombstones()
-            self._finish_save()
-        return IndexReport("compact", documents=self.count, deleted=0, seconds=time.perf_counter() - started)
-
-    def discard_unfinished(self) -> int:
-        """Drop the rows and vectors of an unfinished add (or build) job; returns how many documents were dropped."""
-        self._need_writable("discard")
-        job = self._pending_job()
-        if job is None:
-            return 0
-        with self._db:
-            dropped = self._db.execute("DELETE FROM docs WHERE indexed = 0").rowcount
-            self._db.execute("DELETE FROM pending")
-            self._db.execute("UPDATE jobs SET state = 'discarded', finished = ? WHERE id = ?", (_now(), job["id"]))
-            self._bump_revision()
-        if self._state("generation") > 0:
-            self._finish_save()
-        return dropped
-
-    # ------------------------------------------------------------------ public: search
-    def search(self, queries: str | Sequence[str], top_k: int = 10, filter: dict | None = None, *,
-               batch_size: int = 64, precision: str = "auto") -> list[list[Hit]]:
-        """The ``top_k`` best documents for each query (texts, encoded as queries with the index's model)."""
-        texts = [queries] if isinstance(queries, str) else list(queries)
-        vectors = self.encoder.encode(texts, "query", batch_size=batch_size, precision=precision, show_progress=False)
-        return self.search_vectors(vectors, top_k, filter)
-
-    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filter: dict | None = None) -> list[list[Hit]]:
-        """The ``top_k`` best documents for each row of ``vectors`` (already encoded queries)."""
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ConfigError(f"top_k = {top_k!r} is out of range: it must be an integer >= 1")
-        vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
-        if vectors.shape[1] != self.dim:
-            raise ConfigError(f"query vectors have {vectors.shape[1]} dimensions; the index has {self.dim}")
-        with self._lock:
-            if filter:
-                allowed = self._filter_ids(filter)
-                scores, ids = self._search_allowed(vectors, top_k, allowed)
-            else:
-                scores, ids = self._search_all(vectors, top_k)
-            return self._hits(scores, ids)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._db.close()
-        if self._lock_handle is not None:
-            _release_lock(self._lock_handle)
-            self._lock_handle = None
-
-    def __enter__(self) -> "SearchIndex":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def summary(self) -> str:
-        index = self._state("index")
-        tomb = f", {self._tombstones.size} tombstones" if self._tombstones.size else ""
-        return (f"{self.path}: {self.count} documents{tomb}, {index['kind']} index, {self.dim} dimensions, model "
-                f"{self.model_name} ({self.model_path}), generation {self._state('generation')}")
-
-    # ------------------------------------------------------------------ search internals
-    def _search_all(self, vectors: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-        import faiss
-
-        total = int(self._faiss.ntotal)
-        if total == 0:
-            return np.zeros((len(vectors), 0), np.float32), np.zeros((len(vectors), 0), np.int64)
-        k = min(top_k, total)
-        params = None
-        if self._tombstones.size:
-            inner, keep = _selector_batch(self._tombstones)
-            selector = faiss.IDSelectorNot(inner)
-            params = self._search_params(selector)
-            params._keep = (inner, keep)  # the C++ selectors point into these
-        else:
-            params = self._search_params(None)
-        return self._faiss.search(vectors, k, params=params)
-
-    def _search_params(self, selector: Any):
-        import faiss
-
-        kind, options = self.kind, self._state("index_options")
-        if kind == "ivf":
-            nlist = faiss.extract_index_ivf(self._faiss).nlist
-            return faiss.SearchParametersIVF(sel=selector, nprobe=min(options["nprobe"], nlist))
-        if kind == "hnsw":
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=options["ef_search"])
-        return faiss.SearchParameters(sel=selector) if selector is not None else None
-
-    def _search_allowed(self, vectors: np.ndarray, top_k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = min(top_k, len(allowed))
-        if k == 0:
-            return np.zeros((len(vectors), 0), np.float32), np.zeros((len(vectors), 0), np.int64)
-        if len(allowed) <= EXACT_FILTER_LIMIT:
-            candidates = self._reconstruct(allowed)
-            scores = vectors @ candidates.T
-            top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-            return np.take_along_axis(scores, top, axis=1), allowed[top]
-        inner, keep = _selector_batch(allowed)
-        params = self._search_params(inner)
-        params._keep = (inner, keep)
-        return self._faiss.search(vectors, k, params=params)
-
-    def _reconstruct(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        return np.vstack([self._faiss.reconstruct(int(i)) for i in ids]).astype(np.float32) if len(ids) else \
-            np.zeros((0, self.dim), np.float32)
-
-    def check_filter(self, filter: dict) -> None:
-        """Raise :class:`ConfigError` unless ``filter`` is a valid filter over this index's fields (nothing is run)."""
-        parse_filter(filter, self._filter_fields())
-
-    def _filter_fields(self) -> list[str]:
-        return ["id", "title", *(name for name in self._field_names if name not in _RESERVED)]
-
-    def _filter_ids(self, filter: dict) -> np.ndarray:
-        """Ids of the indexed documents that pass ``filter``, in id order."""
-        sql, params = self._filter_query(filter)
-        return np.array([r[0] for r in self._db.execute(sql, params).fetchall()], dtype=np.int64)
-
-    def _filter_query(self, filter: dict) -> tuple[str, list]:
-        where, params = to_sqlite(parse_filter(filter, self._filter_fields()))
-        return f"SELECT id FROM docs WHERE indexed = 1 AND {where} ORDER BY id", params
-
-    def _hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[Hit]]:
-        wanted = sorted({int(i) for i in np.asarray(ids).ravel() if i >= 0})
-        rows: dict[int, tuple] = {}
-        for start in range(0, len(wanted), 500):
-            part = wanted[start:start + 500]
-            for row in self._db.execute(f"SELECT id, doc_id, title, text, fields FROM docs WHERE indexed = 1 AND id IN "
-                                        f"({','.join('?' * len(part))})", part):
-                rows[row[0]] = row
-        out: list[list[Hit]] = []
-        for row_scores, row_ids in zip(scores, ids):
-            hits = []
-            for score, faiss_id in zip(row_scores, row_ids):
-                if faiss_id < 0:
-                    continue  # FAISS pads with -1 when fewer than k vectors are reachable
-                row = rows.get(int(faiss_id))
-                if row is None:  # cannot happen on a checked index; never answer with a document that is gone
-                    logger.warning("index %s: FAISS id %d has no metadata row; skipped", self.path, faiss_id)
-                    continue
-                hits.append(Hit(row[1], float(score), row[2], row[3], json.loads(row[4])))
-            out.append(hits)
-        return out
-
-    # ------------------------------------------------------------------ jobs (build / add)
-    def _start_job(self, kind: str, corpus: str | os.PathLike, settings: dict) -> dict:
-        with self._db:
-            cursor = self._db.execute("INSERT INTO jobs (kind, input, settings, position, skipped, state, started) "
-                                      "VALUES (?, ?, ?, 0, 0, 'running', ?)",
-                                      (kind, str(corpus), json.dumps(settings, sort_keys=True), _now()))
-        return self._pending_job() or {"id": cursor.lastrowid}
-
-    def _pending_job(self) -> dict | None:
-        row = self._db.execute("SELECT id, kind, input, settings, position, skipped, started FROM jobs "
-                               "WHERE state = 'running' ORDER BY id DESC LIMIT 1").fetchone()
-        if row is None:
-            return None
-        return {"id": row[0], "kind": row[1], "input": row[2], "settings": json.loads(row[3]), "position": row[4],
-                "skipped": row[5], "started": row[6]}
-
-    def _same_job_or_refuse(self, job: dict, settings: dict) -> None:
-        diffs = describe_changes(job["settings"], settings, {}, {})
-        if diffs:
-            raise ConfigError(f"index {self.path} has an unfinished {job['kind']} of {job['input']} ({job['position']} "
-                              f"input records done) that this command would not finish: {'; '.join(diffs)}. Fix: "
-                              f"re-run that {job['kind']} to finish it, or drop it with --discard-unfinished")
-
-    def _precheck(self, corpus: str | os.PathLike, fmt: str, job: dict | None) -> None:
-        """Read the whole input once before encoding anything: malformed records and ids that are duplicated in it,
-        or already in the index (but for rows of ``job``, the job being resumed), stop here with the file and line,
-        leaving the index as it was."""
-        seen: dict[str, int] = {}
-        batch: list[_Record] = []
-
-        def against_index(records: list[_Record]) -> None:
-            ids = [r.id for r in records]
-            for start in range(0, len(ids), 500):
-                part = ids[start:start + 500]
-                row = self._db.execute(f"SELECT doc_id, indexed FROM docs WHERE job != ? AND doc_id IN "
-                                       f"({','.join('?' * len(part))}) LIMIT 1",
-                                       [job["id"] if job else -1, *part]).fetchone()
-                if row is not None:
-                    line = next(r.line for r in records if r.id == row[0])
-                    raise DataError(corpus, f"duplicate document id {row[0]!r} (already in the index"
-                                    f"{'' if row[1] else ', from an unfinished job'})", line=line, field="_id",
-                                    fix=f"give it a new id, or delete the indexed one first (robustir index --delete-id "
-                                    f"{row[0]} --output {self.path})")
-
-        for record in _read_records(corpus, fmt):
-            if record.id in seen:
-                raise DataError(corpus, f"duplicate document id {record.id!r} (also on line {seen[record.id]})",
-                                line=record.line, field="_id", fix="make document ids unique")
-            seen[record.id] = record.line
-            batch.append(record)
-            if len(batch) >= 5000:
-                against_index(batch)
-                batch = []
-        against_index(batch)
-
-    def _run_job(self, job: dict, corpus: str | os.PathLike, config: IndexConfig,
-                 on_chunk: Callable[[int], None] | None) -> IndexReport:
-        from tqdm.auto import tqdm
-
-        from ..data.beir import Corpus
-
-        done = int(job["position"])
-        report = IndexReport(job["kind"], resumed_from=done, skipped_empty=int(job["skipped"]))
-        if done:
-            logger.info("resuming the %s of %s after %d input records", job["kind"], job["input"], done)
-        encoder = self.encoder
-        show = config.show_progress if config.show_progress is not None else True
-        bar = tqdm(desc=f"index {job['kind']}", unit="doc", disable=not show, initial=done)
-        buffer: list[_Record] = []
-        position = 0
-        skipped = int(job["skipped"])
-        try:
-            for position, record in enumerate(_read_records(corpus, config.format), start=1):
-                if position <= done:
-                    continue
-                if not record.text.strip() and not record.title.strip():
-                    skipped += 1  # as load_corpus does: nothing to embed (and so never retrievable)
-                    continue
-                buffer.append(record)
-                if len(buffer) >= config.chunk_size:
-                    self._commit_chunk(job, buffer, position, skipped, encoder, config, Corpus, corpus)
-                    report.added += len(buffer)
-                    bar.update(len(buffer))
-                    buffer = []
-                    if on_chunk is not None:
-                        on_chunk(position)
-            if buffer or position > done:
-                self._commit_chunk(job, buffer, position, skipped, encoder, config, Corpus, corpus)
-                report.added += len(buffer)
-                bar.update(len(buffer))
-                if on_chunk is not None and buffer:
-                    on_chunk(position)
-        finally:
-            bar.close()
-        report.skipped_empty = skipped
-        if skipped:
-            logger.warning("%s: skipped %d record(s) whose title and text are empty", corpus, skipped)
-        if job["kind"] == "build" and self._db.execute("SELECT COUNT(*) FROM docs").fetchone()[0] == 0:
-            raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
-        self._finalize_job(job, config)
-        report.documents = self.count
-        return report
-
-    def _commit_chunk(self, job: dict, records: list[_Record], position: int, skipped: int, encoder: Any,
-                      config: IndexConfig, corpus_cls: type, source: str | os.PathLike) -> None:
-        """Encode ``records`` and commit their rows, their vectors and the job's progress in one transaction."""
-        ids = [r.id for r in records]
-        seen: dict[str, int] = {}
-        for record in records:
-            if record.id in seen:
-                raise DataError(source, f"duplicate document id {record.id!r} (also on line {seen[record.id]})",
-                                line=record.line, field="_id", fix="make document ids unique")
-            seen[record.id] = record.line
-        for start in range(0, len(ids), 500):
-            part = ids[start:start + 500]
-            for doc_id, job_id, line, indexed in self._db.execute(
-                    f"SELECT doc_id, job, line, indexed FROM docs WHERE doc_id IN ({','.join('?' * len(part))})", part):
-                record = next(r for r in records if r.id == doc_id)
-                where = (f"also on line {line}" if job_id == job["id"] else
-                         f"already in the index{'' if indexed else ' (from an unfinished job)'}")
-                raise DataError(source, f"duplicate document id {doc_id!r} ({where})", line=record.line, field="_id",
-                                fix="give it a new id, or delete the indexed one first (robustir index --delete-id "
-                                f"{doc_id} --output {self.path})" if job_id != job["id"] else "make document ids unique")
-        vectors = np.zeros((0, self.dim), np.float32)
-        if records:
-            texts = corpus_cls(ids=ids, titles=[r.title for r in records],
-                               texts=[r.text for r in records]).texts_for_encoding()
-            vectors = encoder.encode(texts, "passage", batch_size=config.batch_size, precision=config.precision,
-                                     show_progress=False)
-        new_fields = sorted({key for r in records for key in r.fields})
-        with self._db:
-            for record, vector in zip(records, vectors):
-                cursor = self._db.execute(
-                    "INSERT INTO docs (doc_id, title, text, fields, job, line, indexed) VALUES (?, ?, ?, ?, ?, ?, 0)",
-                    (record.id, record.title, record.text, json.dumps(record.fields, ensure_ascii=False), job["id"],
-                     record.line))
-                self._db.execute("INSERT INTO pending (id, vector) VALUES (?, ?)",
-                                 (cursor.lastrowid, np.ascontiguousarray(vector, dtype="<f4").tobytes()))
-            self._db.executemany("INSERT OR IGNORE INTO field_names (name) VALUES (?)", [(n,) for n in new_fields])
-            self._db.execute("UPDATE jobs SET position = ?, skipped = ? WHERE id = ?", (position, skipped, job["id"]))
-        job["position"], job["skipped"] = position, skipped
-
-    def _pending_vectors(self, ids: Sequence[int] | None = None, batch: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        last = -1
-        while True:
-            rows = self._db.execute("SELECT id, vector FROM pending WHERE id > ? ORDER BY id LIMIT ?",
-                                    (last, batch)).fetchall()
-            if not rows:
-                return
-            last = rows[-1][0]
-            yield (np.array([r[0] for r in rows], dtype=np.int64),
-                   np.vstack([np.frombuffer(r[1], dtype="<f4") for r in rows]).astype(np.float32))
-
-    def _finalize_job(self, job: dict, config: IndexConfig) -> None:
-        """Put the job's pending vectors into the FAISS index, save it as the next generation, commit, clean up."""
-        generation = self._state("generation")
-        with self._lock:
-            if generation == 0:
-                self._faiss = self._new_faiss(self._training_sample())
-            elif self._faiss is None:
-                self._faiss = self._load_faiss(verify=False)
-            for ids, vectors in self._pending_vectors():
-                self._faiss.add_with_ids(vectors, ids)
-            self._save_faiss(generation + 1)
-            with self._db:
-                self._db.execute("UPDATE docs SET indexed = 1 WHERE indexed = 0")
-                self._db.execute("DELETE FROM pending")
-                self._db.execute("UPDATE jobs SET state = 'done', finished = ? WHERE id = ?", (_now(), job["id"]))
-                self._set_state("generation", generation + 1)
-                self._bump_revision()
-            self._db.execute("VACUUM")  # give back the pages the pending vectors took
-            self._finish_save()
-
-    def _training_sample(self) -> np.ndarray | None:
-        """IVF: a seeded random sample of at most ``256 * nlist`` pending vectors to train the quantizer on."""
-        if self._state("index")["kind"] != "ivf":
-            return None
-        ids = [r[0] for r in self._db.execute("SELECT id FROM pending ORDER BY id")]
-        nlist = self._ivf_nlist(len(ids))
-        rng = np.random.default_rng(0)
-        chosen = sorted(rng.choice(len(ids), size=min(len(ids), nlist * 256), replace=False).tolist())
-        wanted = {ids[i] for i in chosen}
-        parts = [vectors[np.isin(batch_ids, list(wanted))] for batch_ids, vectors in self._pending_vectors()]
-        return np.vstack(parts) if parts else np.zeros((0, self.dim), np.float32)
-
-    def _ivf_nlist(self, n: int) -> int:
-        configured = self._state("index_options").get("nlist")
-        return int(configured) if configured else max(1, min(n // 39, int(4 * math.sqrt(n))))
-
-    def _new_faiss(self, sample: np.ndarray | None):
-        import faiss
-
-        options = self._state("index_options")
-        kind, d = self._state("index")["kind"], self.dim
-        if kind == "flat":
-            return faiss.IndexIDMap2(faiss.IndexFlatIP(d))
-        if kind == "hnsw":
-            inner = faiss.IndexHNSWFlat(d, options["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
-            inner.hnsw.efSearch = options["ef_search"]
-            return faiss.IndexIDMap2(inner)
-        if kind == "ivf":
-            if sample is None or len(sample) == 0:
-                raise DataError(self.path, "no vectors to train the IVF index on")
-            nlist = self._ivf_nlist(self._db.execute("SELECT COUNT(*) FROM pending").fetchone()[0])
-            if len(sample) < nlist:
-                raise ConfigError(f"an IVF index with nlist = {nlist} needs at least {nlist} documents to train on; "
-                                  f"the corpus has {len(sample)}: lower --nlist, or use --index flat")
-            quantizer = faiss.IndexFlatIP(d)
-            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-            index.train(np.ascontiguousarray(sample, dtype=np.float32))
-            index.set_direct_map_type(faiss.DirectMap.Hashtable)  # reconstruct() and remove_ids() by id
-            index.nprobe = min(options["nprobe"], nlist)
-            return index
-        raise ConfigError(f"index kind must be flat, ivf or hnsw; got {kind!r}")
-
-    def _remove_vectors(self, ids: np.ndarray) -> None:
-        import faiss
-
-        if self._faiss is None:
-            self._faiss = self._load_faiss(verify=False)
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if self.kind == "ivf":  # a hashtable direct map removes through an array selector only
-            selector = faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids))
-        else:
-            selector, ids = _selector_batch(ids)
-        removed = self._faiss.remove_ids(selector)
-        if removed != len(ids):
-            raise DataError(self.path, f"FAISS removed {removed} of {len(ids)} vectors: the index and its metadata "
-                            "disagree", fix="rebuild the index (--overwrite)")
-
-    # ------------------------------------------------------------------ saving and checking
-    def _save_faiss(self, generation: int) -> None:
-        import faiss
-
-        data = faiss.serialize_index(self._faiss)
-        with atomic_write(self.path / _faiss_name(generation), "wb", encoding=None) as handle:
-            handle.write(memoryview(data))
-
-    def _finish_save(self) -> None:
-        """After a committed change: remove FAISS files of other generations, then write the manifest."""
-        current = _faiss_name(self._state("generation"))
-        for item in self.path.iterdir():
-            if (_FAISS_FILE.match(item.name) and item.name != current) or \
-                    (item.name.startswith(".index-") and item.name.endswith(".tmp")):
-                item.unlink(missing_ok=True)
-        self._field_names = self._load_field_names()
-        self.manifest = self._write_manifest()
-
-    def _write_manifest(self) -> dict:
-        import faiss
-
-        from .. import __version__
-
-        faiss_file = self.path / _faiss_name(self._state("generation"))
-        files = {}
-        for item in (faiss_file, self.path / METADATA):
-            files[item.name] = {"bytes": item.stat().st_size, "sha256": _sha256(item)}
-        model = self._state("model")
-        manifest = {
-            "format": "robustir-index", "format_version": FORMAT_VERSION,
-            "robustir_version": __version__,
-            "model": {"name": model["name"], "path": model["path"], "digest": model.get("digest")},
-            "encoder": self._state("encoder"),
-            "dimension": self.dim,
-            "index": {**self._state("index"), **self._state("index_options"),
-                      "nlist_trained": int(faiss.extract_index_ivf(self._faiss).nlist) if self.kind == "ivf" else None},
-            "counts": {"documents": self.count, "vectors": int(self._faiss.ntotal),
-                       "tombstones": int(self._tombstones.size)},
-            "fields": self.field_names,
-            "generation": self._state("generation"),
-            "revision": self._state("revision"),
-            "files": files,
-            "updated": _now(),
-        }
-        write_json(self.path / MANIFEST, manifest)
-        return manifest
-
-    def _read_manifest(self) -> dict:
-        path = self.path / MANIFEST
-        if not path.exists():
-            raise DataError(path, "missing (the index was never finished, or the file was removed)",
-                            fix=f"re-run the robustir index command that built {self.path}, or rebuild it (--overwrite)")
-        manifest = _read_json_file(path)
-        if manifest.get("format") != "robustir-index" or manifest.get("format_version") != FORMAT_VERSION:
-            raise DataError(path, f"not a robustir index manifest of format {FORMAT_VERSION}",
-                            fix="rebuild the index with this robustir (--overwrite)")
-        revision = self._state("revision")
-        if manifest.get("revision") != revision:
-            raise DataError(path, f"describes revision {manifest.get('revision')} but the metadata is at revision "
-                            f"{revision} (the last robustir index command stopped while saving)",
-                            fix=f"run `robustir index --check --output {self.path}`, which finishes the save")
-        return manifest
-
-    def _load_faiss(self, verify: bool, metadata: bool = True):
-        import faiss
-
-        name = _faiss_name(self._state("generation"))
-        path = self.path / name
-        if not path.exists():
-            raise DataError(path, "missing", fix=f"rebuild the index (robustir index ... --output {self.path} "
-                            "--overwrite)")
-        if verify:
-            files = self.manifest.get("files", {})
-            for item in (path, self.path / METADATA) if metadata else (path,):
-                recorded = files.get(item.name)
-                if recorded is None:
-                    raise DataError(self.path / MANIFEST, f"names no checksum for {item.name}",
-                                    fix="rebuild the index (--overwrite)")
-                size = item.stat().st_size
-                if size != recorded["bytes"]:
-                    raise DataError(item, f"has {size} bytes; the manifest says {recorded['bytes']} (truncated, "
-                                    "replaced or edited)", fix=f"rebuild the index (robustir index ... --output "
-                                    f"{self.path} --overwrite) or restore the file from a backup")
-                if _sha256(item) != recorded["sha256"]:
-                    raise DataError(item, "content differs from its checksum in the manifest (edited or damaged)",
-                                    fix=f"rebuild the index (robustir index ... --output {self.path} --overwrite) or "
-                                    "restore the file from a backup")
-        try:
-            index = faiss.read_index(str(path))
-        except RuntimeError as exc:
-            raise DataError(path, f"is not a readable FAISS index ({str(exc).splitlines()[0][:120]})",
-                            fix="rebuild the index (--overwrite)") from None
-        if index.d != self.dim:
-            raise DataError(path, f"holds {index.d}-dimensional vectors; the index metadata says {self.dim}",
-                            fix="rebuild the index (--overwrite)")
-        return index
-
-    def _check_counts(self) -> None:
-        documents, vectors, tombstones = self.count, int(self._faiss.ntotal), int(self._tombstones.size)
-        counts = self.manifest.get("counts", {})
-        problems = []
-        if counts.get("documents") != documents:
-            problems.append(f"the manifest says {counts.get('documents')} documents, the metadata holds {documents}")
-        if counts.get("vectors") != vectors:
-            problems.append(f"the manifest says {counts.get('vectors')} vectors, the FAISS index holds {vectors}")
-        if vectors != documents + tombstones:
-            problems.append(f"the FAISS index holds {vectors} vectors for {documents} documents and {tombstones} "
-                            "tombstones")
-        if self.manifest.get("dimension") != self.dim:
-            problems.append(f"the manifest says dimension {self.manifest.get('dimension')}, the metadata {self.dim}")
-        if problems:
-            raise DataError(self.path / MANIFEST, "counts do not match: " + "; ".join(problems),
-                            fix="rebuild the index (--overwrite)")
-
-    def _refuse_unfinished(self) -> None:
-        job = self._pending_job()
-        if job is None:
-            if self._state("generation") == 0:
-                raise DataError(self.path, "holds no finished index (its build never reached the end)",
-                                fix="re-run the robustir index command that built it")
-            return
-        command = (f"robustir index --corpus {job['input']} --output {self.path}" if job["kind"] == "build" else
-                   f"robustir index --add {job['input']} --output {self.path}")
-        extra = "" if job["kind"] == "build" else " or drop it with --discard-unfinished"
-        article = "an" if job["kind"] == "add" else "a"
-        raise DataError(self.path, f"is unfinished: {article} {job['kind']} of {job['input']} stopped after {job['position']} "
-                        "input records", fix=f"re-run the same command to finish it ({command} ...){extra}")
-
-    def _recover(self) -> None:
-        """A writer's first step: drop FAISS files of other generations and finish a save the manifest missed."""
-        generation = self._state("generation")
-        for item in self.path.iterdir():
-            match = _FAISS_FILE.match(item.name)
-            if (match and int(match.group(1)) != generation) or \
-                    (item.name.startswith(".index-") and item.name.endswith(".tmp")):
-                item.unlink(missing_ok=True)
-        if generation == 0:
-            return
-        manifest = _read_json_file(self.path / MANIFEST) if (self.path / MANIFEST).exists() else {}
-        if manifest.get("revision") != self._state("revision"):
-            logger.info("index %s: finishing an interrupted save (manifest revision %s, metadata %s)", self.path,
-                        manifest.get("revision"), self._state("revision"))
-            if self._faiss is None:
-                self._faiss = self._load_faiss(verify=False)
-            self.manifest = self._write_manifest()
-        else:
-            self.manifest = manifest
-
-    def _load_tombstones(self) -> np.ndarray:
-        return np.array([r[0] for r in self._db.execute("SELECT id FROM tombstones ORDER BY id")], dtype=np.int64)
-
-    def _need_writable(self, what: str) -> None:
-        if not self.writable:
-            raise ConfigError(f"index {self.path} was opened read-only; open it with writable=True to {what}")
-
-    def _state(self, key: str) -> Any:
-        row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            raise DataError(self.path / METADATA, f"has no {key!r} entry (damaged)", fix="rebuild the index (--overwrite)")
-        return json.loads(row[0])
-
-    def _set_state(self, key: str, value: Any) -> None:
-        self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)", (key, json.dumps(value)))
-
-    def _bump_revision(self) -> None:
-        self._set_state("revision", self._state("revision") + 1)
-
-
-# ------------------------------------------------------------------------------------------------ module helpers
-
-def _check_output_folder(path: Path, corpus: str | os.PathLike) -> None:
-    if not str(path).strip() or path.name in ("", ".", ".."):
-        raise ConfigError(f"--output {str(path)!r} names no folder; give a new folder such as runs/index")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--output {path} is a file; an index is a folder: choose a folder name")
-    corpus_path = Path(corpus).expanduser().resolve()
-    out = path.expanduser().resolve()
-    if out == corpus_path or out in corpus_path.parents:
-        raise ConfigError(f"--output {path} holds the corpus {corpus}; an index never goes where its input is: "
-                          "choose another folder")
-    if path.is_dir() and not (path / METADATA).exists():
-        stray = [p.name for p in path.iterdir() if p.name != ".lock"]
-        if stray:
-            raise ConfigError(f"--output {path} exists and is not a robustir index (it holds {', '.join(sorted(stray)[:5])}"
-                              "): choose a new or empty folder")
-
-
-def _acquire_lock(path: Path):
-    import fcntl
-
-    path.mkdir(parents=True, exist_ok=True)
-    handle = open(path / ".lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise ConfigError(f"another robustir index command is writing {path}; wait for it to finish") from None
-    return handle
-
-
-def _release_lock(handle) -> None:
-    import fcntl
-
-    with contextlib.suppress(Exception):
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    handle.close()
-
-
-def _remove_index_files(path: Path) -> None:
-    """``--overwrite``: remove this index's own files (never anything else in the folder)."""
-    for item in list(path.iterdir()) if path.is_dir() else []:
-        if item.name in (MANIFEST, METADATA, METADATA + "-journal") or _FAISS_FILE.match(item.name) or \
-                (item.name.startswith((".index-", f".{MANIFEST}.")) and item.name.endswith(".tmp")):
-            item.unlink()
-
-
-def _connect(path: Path, *, create: bool, read_only: bool = False) -> sqlite3.Connection:
-    try:
-        if read_only:
-            db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False)
-        else:
-            if not create and not path.exists():
-                raise DataError(path, "missing", fix="build the index first")
-            db = sqlite3.connect(path, check_same_thread=False)
-        if not read_only:
-            db.execute("PRAGMA journal_mode = DELETE")  # one file: its checksum in the manifest covers everything
-        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise DataError(path, f"is not a readable sqlite database ({exc})",
-                        fix="rebuild the index (--overwrite) or restore the file from a backup") from None
-    return db
-
-
-def _create_schema(db: sqlite3.Connection) -> None:
-    with db:
-        db.executescript("""
-            CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,
-                input TEXT NOT NULL, settings TEXT NOT NULL, position INTEGER NOT NULL, skipped INTEGER NOT NULL,
-                state TEXT NOT NULL, started TEXT NOT NULL, finished TEXT);
-            CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL UNIQUE,
-                title TEXT NOT NULL, text TEXT NOT NULL, fields TEXT NOT NULL, job INTEGER NOT NULL, line INTEGER,
-                indexed INTEGER NOT NULL);
-            CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY, vector BLOB NOT NULL);
-            CREATE TABLE IF NOT EXISTS tombstones (id INTEGER PRIMARY KEY);
-            CREATE TABLE IF NOT EXISTS field_names (name TEXT PRIMARY KEY);
-        """)
-
-
-def _read_state(db: sqlite3.Connection) -> dict:
-    try:
-        return {key: json.loads(value) for key, value in db.execute("SELECT key, value FROM state")}
-    except sqlite3.DatabaseError:
-        return {}
-
-
-def _init_state(db: sqlite3.Connection, encoder: Any, config: IndexConfig, label: str) -> None:
-    source = encoder.source or ""
-    folder = Path(source) if source and Path(source).is_dir() else None
-    if folder is None:
-        logger.warning("the encoder has no model folder: the index cannot check later that it is served with the "
-                       "same model")
-    options = dataclasses.asdict(config.index)
-    options.pop("use_gpu", None)
-    kind = options.pop("kind")
-    values = {
-        "format_version": FORMAT_VERSION,
-        "generation": 0,
-        "revision": 0,
-        "dim": encoder.dim,
-        "model": {"path": str(folder.resolve()) if folder else source, "name": label,
-                  "digest": _model_digest(folder)},
-        "encoder": dataclasses.asdict(encoder.config),
-        "index": {"kind": kind, "metric": "inner_product",
-                  "deletes": "tombstones" if kind == "hnsw" else "remove_ids"},
-        "index_options": options,
-        "build_precision": encoder.resolve_precision(config.precision),  # what "auto" meant here
-    }
-    with db:
-        db.executemany("INSERT INTO state (key, value) VALUES (?, ?)", [(k, json.dumps(v)) for k, v in values.items()])
-
-
-def _build_settings(corpus: str | os.PathLike, config: IndexConfig, encoder: Any) -> dict:
-    options = dataclasses.asdict(config.index)
-    options.pop("use_gpu", None)
-    source = encoder.source or ""
-    folder = Path(source) if source and Path(source).is_dir() else None
-    return {"kind": "build", "input": str(corpus), "input_digest": _corpus_digest(corpus, config.format),
-            "format": config.format, "precision": config.precision, "index": options,
-            "model_digest": _model_digest(folder), "encoder": dataclasses.asdict(encoder.config)}
-
-
-def _same_build_or_refuse(path: Path, db: sqlite3.Connection, state: dict, settings: dict) -> None:
-    row = db.execute("SELECT settings, state, input FROM jobs WHERE kind = 'build' ORDER BY id LIMIT 1").fetchone()
-    if row is None:
-        return
-    recorded = json.loads(row[0])
-    compare = {k: v for k, v in settings.items() if k != "input"}
-    diffs = describe_changes({k: v for k, v in recorded.items() if k != "input"}, compare, {}, {})
-    if not diffs:
-        return
-    if row[1] == "running":
-        raise ConfigError(f"index {path} has an unfinished build of {row[2]} made with other settings or inputs than "
-                          f"this command: {'; '.join(diffs)}. Fix: re-run it with the same options to finish it, or "
-                          "add --overwrite to start over")
-    raise ConfigError(f"index {path} already holds an index built from {row[2]} with other settings or inputs: "
-                      f"{'; '.join(diffs)}. Fix: --add CORPUS to add documents to it, or --overwrite to rebuild it")
-
-
 def _load_encoder(model: Any, config: IndexConfig, options: dict):
     """The encoder to build with; its ``source`` is the model's local folder (a hub id is resolved to its download),
     and ``label`` the name the manifest gives it."""
@@ -1258,11 +281,720 @@ def _load_encoder(model: Any, config: IndexConfig, options: dict):
     return encoder, _model_label(str(model))
 
 
-def _read_json_file(path: Path) -> dict:
+# ------------------------------------------------------------------------------------------------ the index
+
+@dataclass
+class _Job:
+    id: int
+    kind: Literal["build", "add", "upsert"]
+    input: str
+    position: int = 0
+    skipped: int = 0
+
+    @classmethod
+    def from_json(cls, data: Any, where: Path) -> "_Job":
+        try:
+            job = cls(**data)
+            if job.kind not in ("build", "add", "upsert") or not isinstance(job.position, int):
+                raise TypeError
+            return job
+        except TypeError:
+            raise DataError(where, f"its unfinished job is malformed: {json.dumps(data)[:120]}",
+                            fix="rebuild the index (robustir index --corpus ... --overwrite)") from None
+
+
+class SearchIndex:
+    """A persistent LanceDB search index (see the module docstring): :meth:`build` / :meth:`open`, then
+    :meth:`add`, :meth:`upsert`, :meth:`delete` and :meth:`search` (dense, lexical or hybrid, with filters)."""
+
+    def __init__(self, path: Path, table: Any, manifest: dict, *, writable: bool, encoder: Any = None) -> None:
+        self.path = path
+        self._table = table
+        self.manifest = manifest
+        self.writable = writable
+        self._encoder = encoder
+        self.device: str | None = None
+        self._seen_version: int | None = None
+        self._lock: int | None = None
+
+    # ------------------------------------------------------------------ making and opening
+    @classmethod
+    def build(cls, path: str | os.PathLike, model: Any, corpus: str | os.PathLike, *,
+              config: IndexConfig | None = None, encoder_options: dict | None = None, overwrite: bool = False,
+              on_chunk: Any = None) -> tuple["SearchIndex", IndexReport]:
+        """Encode ``corpus`` with ``model`` into a new index at ``path``; a killed build of the same corpus is resumed,
+        a finished one left as it is (``overwrite`` starts afresh). ``config.ann``, the vector index, is kept in the
+        manifest and applied after every job. ``on_chunk(position)`` runs after each commit."""
+        from ..data.documents import resolve_format
+
+        config = config or IndexConfig()
+        path = Path(path)
+        started = time.perf_counter()
+        resolve_format(corpus, config.format)  # a missing corpus fails before the model loads
+        scanned = _scan_corpus(corpus, config.format)  # and so does bad input, before anything is written
+        if not scanned[1]:
+            raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
+        lock = _lock(path)  # one writer at a time; held by the index returned, released by close()
+        try:
+            index, report = cls._build(path, model, corpus, config, encoder_options, overwrite, on_chunk, scanned)
+            index._lock = lock
+        except BaseException:
+            _unlock(lock)
+            raise
+        report.seconds = time.perf_counter() - started
+        return index, report
+
+    @classmethod
+    def _build(cls, path: Path, model: Any, corpus: str | os.PathLike, config: IndexConfig,
+               encoder_options: dict | None, overwrite: bool, on_chunk: Any, scanned: tuple[int, dict[str, int]]
+               ) -> tuple["SearchIndex", IndexReport]:
+        if overwrite:
+            _remove(path)
+        manifest_path = path / MANIFEST
+        encoder, label = _load_encoder(model, config, encoder_options or {})
+        source = Path(encoder.source) if encoder.source else None
+        identity = {"format": FORMAT, "dim": int(encoder.dim),
+                    "model": {"path": encoder.source or label, "name": _model_label(encoder.source or label),
+                              "digest": _model_digest(source) if source is not None and source.is_dir() else None},
+                    "encoder": dataclasses.asdict(encoder.config)}
+        source_digest = _corpus_digest(corpus, config.format)
+        if manifest_path.exists():
+            manifest = _read_manifest(path)
+            changed = sorted(k for k in ("dim", "model", "encoder") if manifest.get(k) != identity[k])
+            if (manifest.get("build") or {}).get("digest") != source_digest:
+                changed.append(f"corpus ({(manifest.get('build') or {}).get('input')} -> {corpus}, or its content)")
+            finished = manifest.get("job") is None and manifest.get("version") is not None
+            if changed:
+                raise ConfigError(f"{path} holds {'an index' if finished else 'an unfinished build'} of another "
+                                  f"corpus or model ({', '.join(changed)} differs): "
+                                  + ("add documents with --add / --upsert, or rebuild with --overwrite" if finished
+                                     else "re-run the first command to finish it, or add --overwrite to start afresh"))
+            if finished:
+                index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True,
+                            encoder=encoder)
+                index._verify()
+                return index, IndexReport("build", documents=index.count, nothing_to_do=True)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            manifest = {**identity, "build": {"input": str(corpus), "digest": source_digest},
+                        "fields": [], "job": None, "version": None, "documents": 0, "files": {},
+                        "jobs_done": 0, "ann": {**dataclasses.asdict(config.ann), "indexed": False}}
+            db = _lancedb().connect(str(path / DATA))
+            db.create_table(TABLE, schema=_schema(int(encoder.dim)), exist_ok=True)
+            _write_manifest(path, manifest)
+        index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True, encoder=encoder)
+        return index, index._run("build", corpus, config, on_chunk, scanned)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, model: Any = None, writable: bool = False,
+             device: str | None = None) -> "SearchIndex":
+        """Open the index at ``path`` (see the module docstring for what is checked). A reader follows the writer:
+        each query sees the latest committed version."""
+        path = Path(path)
+        if not path.is_dir():
+            raise DataError(path, "no index here" if not path.exists() else "is not a folder",
+                            fix="build one with: robustir index --corpus CORPUS --output " + str(path))
+        lock = _lock(path) if writable else None
+        try:
+            manifest = _read_manifest(path)
+            if manifest.get("job") is not None and not writable and not _writer_running(path):
+                job = _Job.from_json(manifest["job"], path / MANIFEST)
+                flag = "corpus" if job.kind == "build" else job.kind
+                raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input "
+                                "records) and no process is working on it", fix=f"re-run that command to finish it "
+                                f"(robustir index --{flag} {job.input} --output {path})")
+            index = cls(path, _open_table(path, manifest, writable=writable), manifest, writable=writable)
+            index._lock = lock
+            index._verify()
+        except BaseException:
+            _unlock(lock)
+            raise
+        index.device = device
+        if model is not None:
+            index.use_model(model, device=device)
+        return index
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def count(self) -> int:
+        return int(self._table.count_rows())
+
+    @property
+    def kind(self) -> str:
+        """The vector search: ``exact``, or the ANN index built (``ivf_hnsw_sq``, ``ivf_pq``)."""
+        ann = self.manifest.get("ann") or {}
+        return str(ann.get("kind_built", "exact")) if ann.get("indexed") else "exact"
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    @property
+    def version(self) -> int:
+        """The Lance version a query would read now (a reader follows the writer)."""
+        return int(self._table.version)
+
+    @property
+    def field_names(self) -> list[str]:
+        return list(self.manifest.get("fields", []))
+
+    @property
+    def model_path(self) -> str:
+        return self.manifest["model"]["path"]
+
+    @property
+    def model_name(self) -> str:
+        return self.manifest["model"]["name"]
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            self.use_model(self.model_path, device=self.device)
+        return self._encoder
+
+    def use_model(self, model: Any, device: str | None = None) -> None:
+        """Use ``model`` for queries and additions, after checking it is the one the index was built with."""
+        from ..models.encoder import Encoder, resolve_model_path
+
+        recorded = self.manifest["model"]
+        if isinstance(model, Encoder):
+            encoder, folder = model, Path(model.source) if model.source else None
+        else:
+            folder = resolve_model_path(model)
+            encoder = Encoder.from_pretrained(folder, device=device or "auto", **self.manifest["encoder"])
+            encoder.source = str(model)
+        if recorded.get("digest") is not None and folder is not None and folder.is_dir() \
+                and _model_digest(folder) != recorded["digest"]:
+            raise ConfigError(f"model {model if not isinstance(model, Encoder) else encoder.source} is not the model "
+                              f"index {self.path} was built with ({recorded['path']}): its files differ; search with "
+                              "that model, or rebuild the index with this one")
+        if encoder.dim != self.dim:
+            raise ConfigError(f"model makes {encoder.dim}-dimensional vectors, but index {self.path} holds "
+                              f"{self.dim}-dimensional ones (built with {recorded['path']})")
+        settings = dataclasses.asdict(encoder.config)
+        differs = [k for k, v in self.manifest["encoder"].items() if settings.get(k) != v]
+        if differs:
+            raise ConfigError(f"index {self.path} was encoded with other encoder settings ({', '.join(differs)}) than "
+                              "this model has: use the index's settings or rebuild it")
+        self._encoder = encoder
+
+    # ------------------------------------------------------------------ changing
+    def add(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None, on_chunk: Any = None) -> IndexReport:
+        """Add the documents of ``corpus``; an id already in the index is an error (use :meth:`upsert`)."""
+        return self._timed("add", corpus, config, on_chunk)
+
+    def upsert(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None,
+               on_chunk: Any = None) -> IndexReport:
+        """Insert the documents of ``corpus``, replacing (title, text, fields and vector) those whose id exists."""
+        return self._timed("upsert", corpus, config, on_chunk)
+
+    def delete(self, ids: Iterable[str]) -> IndexReport:
+        """Delete the documents with these ids (one commit); an id not in the index is an error naming it."""
+        self._need_writable("delete")
+        wanted = list(dict.fromkeys(str(i) for i in ids))
+        if not wanted:
+            raise ConfigError("no document ids to delete")
+        present = set()
+        for start in range(0, len(wanted), 500):
+            part = wanted[start:start + 500]
+            where = f"id IN ({', '.join(_quote(i) for i in part)})"
+            present.update(self._table.search().where(where).select(["id"]).limit(len(part)).to_arrow()
+                           .column("id").to_pylist())
+        missing = [i for i in wanted if i not in present]
+        if missing:
+            shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise DataError(self.path, f"{len(missing)} of {len(wanted)} id(s) to delete are not in the index: {shown}",
+                            fix="check the ids; nothing was deleted")
+        before = self.count
+        for start in range(0, len(wanted), 500):
+            self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted[start:start + 500])})")
+        self._finish_job()
+        return IndexReport("delete", documents=self.count, deleted=before - self.count)
+
+    def discard_unfinished(self) -> int:
+        """Drop the rows an interrupted add / upsert committed and forget the job (a build cannot be discarded:
+        rebuild with ``overwrite``); returns the number of rows dropped. An interrupted upsert has already replaced
+        the documents it reached: those stay replaced."""
+        self._need_writable("discard an unfinished job")
+        if self.manifest.get("job") is None:
+            return 0
+        job = _Job.from_json(self.manifest["job"], self.path / MANIFEST)
+        if job.kind == "build":
+            raise ConfigError(f"index {self.path}: an unfinished build cannot be discarded; finish it (re-run the "
+                              "build) or start afresh with --overwrite")
+        before = self.count
+        if job.kind == "add":
+            self._table.delete(f"job = {job.id}")
+        self._finish_job()
+        return before - self.count
+
+    def compact(self, keep: timedelta = timedelta(minutes=10)) -> IndexReport:
+        """Merge small data files, fold deletions in and bring the full-text index up to date (LanceDB's
+        ``optimize``), then drop the versions older than ``keep``: a reader still reading an older version than that
+        (a query running for longer than ``keep``) would fail, so keep it above the longest query."""
+        self._need_writable("compact")
+        started = time.perf_counter()
+        self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
+        self._finish_job()
+        return IndexReport("compact", documents=self.count, seconds=time.perf_counter() - started)
+
+    # ------------------------------------------------------------------ searching
+    def search(self, queries: str | Sequence[str], top_k: int = 10, filter: dict | None = None, *,
+               mode: SearchMode = "dense", fusion: FusionConfig | None = None) -> list[list[Hit]]:
+        """The ``top_k`` best documents for each query: ``dense`` (the model), ``lexical`` (BM25 over title and text)
+        or ``hybrid`` (reciprocal rank fusion of the ``fusion.candidates`` best of each, with its ``rrf_k`` and
+        weights, as ``robustir eval --mode hybrid`` does)."""
+        texts = [queries] if isinstance(queries, str) else list(queries)
+        self._check_search(texts, top_k, mode, filter)
+        vectors = None if mode == "lexical" else self.encoder.encode(texts, "query", show_progress=False)
+        return self.search_encoded(texts, vectors, top_k, filter, mode=mode, fusion=fusion)
+
+    def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, top_k: int = 10,
+                       filter: dict | None = None, *, mode: SearchMode = "dense",
+                       fusion: FusionConfig | None = None) -> list[list[Hit]]:
+        """:meth:`search` with the query vectors already made (``None`` for ``lexical``): what the server calls, its
+        model batching the encoding."""
+        from ..index.fusion import reciprocal_rank_fusion
+
+        texts = list(texts)
+        fusion = fusion or FusionConfig()
+        where = self._check_search(texts, top_k, mode, filter)
+        depth = max(top_k, fusion.candidates) if mode == "hybrid" else top_k
+        dense = self.search_vectors(vectors, depth, where=where) if mode != "lexical" else None
+        if mode == "dense":
+            return dense  # type: ignore[return-value]
+        lexical = [self._lexical(text, depth, where) for text in texts]
+        if mode == "lexical":
+            return lexical
+        out = []
+        for d, lex in zip(dense, lexical):  # type: ignore[arg-type]
+            by_id = {h.id: h for h in [*lex, *d]}
+            fused = reciprocal_rank_fusion([[h.id for h in d], [h.id for h in lex]],
+                                           [fusion.dense_weight, fusion.lexical_weight], k=fusion.rrf_k, top_k=top_k)
+            out.append([dataclasses.replace(by_id[doc], score=score) for doc, score in fused])
+        return out
+
+    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filter: dict | None = None, *,
+                       where: str | None = None) -> list[list[Hit]]:
+        """Dense search with query vectors; the score is the inner product (cosine for a normalising model). Exact
+        unless the index has an ANN index (``ann``); with a filter, the rows are selected first (prefilter), so
+        ``top_k`` hits come back whenever that many documents match."""
+        self._follow()
+        where = where if where is not None else self._where(filter)
+        ann = self.manifest.get("ann") or {}
+        out = []
+        for vector in np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim):
+            query = self._table.search(vector, vector_column_name="vector").distance_type("dot").limit(top_k)
+            if ann.get("indexed"):
+                query = query.nprobes(int(ann["nprobes"]))
+                if ann.get("refine_factor"):
+                    query = query.refine_factor(int(ann["refine_factor"]))
+            if where:
+                query = query.where(where, prefilter=True)
+            rows = query.select(["id", "title", "text", "fields", "_distance"]).to_arrow().to_pylist()
+            out.append([Hit(r["id"], 1.0 - float(r["_distance"]), r["title"], r["text"], _fields(r["fields"]))
+                        for r in rows])
+        return out
+
+    def _lexical(self, text: str, top_k: int, where: str | None) -> list[Hit]:
+        """BM25 (LanceDB's full-text index: English stemming, stop words, lower case) over ``content`` = title and
+        text joined as they are encoded; the query is matched as words, never parsed as a query language."""
+        query = self._table.search(text, query_type="fts", fts_columns="content").limit(top_k)
+        if where:
+            query = query.where(where, prefilter=True)
+        rows = query.select(["id", "title", "text", "fields", "_score"]).to_arrow().to_pylist()
+        return [Hit(r["id"], float(r["_score"]), r["title"], r["text"], _fields(r["fields"])) for r in rows]
+
+    def _check_search(self, texts: list[str], top_k: int, mode: str, filter: dict | None) -> str | None:
+        if mode not in ("dense", "lexical", "hybrid"):
+            raise ConfigError(f"mode {mode!r} is not one of dense, lexical, hybrid")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ConfigError(f"top_k must be an integer >= 1, got {top_k!r}")
+        if not texts:
+            raise ConfigError("no queries")
+        return self._where(filter)
+
+    def _follow(self) -> None:
+        """Re-read the manifest once per new Lance version (a writer in another process may have added fields or an
+        ANN index); the table itself is always read at its latest version."""
+        version = self.version
+        if version == self._seen_version:
+            return
+        if not self.writable:
+            try:
+                self.manifest = _read_manifest(self.path)
+            except DataError as exc:  # a damaged manifest is reported by the next open / check, not mid-search
+                logger.warning("index %s: kept the manifest read before (%s)", self.path, exc)
+        self._seen_version = version
+
+    def check_filter(self, filter: dict) -> None:
+        self._where(filter)
+
+    def _where(self, filter: dict | None) -> str | None:
+        """``filter`` compiled to a LanceDB predicate (:func:`robustir.serving.filters.to_lance_sql`); a field no
+        document has is refused -- after one look at the manifest, in case a writer added it since."""
+        if not filter:
+            return None
+        from .filters import parse_filter, to_lance_sql
+
+        try:
+            return to_lance_sql(parse_filter(filter, ["id", "title", *self.field_names]))
+        except ConfigError:
+            if self.writable:
+                raise
+            self._seen_version = None
+            self._follow()
+            return to_lance_sql(parse_filter(filter, ["id", "title", *self.field_names]))
+
+    # ------------------------------------------------------------------ integrity
+    def check(self) -> str:
+        """Verify every data file of the recorded version (size and SHA-256) and the count, as :meth:`open` does;
+        never repairs. Returns a one-line summary, raises :class:`DataError` naming what is damaged."""
+        self._verify()
+        return f"{self.path}: {self.count} documents, {len(self.manifest.get('files') or {})} data files verified"
+
+    def _verify(self) -> None:
+        """Every data file the manifest records has its size and SHA-256 (Lance never rewrites a file, so this holds
+        while writers add files); the count is the recorded one when the table is at the recorded version."""
+        recorded = self.manifest.get("files") or {}
+        for name, meta in sorted(recorded.items()):
+            file = self.path / name
+            if not file.is_file():
+                raise DataError(file, "is missing", fix=f"the index is damaged: rebuild it (robustir index --corpus ... "
+                                f"--output {self.path} --overwrite)")
+            if file.stat().st_size != meta["size"]:
+                raise DataError(file, f"is {file.stat().st_size} bytes, the index recorded {meta['size']} (truncated or "
+                                "overwritten)", fix="the index is damaged: rebuild it with --overwrite")
+            if _sha256(file) != meta["sha256"]:
+                raise DataError(file, "was edited after it was written (its SHA-256 differs from the recorded one)",
+                                fix="the index is damaged: rebuild it with --overwrite")
+        if self.manifest.get("job") is None and self.version == self.manifest.get("version"):
+            count = self.count
+            if count != self.manifest.get("documents"):
+                raise DataError(self.path, f"holds {count} documents but its manifest says "
+                                f"{self.manifest.get('documents')}", fix="the index was changed outside robustir: "
+                                "rebuild it with --overwrite")
+
+    def summary(self) -> str:
+        return (f"index {self.path}: {self.count} documents, {self.dim}-d vectors from {self.model_name}, "
+                f"Lance version {self.version}")
+
+    def close(self) -> None:
+        self._table = None
+        _unlock(self._lock)
+        self._lock = None
+
+    def __enter__(self) -> "SearchIndex":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ jobs
+    def _need_writable(self, what: str) -> None:
+        if not self.writable:
+            raise ConfigError(f"index {self.path} is open for reading: open it with writable=True to {what}")
+
+    def _timed(self, kind: str, corpus: str | os.PathLike, config: IndexConfig | None, on_chunk: Any) -> IndexReport:
+        self._need_writable(kind)
+        started = time.perf_counter()
+        report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _run(self, kind: str, corpus: str | os.PathLike, config: IndexConfig, on_chunk: Any,
+             scanned: tuple[int, dict[str, int]] | None = None) -> IndexReport:
+        from tqdm.auto import tqdm
+
+        from ..data.beir import Corpus
+
+        job = _Job.from_json(self.manifest["job"], self.path / MANIFEST) if self.manifest.get("job") else None
+        if job is not None and (job.kind != kind or job.input != str(corpus)):
+            raise ConfigError(f"index {self.path} has an unfinished {job.kind} of {job.input}: re-run that command to "
+                              "finish it first")
+        total, ids = scanned or _scan_corpus(corpus, config.format)  # bad input fails here, before any change
+        if kind == "add":
+            self._refuse_present(ids, corpus, job.id if job is not None else None)
+        del ids
+        if job is None:
+            job = _Job(int(self.manifest.get("jobs_done", 0)) + 1, kind, str(corpus))  # type: ignore[arg-type]
+            self._save_job(job)
+        else:  # rows a killed run committed after its last recorded position are written again below
+            self._table.delete(f"job = {job.id} AND line > {job.position}")
+            logger.info("resuming the %s of %s after %d input records", kind, corpus, job.position)
+        show = config.show_progress if config.show_progress is not None else True
+        report = IndexReport(kind, resumed_from=job.position, skipped_empty=job.skipped)
+        fields = set(self.field_names)
+        buffer: list[_Record] = []
+        with tqdm(total=total, initial=job.position, desc=f"index {kind}", unit="doc", disable=not show) as bar:
+            position = job.position
+            for record in _read_records(corpus, config.format):
+                if record.line <= job.position:
+                    continue
+                position = record.line
+                if not record.text.strip() and not record.title.strip():
+                    job.skipped += 1
+                    bar.update(1)
+                    continue
+                buffer.append(record)
+                if len(buffer) >= config.chunk_size:
+                    self._commit(job, buffer, position, config, Corpus, corpus, fields, bar)
+                    report.added += len(buffer)
+                    buffer = []
+                    if on_chunk is not None:
+                        on_chunk(position)
+            if buffer or position > job.position:
+                self._commit(job, buffer, position, config, Corpus, corpus, fields, bar)
+                report.added += len(buffer)
+                if on_chunk is not None and buffer:
+                    on_chunk(position)
+        report.skipped_empty = job.skipped
+        if kind == "build" and self.count == 0:
+            raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
+        self._finish_job()
+        report.documents = self.count
+        return report
+
+    def _commit(self, job: _Job, records: list[_Record], position: int, config: IndexConfig, corpus_cls: type,
+                source: str | os.PathLike, fields: set, bar: Any) -> None:
+        """Encode ``records``, commit them as one Lance version, then record the job's position."""
+        import pyarrow as pa
+
+        if records:  # checked by _scan_corpus and _refuse_present before the job started
+            texts = corpus_cls(ids=[r.id for r in records], titles=[r.title for r in records],
+                               texts=[r.text for r in records]).texts_for_encoding()
+            new = sorted({key for r in records for key in r.fields} - fields)
+            if new:  # recorded before the rows are: a reader may filter on a field as soon as a row has it
+                fields.update(new)
+                self.manifest["fields"] = sorted(fields)
+                _write_manifest(self.path, self.manifest)
+            parts = []
+            for start in range(0, len(texts), config.batch_size):  # the bar moves per batch, not per chunk
+                parts.append(self.encoder.encode(texts[start:start + config.batch_size], "passage",
+                                                 batch_size=config.batch_size, precision=config.precision,
+                                                 show_progress=False))
+                bar.update(len(parts[-1]))
+            vectors = np.vstack(parts).astype(np.float32)
+            rows = pa.table({"id": [r.id for r in records], "title": [r.title for r in records],
+                             "text": [r.text for r in records], "content": texts,
+                             "fields": pa.array([json.dumps(r.fields, ensure_ascii=False) for r in records],
+                                                type=pa.json_(pa.string())),
+                             "job": [job.id] * len(records), "line": [r.line for r in records],
+                             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()),
+                                                                         self.dim)},
+                            schema=_schema(self.dim))
+            if job.kind == "upsert":
+                self._table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
+            else:
+                self._table.add(rows)
+        job.position = position
+        self._save_job(job)
+
+    def _refuse_present(self, ids: dict[str, int], source: str | os.PathLike, own_job: int | None) -> None:
+        """An ``add`` of an id already in the index (other than by this job, when it resumes) is an error."""
+        names = list(ids)
+        for start in range(0, len(names), 500):
+            where = f"id IN ({', '.join(_quote(i) for i in names[start:start + 500])})"
+            if own_job is not None:
+                where += f" AND job != {own_job}"
+            clash = self._table.search().where(where).select(["id"]).limit(1).to_arrow().column("id").to_pylist()
+            if clash:
+                raise DataError(source, f"duplicate document id {clash[0]!r} (already in the index)",
+                                line=ids[clash[0]], field="_id", fix="give it a new id, use --upsert to replace it, "
+                                f"or delete it first (robustir index --delete-id {clash[0]} --output {self.path}); "
+                                "nothing was added")
+
+    def _vector_index(self) -> None:
+        """Build (or rebuild, once a fifth of the rows are new) the ANN index the manifest's ``ann`` asks for."""
+        ann = self.manifest.setdefault("ann", {**dataclasses.asdict(AnnConfig()), "indexed": False})
+        count = self.count
+        kind = ann["kind"] if ann["kind"] != "auto" else ("ivf_hnsw_sq" if count >= ann["threshold"] else "exact")
+        if kind == "exact":
+            return
+        indexed_rows = int(ann.get("indexed_rows", 0))
+        if ann.get("indexed") and count - indexed_rows < count / 5:
+            return  # rows added since are searched exactly beside the index (LanceDB does that by itself)
+        partitions = max(1, int(math.sqrt(count)))
+        from lancedb.index import IvfHnswSq, IvfPq
+
+        config = (IvfHnswSq if kind == "ivf_hnsw_sq" else IvfPq)(distance_type="dot", num_partitions=partitions)
+        self._table.create_index("vector", config=config, replace=True)
+        ann.update(indexed=True, indexed_rows=count, kind_built=kind, partitions=partitions)
+
+    def _save_job(self, job: _Job) -> None:
+        self.manifest["job"] = dataclasses.asdict(job)
+        _write_manifest(self.path, self.manifest)
+
+    def _finish_job(self) -> None:
+        """Make the full-text index once (rows added later are searched beside it until :meth:`compact` folds them
+        in, so no job rebuilds it), then record the version, the count and the data files."""
+        if self.count:
+            from lancedb.index import FTS
+
+            if not any(i.index_type == "FTS" for i in self._table.list_indices()):
+                self._table.create_index("content", config=FTS())  # the first argument names the column
+            self._vector_index()
+        self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
+                             jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
+                             files=_data_files(self.path, self.manifest.get("files") or {}))
+        _write_manifest(self.path, self.manifest)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+def _fields(value: Any) -> dict:
+    if value is None:
+        return {}
+    return json.loads(value) if isinstance(value, (str, bytes)) else dict(value)
+
+
+def _scan_corpus(corpus: str | os.PathLike, fmt: str) -> tuple[int, dict[str, int]]:
+    """One pass over ``corpus`` before a job starts (no model): every record is read and checked -- JSON, fields,
+    finite numbers, ids unique within the file -- so bad input fails before the index changes, with its line. Returns
+    the number of records (the progress bar's total from the start) and ``{id: line}``."""
+    ids: dict[str, int] = {}
+    total = 0
+    for record in _read_records(corpus, fmt):
+        total += 1
+        if not record.text.strip() and not record.title.strip():
+            continue
+        _finite(record.fields, "fields", record, corpus)
+        if record.id in ids:
+            raise DataError(corpus, f"duplicate document id {record.id!r} (also on line {ids[record.id]})",
+                            line=record.line, field="_id", fix="make document ids unique; nothing was changed")
+        ids[record.id] = record.line
+    return total, ids
+
+
+def _data_files(path: Path, known: dict) -> dict:
+    """Size and SHA-256 of every file of the table's data folder. Lance never rewrites a file, so a file already in
+    ``known`` (the last record) with the same size keeps its checksum: a job hashes only the files it wrote."""
+    root = path / DATA
+    out = {}
+    for file in sorted(root.rglob("*")):
+        if file.is_file() and "/_versions/" not in file.as_posix() and "/_transactions/" not in file.as_posix():
+            name, size = file.relative_to(path).as_posix(), file.stat().st_size
+            recorded = known.get(name)
+            out[name] = recorded if recorded and recorded["size"] == size else {"size": size, "sha256": _sha256(file)}
+    return out
+
+
+def _read_manifest(path: Path) -> dict:
+    file = path / MANIFEST
+    if not file.is_file():
+        raise DataError(file, "is missing: this folder is not a robustir index, or the index is damaged",
+                        fix=f"rebuild it: robustir index --corpus CORPUS --output {path} --overwrite")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(path, f"not valid JSON ({exc})", fix="rebuild the index (--overwrite)") from None
-    if not isinstance(data, dict):
-        raise DataError(path, "not a JSON object", fix="rebuild the index (--overwrite)")
-    return data
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise DataError(file, f"cannot be read ({exc})", fix="rebuild the index with --overwrite") from None
+    wanted = {"format": str, "dim": int, "model": dict, "encoder": dict, "fields": list, "documents": int,
+              "files": dict}
+    for key, kind in wanted.items():
+        if not isinstance(manifest, dict) or not isinstance(manifest.get(key), kind):
+            raise DataError(file, f"field {key!r} is missing or not a {kind.__name__}", field=key,
+                            fix="the manifest was damaged or edited: rebuild the index with --overwrite")
+    if manifest["format"] != FORMAT:
+        raise DataError(file, f"index format {manifest['format']!r} is not {FORMAT!r}",
+                        fix="rebuild the index with this robustir (--overwrite)")
+    _check_manifest_parts(manifest, file)
+    return manifest
+
+
+def _check_manifest_parts(manifest: dict, file: Path) -> None:
+    """The nested parts a search or a model load reads: typed as written, else a :class:`DataError` naming them."""
+    from ..models.encoder import EncoderConfig
+
+    damaged = "the manifest was damaged or edited: rebuild the index with --overwrite"
+    if not all(isinstance(name, str) for name in manifest["fields"]):
+        raise DataError(file, "field 'fields' holds a non-string name", field="fields", fix=damaged)
+    if not isinstance(manifest["model"].get("path"), str) or not isinstance(manifest["model"].get("name"), str):
+        raise DataError(file, "field 'model' lacks its path or name", field="model", fix=damaged)
+    for key, kind in (("version", int), ("job", dict), ("ann", dict), ("build", dict)):
+        value = manifest.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise DataError(file, f"field {key!r} is not a {kind.__name__}", field=key, fix=damaged)
+    for name, meta in manifest["files"].items():
+        if not isinstance(meta, dict) or not isinstance(meta.get("size"), int) or not isinstance(meta.get("sha256"), str):
+            raise DataError(file, f"the record of data file {name!r} is malformed", field="files", fix=damaged)
+    if manifest.get("job") is not None:
+        _Job.from_json(manifest["job"], file)
+    ann = manifest.get("ann") or {}
+    try:
+        AnnConfig(**{k: v for k, v in ann.items() if k in ("kind", "threshold", "nprobes", "refine_factor")})
+        EncoderConfig(**manifest["encoder"])
+    except (ConfigError, TypeError) as exc:
+        raise DataError(file, f"its settings are malformed ({exc})", fix=damaged) from None
+    if not isinstance(ann.get("indexed", False), bool):
+        raise DataError(file, "field 'ann.indexed' is not true or false", field="ann", fix=damaged)
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    write_json(path / MANIFEST, manifest)
+
+
+def _open_table(path: Path, manifest: dict, *, writable: bool) -> Any:
+    """The table, opened so that every read sees the latest committed version (live reads)."""
+    lancedb = _lancedb()
+    try:
+        db = lancedb.connect(str(path / DATA), read_consistency_interval=timedelta(0))
+        table = db.open_table(TABLE)
+        dim = table.schema.field("vector").type.list_size
+    except Exception as exc:  # lance raises its own error types for a missing or unreadable table
+        raise DataError(path / DATA, f"cannot be opened as the index's table ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200]})", fix="the index is damaged: rebuild it with --overwrite") \
+            from None
+    if dim != manifest["dim"]:
+        raise DataError(path / DATA, f"holds {dim}-d vectors but the manifest says {manifest['dim']}",
+                        fix="the index is damaged: rebuild it with --overwrite")
+    return table
+
+
+def _lock(path: Path) -> int:
+    """Take the index's writer lock (``flock`` on ``writer.lock``, released by :func:`_unlock` or when the process
+    dies, even by kill -9): one writer at a time, and readers can tell a running job from a dead one."""
+    import fcntl
+
+    if path.exists() and not path.is_dir():
+        raise DataError(path, "is a file, not an index folder", fix="choose another --output")
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    for attempt in range(20):  # a reader's probe (_writer_running) holds the lock for microseconds
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.05)
+    os.close(fd)
+    raise ConfigError(f"index {path} is being changed by another process (a build, --add, --upsert, --delete or "
+                      "--compact): wait for it to finish, then run this again")
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _writer_running(path: Path) -> bool:
+    """Whether a process holds the index's writer lock now (a job in the manifest is then running, not dead)."""
+    import fcntl
+
+    try:
+        fd = os.open(path / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if (path / MANIFEST).exists() or (path / DATA).exists():
+        (path / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(path / DATA, ignore_errors=True)
