@@ -839,7 +839,8 @@ def cases() -> list[Case]:
         add(E(f"index-check-{name}", n, ["index", "--check", "--output", "{out}/idx"], msg, setup=[*made, step]))
         if name in ("manifest-removed", "manifest-dim-other", "manifest-job-dead", "data-edited", "manifest-ann"):
             add(E(f"serve-{name}", n, ["serve", "--index", "{out}/idx", "--port", "0"], msg, setup=[*made, step]))
-            add(E(f"index-add-{name}", n, ["index", "--add", "{out}/new.jsonl", "--output", "{out}/idx"], msg,
+            add(E(f"index-add-{name}", n, ["index", "--add", "{out}/new.jsonl", "--output", "{out}/idx"],
+                  "has an unfinished add of x.jsonl" if name == "manifest-job-dead" else msg,
                   setup=[*made, step, ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "new"}\n']]))
     new = ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "a new document"}\n']
     add(E("index-add-duplicate-id", n, ["index", "--add", "{data}/corpus.jsonl", "--output", "{out}/idx"],

@@ -230,6 +230,24 @@ def scale(args: argparse.Namespace) -> None:
             assert len(hits[0]) == 10
         rows[f"{name}_p50_ms"] = round(float(np.percentile(times, 50)), 1)
         rows[f"{name}_p95_ms"] = round(float(np.percentile(times, 95)), 1)
+    # the ANN index ``--ann auto`` would build at this size, against the exact top 10 of the same queries
+    exact = [[h.id for h in index.search_vectors(v[None], 10)[0]] for v in vectors]
+    from lancedb.index import IvfHnswSq
+
+    partitions = max(1, int(np.sqrt(index.count)))
+    t = time.perf_counter()
+    index._table.create_index("vector", config=IvfHnswSq(distance_type="dot", num_partitions=partitions))
+    rows["ann_partitions"], rows["ann_build_s"] = partitions, round(time.perf_counter() - t, 1)
+    for nprobes in args.nprobes:
+        index.manifest["ann"].update(indexed=True, nprobes=nprobes, refine_factor=10)
+        times, found = [], 0
+        for vector, want in zip(vectors, exact):
+            t = time.perf_counter()
+            got = [h.id for h in index.search_vectors(vector[None], 10)[0]]
+            times.append((time.perf_counter() - t) * 1000)
+            found += len(set(got) & set(want))
+        rows[f"ann_nprobes{nprobes}_recall10"] = round(found / (10 * len(exact)), 3)
+        rows[f"ann_nprobes{nprobes}_p50_ms"] = round(float(np.percentile(times, 50)), 1)
     print(json.dumps(rows))
     _append(args, {"bench": "lance_index.scale", **rows})
     index.close()
@@ -263,6 +281,7 @@ def main() -> int:
     sc.add_argument("--words", type=int, default=100)
     sc.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     sc.add_argument("--batch-size", type=int, default=64)
+    sc.add_argument("--nprobes", type=int, nargs="+", default=[20, 50, 100])
     for p in (b, lat, rec, sc):
         p.add_argument("--output", default=None, help="JSONL the rows are appended to")
     args = parser.parse_args()

@@ -64,3 +64,26 @@ def test_cli_modes(tmp_path, tiny_model_dir, capsys):
     assert "bm25 (rrf)" in text
     assert cli_main(["eval", "--data", str(data), "--mode", "hybrid", "--rrf-k", "0"]) == 2
     assert "rrf_k = 0 is out of range" in capsys.readouterr().err
+
+
+def test_cli_eval_through_a_search_index(tmp_path, tiny_model_dir, capsys):
+    from robustir.serving.index import IndexConfig, SearchIndex
+
+    data = write_beir(tmp_path / "beir")
+    SearchIndex.build(tmp_path / "idx", tiny_model_dir, data, config=IndexConfig(show_progress=False))[0].close()
+    for mode in ("dense", "lexical", "hybrid"):
+        assert cli_main(["eval", "--data", str(data), "--search-index", str(tmp_path / "idx"), "--mode", mode,
+                         "--top-k", "5", "--output", str(tmp_path / mode)]) == 0
+        assert f"via {tmp_path / 'idx'} ({mode})" in capsys.readouterr().out
+    # the same ranking as the in-memory engines for dense (both exact inner product)
+    dense = evaluate(tiny_model_dir, data, "test", EvalConfig(top_k=5, show_progress=False)).run
+    through = evaluate(None, data, "test", EvalConfig(top_k=5, search_index=str(tmp_path / "idx"),
+                                                      show_progress=False)).run
+    assert {q: list(d) for q, d in dense.items()} == {q: list(d) for q, d in through.items()}
+    assert cli_main(["eval", "--data", str(data), "--search-index", str(tmp_path / "idx"), "--pooling", "mean"]) == 2
+    assert "encoder options come from the index's manifest" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="holds 6 documents, the corpus of the dataset"):
+        other = write_beir(tmp_path / "other")
+        with open(other / "corpus.jsonl", "a", encoding="utf-8") as handle:
+            handle.write('{"_id": "d7", "title": "", "text": "one more"}\n')
+        evaluate(None, other, "test", EvalConfig(search_index=str(tmp_path / "idx"), show_progress=False))

@@ -168,7 +168,7 @@ def evaluate(model: "Encoder | str | None", data: "BeirDataset | str | Path", sp
     dataset = data if isinstance(data, BeirDataset) else load_beir(data, split)
     start = time.perf_counter()
     if config.search_index is not None:
-        if encoder_options:
+        if any(v is not None for v in encoder_options.values()):
             raise ConfigError("encoder options come from the index's manifest with search_index: leave them out")
         given = model.to(device) if isinstance(model, Encoder) else model
         run, system = retrieve_from_index(None if given == "bm25" else given, dataset, config, mode)

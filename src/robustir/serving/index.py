@@ -1,34 +1,48 @@
-"""The persistent search index on LanceDB (issue 23): one Lance table of documents and vectors, BM25 full-text and
-vector search, add / delete / upsert by id, live reads, resumable builds and a model-identity manifest.
+"""The persistent search index (``robustir index``, ``robustir serve --index``) on LanceDB: one Lance table of
+documents, metadata and vectors, with dense, BM25 and hybrid search, JSON filters, add / delete / upsert by id while
+readers read, resumable builds and a model-identity manifest.
+
+Why LanceDB and not the FAISS + sqlite store this module held before: that store (1,287 lines) could not let a running
+server follow add / delete (500s, short result lists), had no upsert, no keyword search, filters on top-level fields
+only, and its own job runner, generations and checksums. LanceDB gives versioned commits that readers follow,
+prefiltered vector search, a BM25 full-text index and ``merge_insert``; what is kept here is what LanceDB does not do:
+the model identity, resumable encoding jobs, the checks, the filter language.
 
 A folder ``IDX`` holds
 
 ===================  ==================================================================================================
 ``manifest.json``    what the index is: the model (path, name, file digest) and its encoder settings, the dimension,
-                     the known metadata fields, the unfinished job (if any) and, after each finished job, the Lance
-                     version it left, the document count and the size + SHA-256 of every data file of that version.
-                     Written atomically.
-``lance/docs.lance`` the LanceDB table: ``id``, ``title``, ``text``, ``fields`` (the record's other keys, a Lance JSON
-                     column, so filters reach nested values), ``job`` and ``line`` (which job and input line wrote the
-                     row: what makes a killed job resumable), ``vector``.
+                     the known metadata fields, the vector-index settings (``ann``), the unfinished job (if any) and,
+                     after each finished job, the Lance version it left, the document count and the size + SHA-256 of
+                     every data file of that version. Written atomically; every part is type-checked when read.
+``lance/docs.lance`` the LanceDB table: ``id``, ``title``, ``text``, ``content`` (title and text joined as they are
+                     encoded: what BM25 indexes), ``fields`` (the record's other keys, a Lance JSON column, so filters
+                     reach nested values), ``job`` and ``line`` (which job and input line wrote the row: what makes a
+                     killed job resumable), ``vector``.
+``writer.lock``      ``flock``-ed by the one process changing the index (released when it closes or dies).
 ===================  ==================================================================================================
 
-**Jobs.** ``build``, ``add`` and ``upsert`` read the corpus with the project's readers and encode it in chunks. Each
-chunk is one Lance commit (``add``, or ``merge_insert`` by id for upsert), then the manifest records how many input
-records are in. A kill between the two leaves rows of the chunk in the table that the manifest does not count; the
-re-run deletes the job's rows past the recorded line and goes on, so a killed and resumed build holds exactly the
-rows of an uninterrupted one. When the job ends, the full-text index is (re)built and the manifest records the
-version, the count and the files.
+**Jobs.** ``build``, ``add`` and ``upsert`` first read the whole input once without the model (JSON, ids unique in
+the file and, for ``add``, new to the index, finite numbers): bad input fails with its file and line before anything
+changes. Then they encode it in chunks. Each chunk is one Lance commit (``add``, or ``merge_insert`` by id for
+upsert), then the manifest records how many input records are in. A kill between the two leaves rows of the chunk
+that the manifest does not count; the re-run deletes the job's rows past the recorded line and goes on, so a killed
+and resumed build holds exactly the rows of an uninterrupted one. When the job ends, the full-text index is made
+(once; rows added later are searched beside it until ``compact``), the ANN index if asked for, and the manifest
+records the version, the count and the files.
 
 **Live reads.** A reader (the server, another process) opens the table with ``read_consistency_interval=0``: every
 query sees the latest committed version, so an ``add`` / ``delete`` / ``upsert`` made by a writer is visible on the
-next query, without a restart and without a 500. Vector search with a filter uses LanceDB's *prefilter*: the filter
-selects the rows first, so ``top_k`` hits come back whenever that many documents match.
+next query, without a restart and without a 500; the manifest is re-read once per new version (new fields, an ANN
+index), and a writer records a new field before the rows that have it. Vector and BM25 search with a filter use
+LanceDB's *prefilter*: the filter selects the rows first, so ``top_k`` hits come back whenever that many documents
+match. A reader may open while a writer's job runs (it serves the committed rows); a job left by a dead writer is
+refused to readers with the command that finishes it.
 
-**Checks.** :meth:`SearchIndex.open` refuses an index whose manifest is missing or malformed, whose table is missing
-or unreadable, whose dimension differs, or which has an unfinished job (for readers); a model other than the one the
-index was built with is refused. :meth:`SearchIndex.check` also verifies every data file of the recorded version
-(size and SHA-256), so a truncated or edited file is named -- it never repairs anything.
+**Checks.** :meth:`SearchIndex.open` (and :meth:`SearchIndex.check`, which prints the summary) refuses an index whose
+manifest is missing or malformed, whose table is missing or unreadable, whose dimension differs, whose recorded data
+files are missing, truncated or edited (size and SHA-256), or whose count differs from the manifest's; a model other
+than the one the index was built with is refused. Nothing is ever repaired silently.
 """
 
 from __future__ import annotations
