@@ -16,7 +16,7 @@ from ..data.trec import write_trec_run
 from ..index.bm25 import BM25Config, BM25Index
 from ..errors import ConfigError
 from ..index.dense import DenseIndex, DenseIndexConfig
-from ..index.fusion import FusionConfig, reciprocal_rank_fusion
+from ..index.fusion import FusionConfig
 from ..io import write_json
 from ..models.encoder import Encoder
 from .metrics import compute_metrics
@@ -115,9 +115,7 @@ def fuse_runs(dense: dict[str, dict[str, float]], lexical: dict[str, dict[str, f
     fusion, run = config.fusion, {}
     for qid in [*dense, *(q for q in lexical if q not in dense)]:
         lists = [sorted(part.get(qid, {}), key=lambda d, s=part.get(qid, {}): -s[d]) for part in (dense, lexical)]
-        fused = reciprocal_rank_fusion(lists, [fusion.dense_weight, fusion.lexical_weight], k=fusion.rrf_k,
-                                       top_k=config.top_k)
-        run[qid] = dict(fused)
+        run[qid] = dict(fusion.fuse(*lists, top_k=config.top_k))
     return run
 
 

@@ -33,6 +33,11 @@ class FusionConfig:
     candidates: PositiveInt = 100
     """Documents taken from each list before fusing (at least top_k are taken)."""
 
+    def fuse(self, dense: Sequence[Doc], lexical: Sequence[Doc], top_k: int | None = None) -> list[tuple[Doc, float]]:
+        """:func:`reciprocal_rank_fusion` of a dense and a lexical ranked list with these settings."""
+        return reciprocal_rank_fusion([dense, lexical], [self.dense_weight, self.lexical_weight], k=self.rrf_k,
+                                      top_k=top_k)
+
 
 def reciprocal_rank_fusion(lists: Sequence[Sequence[Doc]], weights: Sequence[float] | None = None,
                            k: int = 60, top_k: int | None = None) -> list[tuple[Doc, float]]:

@@ -48,7 +48,6 @@ than the one the index was built with is refused. Nothing is ever repaired silen
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -65,6 +64,7 @@ from ..errors import ConfigError, DataError
 from ..index.fusion import FusionConfig
 from ..io import input_digest, read_jsonl, write_json
 from ..precision import Precision
+from ..runs.artifact import file_sha256
 from ..validation import PositiveInt, cli, config_dataclass
 
 logger = logging.getLogger(__name__)
@@ -95,9 +95,11 @@ def _schema(dim: int):
 
 def _quote(text: str) -> str:
     """``text`` as an SQL string literal (LanceDB takes no bound parameters): quotes doubled, NUL refused."""
+    from .filters import _sql_string
+
     if "\x00" in text:
         raise DataError(None, f"id {text[:40]!r} holds a NUL character", fix="remove it from the id")
-    return "'" + text.replace("'", "''") + "'"
+    return _sql_string(text)
 
 
 def _finite(value: Any, where: str, record: _Record, source: str | os.PathLike) -> None:
@@ -113,22 +115,14 @@ def _finite(value: Any, where: str, record: _Record, source: str | os.PathLike) 
             _finite(item, where, record, source)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @config_dataclass
 class AnnConfig:
     """The vector index: exact search below ``threshold`` documents, an ANN index from there on."""
 
     kind: Literal["auto", "exact", "ivf_hnsw_sq", "ivf_pq"] = field(default="exact", metadata=cli("ann"))
-    """exact (default): never an ANN index; auto: ivf_hnsw_sq from ``threshold`` documents, exact below. Exact is
-    the default until the recall of the ANN index is measured on real embeddings at 100k (docs/benchmarks.md: NPL,
-    11k MiniLM passages, 20 of 106 partitions: recall@10 0.978; 100k random vectors, 20 of 316: 0.20)."""
+    """exact (default): never an ANN index; auto: ivf_hnsw_sq from ``threshold`` documents, exact below. Measured
+    (docs/benchmarks.md): at 100k real MiniLM passages, 20 of 316 partitions keep recall@10 0.977 at 10.7 ms against
+    exact's 33 ms; exact stays the default, fast enough on one box at that size."""
     threshold: PositiveInt = field(default=100_000, metadata=cli("ann-threshold"))
     """Documents from which ``auto`` builds the ANN index (exact search is fast enough below)."""
     nprobes: PositiveInt = 20
@@ -339,13 +333,10 @@ class SearchIndex:
         """Encode ``corpus`` with ``model`` into a new index at ``path``; a killed build of the same corpus is resumed,
         a finished one left as it is (``overwrite`` starts afresh). ``config.ann``, the vector index, is kept in the
         manifest and applied after every job. ``on_chunk(position)`` runs after each commit."""
-        from ..data.documents import resolve_format
-
         config = config or IndexConfig()
         path = Path(path)
         started = time.perf_counter()
-        resolve_format(corpus, config.format)  # a missing corpus fails before the model loads
-        scanned = _scan_corpus(corpus, config.format)  # and so does bad input, before anything is written
+        scanned = _scan_corpus(corpus, config.format)  # a missing corpus or bad input fails before the model loads
         if not scanned[1]:
             raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
         lock = _lock(path)  # one writer at a time; held by the index returned, released by close()
@@ -559,20 +550,21 @@ class SearchIndex:
         or ``hybrid`` (reciprocal rank fusion of the ``fusion.candidates`` best of each, with its ``rrf_k`` and
         weights, as ``robustir eval --mode hybrid`` does)."""
         texts = [queries] if isinstance(queries, str) else list(queries)
-        self._check_search(texts, top_k, mode, filter)
+        where = self._check_search(texts, top_k, mode, filter)  # before the model runs
         vectors = None if mode == "lexical" else self.encoder.encode(texts, "query", show_progress=False)
-        return self.search_encoded(texts, vectors, top_k, filter, mode=mode, fusion=fusion)
+        return self._search(texts, vectors, top_k, where, mode, fusion or FusionConfig())
 
     def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, top_k: int = 10,
                        filter: dict | None = None, *, mode: SearchMode = "dense",
                        fusion: FusionConfig | None = None) -> list[list[Hit]]:
         """:meth:`search` with the query vectors already made (``None`` for ``lexical``): what the server calls, its
         model batching the encoding."""
-        from ..index.fusion import reciprocal_rank_fusion
-
         texts = list(texts)
-        fusion = fusion or FusionConfig()
-        where = self._check_search(texts, top_k, mode, filter)
+        return self._search(texts, vectors, top_k, self._check_search(texts, top_k, mode, filter), mode,
+                            fusion or FusionConfig())
+
+    def _search(self, texts: list[str], vectors: np.ndarray | None, top_k: int, where: str | None, mode: str,
+                fusion: FusionConfig) -> list[list[Hit]]:
         depth = max(top_k, fusion.candidates) if mode == "hybrid" else top_k
         dense = self.search_vectors(vectors, depth, where=where) if mode != "lexical" else None
         if mode == "dense":
@@ -583,8 +575,7 @@ class SearchIndex:
         out = []
         for d, lex in zip(dense, lexical):  # type: ignore[arg-type]
             by_id = {h.id: h for h in [*lex, *d]}
-            fused = reciprocal_rank_fusion([[h.id for h in d], [h.id for h in lex]],
-                                           [fusion.dense_weight, fusion.lexical_weight], k=fusion.rrf_k, top_k=top_k)
+            fused = fusion.fuse([h.id for h in d], [h.id for h in lex], top_k)
             out.append([dataclasses.replace(by_id[doc], score=score) for doc, score in fused])
         return out
 
@@ -679,7 +670,7 @@ class SearchIndex:
             if file.stat().st_size != meta["size"]:
                 raise DataError(file, f"is {file.stat().st_size} bytes, the index recorded {meta['size']} (truncated or "
                                 "overwritten)", fix="the index is damaged: rebuild it with --overwrite")
-            if _sha256(file) != meta["sha256"]:
+            if file_sha256(file) != meta["sha256"]:
                 raise DataError(file, "was edited after it was written (its SHA-256 differs from the recorded one)",
                                 fix="the index is damaged: rebuild it with --overwrite")
         if self.manifest.get("job") is None and self.version == self.manifest.get("version"):
@@ -763,8 +754,6 @@ class SearchIndex:
                 if on_chunk is not None and buffer:
                     on_chunk(position)
         report.skipped_empty = job.skipped
-        if kind == "build" and self.count == 0:
-            raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
         self._finish_job()
         report.documents = self.count
         return report
@@ -889,7 +878,7 @@ def _data_files(path: Path, known: dict) -> dict:
         if file.is_file() and "/_versions/" not in file.as_posix() and "/_transactions/" not in file.as_posix():
             name, size = file.relative_to(path).as_posix(), file.stat().st_size
             recorded = known.get(name)
-            out[name] = recorded if recorded and recorded["size"] == size else {"size": size, "sha256": _sha256(file)}
+            out[name] = recorded if recorded and recorded["size"] == size else {"size": size, "sha256": file_sha256(file)}
     return out
 
 
