@@ -26,7 +26,7 @@ from fake_llm_server import FakeLLMServer, read_lines, write_passages, last_user
 
 
 def make_client(server: FakeLLMServer, **overrides) -> LLMClient:
-    settings = dict(base_url=server.url, model="fake-model", timeout_s=5.0, max_retries=3, concurrency=4)
+    settings = dict(base_url=server.url if server is not None else None, model="fake-model", timeout_s=5.0, max_retries=3, concurrency=4)
     cache_path = overrides.pop("cache_path", None)
     sleep = overrides.pop("sleep", None)
     settings.update(overrides)
@@ -662,3 +662,17 @@ def test_a_section_given_in_part_keeps_the_fields_own_defaults():
     config = load_config(JudgeConfig, None, ["llm.model=m", "llm.base_url=http://127.0.0.1:1/v1"])
     assert (config.llm.model, config.llm.temperature, config.llm.max_tokens) == ("m", 0.0, 16)
     assert load_config(JudgeConfig, None, ["llm.temperature=0.3"]).llm.temperature == 0.3
+
+
+def test_pointed_at_robustir_serve_the_fix_says_so(tiny_model_dir):
+    """``robustir generate --base-url`` given robustir serve's address (an embeddings server) names the mistake."""
+    from robustir.serving import ServeConfig, create_app, running_server
+
+    with running_server(create_app(tiny_model_dir, None, ServeConfig())) as url:
+        client = make_client(None, base_url=url + "/v1", model="Qwen2.5-7B-Instruct")
+        with pytest.raises(EndpointError) as info:
+            client.complete(["hello"])
+        client.close()
+    message = str(info.value)
+    assert "HTTP 404" in message and "is robustir serve, an embeddings server, not an LLM" in message
+    assert "does not serve the model" not in message

@@ -98,18 +98,22 @@ def test_embeddings_float_base64_usage_and_input_type(client, tiny_server):
     ({"input": [[101, 2023]]}, 400, "input[0]", "token_ids_not_supported", "token-id array"),
     ({"input": [101, 2023]}, 400, "input[0]", "token_ids_not_supported", "token-id array"),
     ({"input": []}, 400, "input", None, "empty list"),
-    ({"input": ["ok", ""]}, 400, "input[1]", None, "is empty"),
-    ({"input": ["ok", {"text": "x"}]}, 400, "input[1]", None, "must be a string, got an object"),
+    ({"input": ["ok", ""]}, 400, "input[1]", "empty_text", "is empty"),
+    ({"input": ["ok", " \n\t"]}, 400, "input[1]", "empty_text", "is empty"),
+    ({"input": ["ok", {"text": "x"}]}, 400, "input[1]", None, "must be a valid string, got an object"),
     ({"input": ["x"] * 9}, 400, "input", "too_many_inputs", "holds 9 items; at most 8"),
     ({"input": "y" * 501}, 400, "input", "input_too_long", "501 characters; at most 500"),
     ({"model": "tiny-bert0"}, 400, "input", None, "'input' is required"),
     ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format", None, "'float' or 'base64'"),
     ({"input": "x", "dimensions": 8}, 400, "dimensions", None, "this model supports 16, 32"),
-    ({"input": "x", "dimensions": "16"}, 400, "dimensions", None, "must be an integer"),
+    ({"input": "x", "dimensions": "16"}, 400, "dimensions", None, "must be a valid integer, got \"16\""),
+    ({"input": "x", "dimensions": True}, 400, "dimensions", None, "must be a valid integer"),
+    ({"input": "x", "dimensions": 0}, 400, "dimensions", None, "greater than or equal to 1"),
     ({"input": "x", "input_type": "passage"}, 400, "input_type", None, "'query' or 'document'"),
     ({"input": "x", "temperature": 0}, 400, "temperature", None, "unrecognized request argument"),
     ({"input": "x", "model": "text-embedding-3-small"}, 404, "model", "model_not_found", "does not exist"),
-    ({"input": "z" * 5000}, 413, None, "request_too_large", "at most 4096"),
+    ({"input": "z" * 5000}, 413, None, "request_too_large", "over 4096 bytes"),
+    ({"input": "x", "user": 5}, 400, "user", None, "must be a valid string"),
 ])
 def test_bad_embedding_requests_get_openai_shaped_errors(client, body, status, param, code, message):
     reply = embed(client, **body)
@@ -170,9 +174,12 @@ def test_search_returns_what_the_index_returns(client, tiny_index, tiny_server):
 
 @pytest.mark.parametrize("body, param, message", [
     ({"top_k": 3}, "query", "'query' is required"),
-    ({"query": "x", "top_k": 0}, "top_k", "from 1 to 20"),
-    ({"query": "x", "top_k": 21}, "top_k", "from 1 to 20"),
-    ({"query": "x", "filter": ["lang"]}, "filter", "must be an object"),
+    ({"query": "x", "top_k": 0}, "top_k", "must be greater than or equal to 1, got 0"),
+    ({"query": "x", "top_k": 21}, "top_k", "must be less than or equal to 20, got 21"),
+    ({"query": "x", "top_k": 2.5}, "top_k", "must be a valid integer"),
+    ({"query": "x", "filter": ["lang"]}, "filter", "must be a JSON object"),
+    ({"query": "x", "filter": {"lang": 10 ** 30}}, "filter", "beyond 64 bits"),
+    ({"query": ["x", 7]}, "query[1]", "token-id array"),
     ({"query": "x", "filter": {"colour": "red"}}, "filter", "'colour' is in no document"),
     ({"query": "x", "k": 3}, "k", "unrecognized request argument"),
 ])
@@ -199,25 +206,28 @@ def test_search_without_an_index_is_404_and_models_are_checked_against_the_index
 # ------------------------------------------------------------------------------------------------ batching
 
 class FakeEncoder:
-    """encode(texts, kind) -> one row per text (its length, repeated), recording each call."""
+    """encode(rows) -> one row of vectors per row (its length, repeated), recording each call; a row "poison" breaks
+    the model, and ``gate`` (a threading.Event), when given, holds every call until it is set."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple[list[str], str]] = []
-        self.fail = fail
+    def __init__(self, gate=None) -> None:
+        self.calls: list[list[str]] = []
+        self.gate = gate
 
-    def __call__(self, texts: list[str], kind: str):
-        self.calls.append((list(texts), kind))
-        if self.fail:
+    def __call__(self, rows: list[str]):
+        if self.gate is not None:
+            assert self.gate.wait(60)
+        self.calls.append(list(rows))
+        if "poison" in rows:
             raise RuntimeError("model exploded")
-        return np.array([[len(t)] * 2 for t in texts], dtype=np.float32), [len(t) for t in texts]
+        return np.array([[len(t)] * 2 for t in rows], dtype=np.float32)
 
 
-def run_batcher(fake, requests: list[tuple[list[str], str]], **options):
+def run_batcher(fake, requests: list[list[str]], **options):
     async def scenario():
         batcher = MicroBatcher(fake, **options)
         await batcher.start()
         try:
-            return await asyncio.gather(*(batcher.embed(t, k) for t, k in requests), return_exceptions=True), batcher
+            return await asyncio.gather(*(batcher.embed(rows) for rows in requests), return_exceptions=True), batcher
         finally:
             await batcher.stop()
 
@@ -226,29 +236,76 @@ def run_batcher(fake, requests: list[tuple[list[str], str]], **options):
 
 def test_concurrent_requests_are_encoded_together():
     fake = FakeEncoder()
-    requests = [(["a"], "passage"), (["bb", "ccc"], "passage"), (["dddd"], "passage")]
     # a full batch goes at once: the very long max_wait is never waited for
-    results, batcher = run_batcher(fake, requests, max_batch_size=4, max_wait_ms=600_000)
-    assert fake.calls == [(["a", "bb", "ccc", "dddd"], "passage")]
-    assert [r[1] for r in results] == [[1], [2, 3], [4]]
-    assert [r[0][:, 0].tolist() for r in results] == [[1.0], [2.0, 3.0], [4.0]]
+    results, batcher = run_batcher(fake, [["a"], ["bb", "ccc"], ["dddd"]], max_batch_size=4, max_wait_ms=600_000)
+    assert fake.calls == [["a", "bb", "ccc", "dddd"]]
+    assert [r.vectors[:, 0].tolist() for r in results] == [[1.0], [2.0, 3.0], [4.0]]
     assert batcher.stats.to_dict()["mean_batch"] == 4.0
 
 
-def test_batches_never_split_a_request_and_keep_kinds_apart():
+def test_batches_never_split_a_request():
     fake = FakeEncoder()
-    requests = [(["a", "b"], "passage"), (["c", "d"], "passage"), (["q"], "query"), (["e"], "passage")]
-    results, _ = run_batcher(fake, requests, max_batch_size=3, max_wait_ms=0)
-    assert fake.calls[0] == (["a", "b"], "passage")  # c, d would overflow the batch: they lead the next one
-    assert (["q"], "query") in fake.calls and all(len(texts) <= 3 for texts, _ in fake.calls)
-    assert sorted(t for texts, _ in fake.calls for t in texts) == ["a", "b", "c", "d", "e", "q"]
-    assert [r[1] for r in results] == [[1, 1], [1, 1], [1], [1]]
+    results, _ = run_batcher(fake, [["a", "b"], ["c", "d"], ["q"], ["e"]], max_batch_size=3)
+    assert fake.calls[0] == ["a", "b"]  # c, d would overflow the batch: they lead the next one
+    assert all(len(rows) <= 3 for rows in fake.calls)
+    assert sorted(t for rows in fake.calls for t in rows) == ["a", "b", "c", "d", "e", "q"]
+    assert [r.vectors.shape[0] for r in results] == [2, 2, 1, 1]
 
 
-def test_a_failing_batch_fails_its_requests_only():
-    fake = FakeEncoder(fail=True)
-    results, batcher = run_batcher(fake, [(["a"], "passage"), (["b"], "passage")], max_batch_size=8, max_wait_ms=0)
-    assert all(isinstance(r, RuntimeError) and "exploded" in str(r) for r in results)
+def test_a_request_that_breaks_the_model_fails_alone():
+    from robustir.serving.batcher import EncodeFailed
+
+    fake = FakeEncoder()
+    requests = [["good one"], ["bad", "poison"], ["good two", "and three"]]
+    # the batch is full at 5 texts: the very long max_wait is never waited for
+    results, batcher = run_batcher(fake, requests, max_batch_size=5, max_wait_ms=600_000)
+    assert fake.calls[0] == ["good one", "bad", "poison", "good two", "and three"]  # one shared batch failed ...
+    assert results[0].vectors[:, 0].tolist() == [8.0]  # ... and was re-run request by request
+    assert results[2].vectors[:, 0].tolist() == [8.0, 9.0]
+    assert isinstance(results[1], EncodeFailed)
+    assert batcher.stats.retried_batches == 1 and batcher.stats.failed == 1
+
+
+async def _until(condition) -> None:
+    """Yield to the event loop until ``condition()`` holds (no clock involved)."""
+    for _ in range(100_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def test_a_full_queue_refuses_at_once_and_a_timed_out_request_is_dropped():
+    import threading
+
+    from robustir.serving.batcher import Overloaded
+
+    gate = threading.Event()
+    fake = FakeEncoder(gate)
+
+    async def scenario():
+        batcher = MicroBatcher(fake, max_batch_size=1, max_queued=3)
+        await batcher.start()
+        try:
+            first = asyncio.ensure_future(batcher.embed(["running"]))
+            await _until(lambda: batcher.queued == 0 and batcher._running)  # the worker holds it
+            waiting = asyncio.ensure_future(batcher.embed(["w1", "w2"]))
+            await _until(lambda: batcher.queued == 2)
+            with pytest.raises(Overloaded, match="2 texts are waiting for the model .at most 3.") as refused:
+                await batcher.embed(["two", "too many"])
+            assert refused.value.retry_after >= 1
+            with pytest.raises(asyncio.TimeoutError):  # the gate is shut: this one cannot be served in time
+                await batcher.embed(["late"], timeout=0.001)
+            gate.set()
+            return await first, await waiting, batcher.stats
+        finally:
+            gate.set()
+            await batcher.stop()
+
+    first, waiting, stats = asyncio.run(scenario())
+    assert first.vectors.shape == (1, 2) and waiting.vectors.shape == (2, 2)
+    assert stats.overloaded == 1 and stats.timed_out == 1
+    assert ["late"] not in fake.calls  # dropped from the queue, never encoded
 
 
 def test_workers_encode_batches_side_by_side():
@@ -256,13 +313,12 @@ def test_workers_encode_batches_side_by_side():
 
     both_inside = threading.Barrier(2, timeout=60)  # passes only when two batches run at the same time
 
-    def encode(texts, kind):
+    def encode(rows):
         both_inside.wait()
-        return np.zeros((len(texts), 2), dtype=np.float32), [1] * len(texts)
+        return np.zeros((len(rows), 2), dtype=np.float32)
 
-    results, batcher = run_batcher(encode, [(["a"], "passage"), (["b"], "passage")], max_batch_size=1,
-                                   max_wait_ms=0, workers=2)
-    assert [r[1] for r in results] == [[1], [1]] and batcher.stats.batches == 2
+    results, batcher = run_batcher(encode, [["a"], ["b"]], max_batch_size=1, workers=2)
+    assert [r.vectors.shape for r in results] == [(1, 2), (1, 2)] and batcher.stats.batches == 2
 
 
 def test_many_concurrent_clients_get_their_own_vectors(tiny_server):
@@ -401,11 +457,12 @@ def test_search_modes_equal_robustir_eval_through_the_same_index(client, tiny_in
 @pytest.mark.parametrize("body, param, message", [
     ({"query": "x", "mode": "sparse"}, "mode", "'dense', 'lexical' or 'hybrid'"),
     ({"query": "x", "fusion": {"rrf_k": 10}}, "fusion", "goes with mode 'hybrid'"),
-    ({"query": "x", "mode": "hybrid", "fusion": {"rrf_k": 0}}, "fusion", "fusion.rrf_k = 0 is out of range"),
-    ({"query": "x", "mode": "hybrid", "fusion": {"k": 1}}, "fusion", "fusion: unknown option 'k'"),
-    ({"query": "x", "mode": "hybrid", "fusion": [60]}, "fusion", "must be an object"),
-    ({"query": "x", "mode": "hybrid", "fusion": {"candidates": 10 ** 9}}, "fusion", "at most 20"),
-    ({"query": "x", "mode": "hybrid", "fusion": {"dense_weight": float("nan")}}, "fusion", "not a finite number"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"rrf_k": 0}}, "fusion.rrf_k", "greater than or equal to 1, got 0"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"k": 1}}, "fusion.k", "unrecognized request argument 'fusion.k'"),
+    ({"query": "x", "mode": "hybrid", "fusion": [60]}, "fusion", "must be a JSON object"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"candidates": 10 ** 9}}, "fusion.candidates", "at most 20"),
+    ({"query": "x", "mode": "hybrid", "fusion": {"dense_weight": float("nan")}}, "fusion.dense_weight",
+     "must be a finite number"),
 ])
 def test_bad_mode_and_fusion_requests(client, body, param, message):
     try:

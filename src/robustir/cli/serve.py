@@ -2,13 +2,14 @@
 
 Examples::
 
-    robustir serve --model runs/peg/model                                   # POST /v1/embeddings on 127.0.0.1:8000
-    robustir serve --index runs/index --api-key "$KEY" --port 8080          # + POST /search (the index's model)
+    robustir serve --model runs/peg/model                                   # POST /v1/embeddings on 127.0.0.1:8080
+    robustir serve --index runs/index --api-key "$KEY" --port 9000          # + POST /search (the index's model)
     robustir serve --index runs/index --device cuda --max-batch-size 256    # precision auto: bf16 on Ampere+
+    robustir serve --default-input-type query                               # for LangChain / LlamaIndex queries
 
-Clients: ``openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY).embeddings.create(model=NAME,
-input=[...])``; ``extra_body={"input_type": "query"}`` applies the model's query instruction. Routes, limits and error
-codes: :mod:`robustir.serving.app`.
+Clients: ``openai.OpenAI(base_url="http://127.0.0.1:8080/v1", api_key=KEY).embeddings.create(model=NAME,
+input=[...])``; ``extra_body={"input_type": "query"}`` applies the model's query instruction. Routes, limits, error
+codes, metrics: :mod:`robustir.serving.app`; LangChain and LlamaIndex: README.
 """
 
 from __future__ import annotations
@@ -51,20 +52,16 @@ def run(args: argparse.Namespace) -> int:
     model = args.model if args.index else model_or_default(args.model)
     if args.index and model is not None and not model.strip():
         raise ConfigError("--model is empty; name the model folder, or leave --model out to use the index's model")
-    if config.host not in ("127.0.0.1", "localhost", "::1") and not (config.api_key or _env_key()):
+    key = config.resolved_api_key()  # an empty key is refused here, before the model loads
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not key:
         logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
                                             "can use the server", config.host)
     app = create_app(model, args.index, config, encoder_options=options)
     index = app.state.index
     print(f"robustir serve: model {app.state.model_name} ({app.state.encoder.source}), "
           + (f"index {index.path} ({index.count} documents), " if index is not None else "no index, ")
-          + f"http://{config.host}:{config.port}/v1" + (" (API key required)" if config.api_key or _env_key() else ""),
+          + f"http://{config.host}:{config.port}/v1" + (" (API key required)" if key else ""),
           flush=True)
     serve(app, config.host, config.port)
     return 0
 
-
-def _env_key() -> str | None:
-    import os
-
-    return os.environ.get("ROBUSTIR_API_KEY") or None

@@ -327,6 +327,10 @@ class LLMClient(LLMBackend):
         if status in (401, 403):
             fix = (f"the endpoint rejected the API key: export {config.api_key_env}=<key> (or set llm.api_key / "
                    f"llm.api_key_env); local vLLM/Ollama servers need a key only if started with one")
+        elif "robustir serve" in body:  # an embeddings server, e.g. --base-url given robustir serve's address
+            fix = (f"{base} is robustir serve, an embeddings server, not an LLM: point --base-url (llm.base_url) at "
+                   f"the LLM's OpenAI-compatible endpoint (vLLM http://localhost:8000/v1, Ollama "
+                   f"http://localhost:11434/v1)")
         elif status == 404 and (getattr(exc, "code", None) == "model_not_found" or "model" in body.lower()):
             fix = (f"the server does not serve the model {config.model!r}: GET {base}/models lists the names "
                    f"it serves (pass one with --model or llm.model; for Ollama `ollama pull NAME` first)")

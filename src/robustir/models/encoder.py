@@ -228,10 +228,12 @@ def config_from_folder(path: Path) -> EncoderConfig:
         st = _read_json(path / "sentence_bert_config.json")
         if "max_seq_length" in st:
             config.passage_max_length = int(st["max_seq_length"])
-            config.query_max_length = min(config.query_max_length, config.passage_max_length)
         prompts = _read_json(path / "config_sentence_transformers.json").get("prompts") or {}
         config.query_instruction = prompts.get("query", "")
         config.passage_instruction = prompts.get("document", prompts.get("passage", ""))
+    # queries get the model's own length (sentence-transformers' max_seq_length), as sentence-transformers does; a
+    # stage that wants shorter queries asks for them (length_options); from_pretrained caps both at the model's limit
+    config.query_max_length = config.passage_max_length
     return config
 
 
@@ -479,26 +481,51 @@ class Encoder(nn.Module):
         block = ENCODE_BLOCK  # bound tokenizer memory on very large inputs
         bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {kind}s", disable=not show,
                    unit="batch")
-        device = self.device
-        transformer = self._inference_transformer(self.resolve_precision(precision, bf16))
         try:
             for start in range(0, n, block):
-                chunk = self.config.with_instruction(texts[start:start + block], kind, instruction)
-                ids = self.tokenizer(chunk, truncation=True, max_length=limit, padding=False,
-                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-                order = np.argsort([-len(x) for x in ids], kind="stable")
-                for b in range(0, len(order), batch_size):
-                    rows = order[b:b + batch_size]
-                    batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
-                    features = {k: v.to(device) for k, v in batch.items()}
-                    hidden = transformer(**features).last_hidden_state
-                    emb = self.pool(hidden.float(), features["attention_mask"])
-                    if self.config.normalize:
-                        emb = nn.functional.normalize(emb, dim=-1)
-                    out[start + rows] = emb.cpu().numpy()
-                    bar.update(1)
+                ids = self.token_ids(texts[start:start + block], kind, max_length=limit, instruction=instruction)
+                out[start:start + len(ids)] = self.encode_ids(ids, batch_size=batch_size, precision=precision,
+                                                              bf16=bf16, on_batch=lambda: bar.update(1))
         finally:
             bar.close()
+            self.train(was_training)
+        return out
+
+    def token_ids(self, texts: Sequence[str], kind: TextKind = "passage", *, max_length: int | None = None,
+                  instruction: str | None = None) -> list[list[int]]:
+        """The token ids :meth:`encode` feeds the model for ``texts``: instruction added, special tokens included,
+        cut at ``max_length`` (default: this config's length for ``kind``), unpadded."""
+        texts = self.config.with_instruction(texts, kind, instruction)
+        return self.tokenizer(texts, truncation=True, max_length=max_length or self.config.max_length(kind),
+                              padding=False, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    @torch.inference_mode()
+    def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 64, precision: str | None = "fp32",
+                   bf16: bool | None = None, on_batch: Any = None) -> np.ndarray:
+        """Embed already tokenized texts (:meth:`token_ids`) → float32 ``(n, d)`` in input order: sorted by length,
+        ``batch_size`` per forward pass, each batch padded to its longest row. ``robustir serve`` tokenizes each
+        request once, before it joins a shared batch, and runs the batch through here."""
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        if not len(ids):
+            return out
+        was_training = self.training
+        self.eval()
+        device = self.device
+        transformer = self._inference_transformer(self.resolve_precision(precision, bf16))
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        try:
+            for b in range(0, len(order), batch_size):
+                rows = order[b:b + batch_size]
+                batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+                features = {k: v.to(device) for k, v in batch.items()}
+                hidden = transformer(**features).last_hidden_state
+                emb = self.pool(hidden.float(), features["attention_mask"])
+                if self.config.normalize:
+                    emb = nn.functional.normalize(emb, dim=-1)
+                out[rows] = emb.cpu().numpy()
+                if on_batch is not None:
+                    on_batch()
+        finally:
             self.train(was_training)
         return out
 

@@ -1,13 +1,16 @@
 """The FastAPI app of ``robustir serve``: OpenAI-compatible embeddings and search over a :class:`SearchIndex`.
 
-Routes:
+Routes (an :class:`fastapi.APIRouter` whose handlers read the app's :class:`Server` from ``app.state``; request bodies
+are the pydantic models of :mod:`robustir.serving.schemas`, so ``/docs`` shows them with their limits):
 
 * ``POST /v1/embeddings`` -- OpenAI's request and response: ``input`` (a string or a list of strings; token-id
   arrays are refused with 400), ``model``, ``encoding_format`` (``float``, or ``base64``: little-endian float32, what
   the ``openai`` client asks for by default), ``dimensions`` (only for sizes the model was trained for, declared
   with ``--matryoshka-dims``; the vector is cut and re-normalised), ``user`` (ignored); plus the extension
-  ``input_type``: ``document`` (default) or ``query`` (the model's query instruction and query length apply).
-  ``usage`` counts the tokens the model saw (instruction and special tokens included, after truncation).
+  ``input_type``: ``document`` or ``query`` (the model's query instruction and query length apply); without it, the
+  server's ``--default-input-type`` (``document`` unless set: LangChain and LlamaIndex send no ``input_type``, so a
+  server for their queries is started with ``--default-input-type query``). ``usage`` counts the tokens the model saw
+  (instruction and special tokens included, after truncation).
 * ``POST /search`` -- ``{"query": str | [str], "top_k": int, "filter": {...}, "mode": "dense" | "lexical" |
   "hybrid", "fusion": {"rrf_k", "dense_weight", "lexical_weight", "candidates"}}`` ->
   ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists). ``dense``
@@ -18,22 +21,36 @@ Routes:
   (``{"meta.source": "pubmed"}``) and ``$and``/``$or``/``$not``; it is checked before the model runs. Every query
   reads the index's latest committed version: ``robustir index --add / --upsert / --delete`` while the server runs
   show on the next query, with no restart.
-* ``GET /health`` (no key needed; says nothing about the data) and ``GET /v1/models``.
+* ``GET /info`` -- the model, its dimensions and token lengths, the limits, the version; ``GET /v1/models``.
+* ``GET /health`` and ``GET /metrics`` (Prometheus, :mod:`robustir.serving.metrics`) need no key.
 
-Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed request (bad JSON,
-a missing or unknown field, a wrong type, too many inputs, an input too long, an unsupported ``dimensions``, a bad
-filter, whose message names the place in it, e.g. ``filter.year.$gt``), 401 without the right ``Authorization:
-Bearer KEY`` when the server has an API key, 404 for a ``model`` that is not the served one (OpenAI's
-``model_not_found``) and for ``/search`` on a server without an index, 413 for a body over ``max_body_bytes``, 500
-when the model fails.
+Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, from one exception handler
+(:func:`_error_response`) -- a server bug too (500, with the request id) -- and the middleware
+(:mod:`robustir.serving.middleware`) for the body limiter's 413:
 
-Concurrent requests are batched (:class:`~robustir.serving.batcher.MicroBatcher`); the model and LanceDB run on worker
-threads (one on a GPU; one per core on the CPU, each with its own tokenizer and one torch thread), the event loop only
-parses, validates and answers.
+* 400 for a malformed request (bad JSON, a missing or unknown field, a wrong type, too many inputs, an input too
+  long, a blank or non-Unicode text, an unsupported ``dimensions``, a bad filter, whose message names the place in
+  it, e.g. ``filter.year.$gt``);
+* 401 without the right ``Authorization: Bearer KEY`` when the server has an API key;
+* 404 for a ``model`` that is not the served one (OpenAI's ``model_not_found``), for ``/search`` on a server without
+  an index, and for an unknown route;
+* 413 for a body over ``--max-body-bytes`` and for a search over ``--max-hits-per-request`` (queries x ``top_k``) or
+  whose answer would be over ``--max-response-bytes``;
+* 429 with ``Retry-After`` when ``--max-queued-texts`` texts already wait for the model;
+* 503 with ``Retry-After`` for a request that waited ``--request-timeout-s`` for the model;
+* 500 when the model fails on a request -- that request only: a failing batch is re-run request by request.
+
+Answers carry ``X-Request-ID`` (the client's, or a new one), ``X-Total-Time``, and on model routes
+``X-Queue-Time`` / ``X-Inference-Time`` (milliseconds).
+
+Each request's texts are checked and tokenized (once: the token counts of ``usage`` are those ids) before they join
+a batch shared with other requests (:class:`~robustir.serving.batcher.MicroBatcher`); the model and LanceDB run on
+worker threads, the event loop parses, validates and answers.
 """
 
-from __future__ import annotations
+# no "from __future__ import annotations": FastAPI reads the routes' body types (made per app) at run time
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -41,106 +58,412 @@ import functools
 import hmac
 import json
 import logging
-import os
+import re
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from fastapi import FastAPI, Request  # module level: FastAPI reads the handlers' annotations from these globals
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import ConfigError, RobustIRError
-from ..index.fusion import FusionConfig
-from ..validation import OptionError
+from ..errors import ConfigError
+from .batcher import EncodeFailed, MicroBatcher, Overloaded
 from .config import ServeConfig
+from .middleware import RequestContext, error_body
+from .schemas import Limits, request_models
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ServeConfig", "create_app", "ApiError"]
+__all__ = ["ServeConfig", "create_app", "ApiError", "Server"]
+
+#: texts of one request tokenized on the event loop (a few ms at most); longer requests go to the tokenizer thread
+INLINE_TOKENIZE_CHARS = 16384
 
 
 class ApiError(Exception):
     """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", headers: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
 
 
-# ------------------------------------------------------------------------------------------------ validation
+# ------------------------------------------------------------------------------------------------ the server state
 
-def _texts(value: Any, param: str, config: ServeConfig) -> list[str]:
-    """A string or a non-empty list of non-empty strings, within the limits."""
-    if isinstance(value, str):
-        items = [value]
-    elif isinstance(value, list):
-        if not value:
-            raise ApiError(400, f"'{param}' is an empty list; send at least one string", param=param)
-        items = value
-    else:
-        raise ApiError(400, f"'{param}' must be a string or a list of strings, got {_type(value)}", param=param)
-    if len(items) > config.max_inputs_per_request:
-        raise ApiError(400, f"'{param}' holds {len(items)} items; at most {config.max_inputs_per_request} per request "
-                       "(split it into several requests)", param=param, code="too_many_inputs")
-    for i, item in enumerate(items):
-        where = f"{param}[{i}]" if isinstance(value, list) else param
-        if isinstance(item, (int, list)) and not isinstance(item, bool):
-            raise ApiError(400, f"'{where}' is a token-id array; this server takes text only: send the text itself",
-                           param=where, code="token_ids_not_supported")
-        if not isinstance(item, str):
-            raise ApiError(400, f"'{where}' must be a string, got {_type(item)}", param=where)
-        if not item.strip():
-            raise ApiError(400, f"'{where}' is empty; every input needs some text", param=where)
-        if len(item) > config.max_chars_per_input:
-            raise ApiError(400, f"'{where}' has {len(item)} characters; at most {config.max_chars_per_input} per input "
-                           "(split it into passages)", param=where, code="input_too_long")
-    return items
+@dataclass
+class Server:
+    """What the routes need: the model, the index, the batcher, the limits (``app.state.server``)."""
+
+    config: ServeConfig
+    encoder: Any
+    index: Any
+    name: str
+    aliases: set[str]
+    dim: int
+    allowed_dims: list[int]
+    api_key: str | None
+    batcher: MicroBatcher
+    metrics: Any
+    device: str
+    precision: str
+    workers: int
+    encode_batch: int
+    limits: Limits
+    created: int = field(default_factory=lambda: int(time.time()))
+    _loop_tokenizer: Any = None
+    _pool: Any = None  # one thread, its own tokenizer: long requests are tokenized off the event loop
+    _pool_tokenizer: Any = None
+
+    def check_model(self, value: str | None) -> None:
+        if value is not None and value not in self.aliases:
+            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}' (GET "
+                           "/v1/models)", param="model", code="model_not_found")
+
+    async def tokenize(self, texts: list[str], kind: str, param: str) -> list[list[int]]:
+        """This request's token ids (``kind``: ``query`` or ``passage``); a tokenizer failure is this request's 400."""
+        def run(tokenizer: Any) -> list[list[int]]:
+            return tokenizer(self.encoder.config.with_instruction(texts, kind), truncation=True,
+                             max_length=self.encoder.config.max_length(kind), padding=False,
+                             return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        try:
+            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+                return run(self._loop_tokenizer)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, run, self._pool_tokenizer)
+        except Exception as exc:
+            raise ApiError(400, f"'{param}' could not be tokenized ({type(exc).__name__}: {exc})", param=param) from None
+
+    async def embed(self, ids: list[list[int]]) -> Any:
+        try:
+            return await self.batcher.embed(ids, timeout=self.config.request_timeout_s)
+        except Overloaded as exc:
+            self.metrics.reject("overloaded")
+            raise ApiError(429, f"{exc} (or raise --max-queued-texts)", kind="rate_limit_error", code="overloaded",
+                           headers={"Retry-After": str(exc.retry_after)}) from None
+        except asyncio.TimeoutError:
+            self.metrics.reject("timeout")
+            retry = self.batcher.retry_after(self.batcher.queued)
+            raise ApiError(503, f"the request waited {self.config.request_timeout_s:g} s for the model and was "
+                           f"dropped; the server is overloaded: retry in {retry} s (or raise --request-timeout-s)",
+                           kind="server_error", code="timeout", headers={"Retry-After": str(retry)}) from None
+        except EncodeFailed as exc:
+            raise ApiError(500, str(exc), kind="server_error", code="internal_error") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def _server(request: Request) -> Server:
+    return request.app.state.server
+
+
+_bearer = HTTPBearer(auto_error=False, description="The server's API key, when it was started with one")
+
+
+def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """The API-key check of every route but ``/health`` and ``/metrics`` (constant-time comparison)."""
+    key = _server(request).api_key
+    if key is None:
+        return
+    if credentials is None or not credentials.credentials:
+        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", code="invalid_api_key")
+    if not hmac.compare_digest(credentials.credentials.strip().encode(), key.encode()):
+        raise ApiError(401, "incorrect API key", code="invalid_api_key")
+
+
+def _answer(payload: Any, headers: dict | None = None) -> Response:
+    return Response(json.dumps(payload, ensure_ascii=False, separators=(",", ":")), media_type="application/json",
+                    headers=headers)
+
+
+def _timing(result: Any) -> dict:
+    return {"X-Queue-Time": f"{result.queue_s * 1000:.2f}", "X-Inference-Time": f"{result.inference_s * 1000:.2f}"}
+
+
+# ------------------------------------------------------------------------------------------------ the routes
+
+def _router(embedding_request: type, search_request: type, max_body_bytes: int) -> APIRouter:
+    """The routes, with ``embedding_request`` / ``search_request`` (:func:`request_models`) as their bodies."""
+    router = APIRouter(max_body_size=max_body_bytes)
+    keyed = [Depends(authorize)]
+
+    @router.get("/health", tags=["operations"])
+    async def health(request: Request):
+        s = _server(request)
+        return _answer({"status": "ok", "model": s.name, "dimension": s.dim, "device": s.device,
+                        "precision": s.precision, "workers": s.workers, "torch_threads": torch.get_num_threads(),
+                        "queued_texts": s.batcher.queued,
+                        "index": None if s.index is None else {"documents": s.index.count, "kind": s.index.kind},
+                        "batching": {"max_batch_size": s.config.max_batch_size, "max_wait_ms": s.config.max_wait_ms,
+                                     "encode_batch_size": s.encode_batch, **s.batcher.stats.to_dict()}})
+
+    @router.get("/info", dependencies=keyed, tags=["operations"])
+    async def info(request: Request):
+        from .. import __version__
+
+        s, c = _server(request), _server(request).config
+        ec = s.encoder.config
+        return _answer({
+            "version": __version__, "model": s.name, "dimension": s.dim, "dimensions": s.allowed_dims,
+            "pooling": ec.pooling, "normalized": ec.normalize,
+            "max_tokens": {"query": ec.query_max_length, "document": ec.passage_max_length},
+            "instructions": {"query": ec.query_instruction, "document": ec.passage_instruction},
+            "default_input_type": c.default_input_type, "device": s.device, "precision": s.precision,
+            "index": None if s.index is None else {"documents": s.index.count, "kind": s.index.kind,
+                                                   "fields": sorted(s.index.manifest.get("fields") or [])},
+            "limits": {"max_inputs_per_request": c.max_inputs_per_request, "max_chars_per_input":
+                       c.max_chars_per_input, "max_body_bytes": c.max_body_bytes, "max_top_k": c.max_top_k,
+                       "max_hits_per_request": c.max_hits_per_request, "max_response_bytes": c.max_response_bytes,
+                       "max_queued_texts": c.max_queued_texts, "request_timeout_s": c.request_timeout_s}})
+
+    @router.get("/v1/models", dependencies=keyed, tags=["openai"])
+    async def models(request: Request):
+        s = _server(request)
+        return _answer({"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created,
+                                                    "owned_by": "robustir"}]})
+
+    @router.get("/v1/models/{model_id:path}", dependencies=keyed, tags=["openai"])
+    async def one_model(model_id: str, request: Request):
+        s = _server(request)
+        s.check_model(model_id)
+        return _answer({"id": s.name, "object": "model", "created": s.created, "owned_by": "robustir"})
+
+    @router.post("/v1/embeddings", dependencies=keyed, tags=["openai"])
+    async def embeddings(body: embedding_request, request: Request):  # type: ignore[valid-type]
+        s = _server(request)
+        s.check_model(body.model)
+        dims = body.dimensions
+        if dims is not None and dims not in s.allowed_dims:
+            hint = (f"this model supports {', '.join(map(str, s.allowed_dims))}" if len(s.allowed_dims) > 1 else
+                    f"this model was not trained to be cut (Matryoshka): it gives {s.dim} dimensions only (a server "
+                    "for a Matryoshka model declares its sizes with --matryoshka-dims)")
+            raise ApiError(400, f"'dimensions' = {dims} is not supported: {hint}", param="dimensions")
+        kind = body.input_type or s.config.default_input_type
+        ids = await s.tokenize(body.input, "query" if kind == "query" else "passage", "input")
+        result = await s.embed(ids)
+        vectors = result.vectors
+        if dims is not None and dims != s.dim:
+            vectors = vectors[:, :dims]
+            if s.encoder.config.normalize:
+                vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        vectors = np.ascontiguousarray(vectors, dtype="<f4")
+        packed = body.encoding_format == "base64"
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(row.tobytes()).decode("ascii") if packed else row.tolist()}
+                for i, row in enumerate(vectors)]
+        tokens = sum(map(len, ids))
+        s.metrics.embedded(kind, len(ids), tokens)
+        return _answer({"object": "list", "data": data, "model": s.name,
+                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, _timing(result))
+
+    @router.post("/search", dependencies=keyed, tags=["search"])
+    async def search(body: search_request, request: Request):  # type: ignore[valid-type]
+        s = _server(request)
+        if s.index is None:
+            raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
+                           code="no_index")
+        s.check_model(body.model)
+        queries, c = body.query, s.config
+        if body.fusion is not None and body.mode != "hybrid":
+            raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {body.mode!r}", param="fusion")
+        if body.fusion is not None and body.fusion.candidates > c.max_top_k:
+            raise ApiError(400, f"fusion.candidates must be at most {c.max_top_k}, got {body.fusion.candidates}",
+                           param="fusion.candidates")
+        if len(queries) * body.top_k > c.max_hits_per_request:
+            raise ApiError(413, f"{len(queries)} queries x top_k {body.top_k} = {len(queries) * body.top_k} hits; at "
+                           f"most {c.max_hits_per_request} per request (send fewer queries per request or a smaller "
+                           "top_k)", param="top_k", code="too_many_hits")
+        if body.filter:
+            try:  # a bad filter is refused before the model runs
+                s.index.check_filter(body.filter)
+            except ConfigError as exc:
+                raise ApiError(400, str(exc), param="filter") from None
+        headers = None
+        vectors = None
+        if body.mode != "lexical":
+            ids = await s.tokenize(queries, "query", "query")
+            result = await s.embed(ids)
+            vectors, headers = result.vectors, _timing(result)
+            s.metrics.embedded("query", len(ids), sum(map(len, ids)))
+        try:
+            hits = await s.batcher.run(functools.partial(s.index.search_encoded, queries, vectors, body.top_k,
+                                                         body.filter or None, mode=body.mode, fusion=body.fusion))
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), param="filter") from None
+        rows, size = [], 0
+        for row in hits:  # serialised query by query: an answer over the limit is refused before it is all built
+            text = json.dumps([hit.to_dict() for hit in row], ensure_ascii=False, separators=(",", ":"))
+            size += len(text)
+            if size > c.max_response_bytes:
+                raise ApiError(413, f"the answer would be over {c.max_response_bytes} bytes (--max-response-bytes): "
+                               "send fewer queries per request or a smaller top_k", param="top_k",
+                               code="response_too_large")
+            rows.append(text)
+        payload = rows[0] if body.single else "[" + ",".join(rows) + "]"
+        return Response('{"hits":' + payload + "}", media_type="application/json", headers=headers)
+
+    return router
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+_PYDANTIC_WORDING = (("Input should be ", "must be "), ("Value should have", "must have"),
+                     ("a valid dictionary", "a JSON object"), ("a valid list", "a JSON list"))
+
+
+def _param(loc: tuple, body: Any) -> str | None:
+    parts = [p for p in loc[1:] if p != "body"] if loc and loc[0] == "body" else list(loc)
+    if not parts:
+        return None
+    out = str(parts[0])
+    for p in parts[1:]:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    field_value = body.get(parts[0]) if isinstance(body, dict) else None
+    if isinstance(field_value, str) and len(parts) > 1 and parts[1] == 0:  # a single string was read as a list
+        out = str(parts[0]) + out[len(f"{parts[0]}[0]"):]
+    return out
+
+
+def _validation_error(exc: RequestValidationError, fields: tuple[str, ...]) -> ApiError:
+    """pydantic's first error as one OpenAI-shaped 400 naming the field (``input[3]``, ``fusion.rrf_k``)."""
+    errors = exc.errors()
+    first = errors[0]
+    kind, loc, ctx = first.get("type", ""), tuple(first.get("loc", ())), first.get("ctx") or {}
+    body = exc.body
+    param = _param(loc, body)
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    if kind == "json_invalid":
+        return ApiError(400, f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character "
+                        f"{loc[-1] if loc else '?'})")
+    if kind == "model_attributes_type" or (param is None and kind.endswith("_type")):
+        return ApiError(400, f"the request body must be a JSON object, got {_type(first.get('input'))}")
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        takes = f"; this endpoint takes {', '.join(fields)}" if "." not in (param or "") else ""
+        return ApiError(400, f"unrecognized request argument '{param}'{takes}", param=param)
+    if kind == "missing":
+        return ApiError(400, f"'{param}' is required{more}", param=param)
+    if kind == "token_ids_not_supported":
+        where = f"{param}[{ctx.get('index', 0)}]"
+        return ApiError(400, f"'{where}' {first['msg']}", param=where, code=kind)
+    if kind == "too_long" and param in ("input", "query"):
+        return ApiError(400, f"'{param}' holds {ctx.get('actual_length')} items; at most {ctx.get('max_length')} per "
+                        "request (split it into several requests)", param=param, code="too_many_inputs")
+    if kind == "too_short" and param in ("input", "query"):
+        return ApiError(400, f"'{param}' is an empty list; send at least one string", param=param)
+    if kind == "string_too_long" and param and param.split("[")[0] in ("input", "query"):
+        return ApiError(400, f"'{param}' has {len(first.get('input') or '')} characters; at most "
+                        f"{ctx.get('max_length')} per text (split it into passages)", param=param,
+                        code="input_too_long")
+    if kind == "string_unicode":
+        return ApiError(400, f"'{param}' is not valid Unicode (a lone surrogate: in JSON a \\ud8xx escape must be "
+                        "followed by its \\udcxx pair; send text encoded as UTF-8)", param=param, code="invalid_unicode")
+    message = re.sub(r"a dictionary or an instance of \w+", "a JSON object", first.get("msg", "is not valid"))
+    for old, new in _PYDANTIC_WORDING:
+        message = message.replace(old, new)
+    if kind in ("empty_text", "invalid_unicode"):
+        return ApiError(400, f"'{param}' {message}", param=param, code=kind)
+    given = first.get("input")
+    shown = f", got {_type(given)}" if isinstance(given, (dict, list)) else f", got {_show(given)}"
+    return ApiError(400, f"'{param}' {message[0].lower() + message[1:]}{shown}{more}", param=param)
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _type(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+            int: "a number", float: "a number", bytes: "non-JSON bytes"}.get(type(value), type(value).__name__)
 
 
-def _check_fields(body: Any, allowed: tuple[str, ...], required: tuple[str, ...]) -> dict:
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
-    unknown = [key for key in body if key not in allowed]
-    if unknown:
-        raise ApiError(400, f"unrecognized request argument(s): {', '.join(map(repr, unknown))}; this endpoint takes "
-                       f"{', '.join(allowed)}", param=unknown[0])
-    for key in required:
-        if key not in body:
-            raise ApiError(400, f"'{key}' is required", param=key)
-    return body
+def _parse_failure(exc: BaseException | None) -> str:
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return "it is not UTF-8"
+    return f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
+
+
+ROUTES = "POST /v1/embeddings, POST /search, GET /v1/models, GET /info, GET /health, GET /metrics"
+
+
+async def _error_response(request: Request, exc: Exception) -> JSONResponse:
+    """The one exception handler: every error the app raises becomes OpenAI's ``{"error": {...}}``."""
+    if isinstance(exc, RequestValidationError):
+        route = request.scope.get("route")
+        body_field = getattr(getattr(route, "body_field", None), "field_info", None)
+        model = getattr(body_field, "annotation", None)
+        fields = tuple(getattr(model, "model_fields", {}) or ())
+        exc = _validation_error(exc, fields)
+        reject = getattr(getattr(request.app.state, "server", None), "metrics", None)
+        if reject is not None:
+            reject.reject("invalid")
+    elif isinstance(exc, StarletteHTTPException):
+        status = exc.status_code
+        if status == 404:
+            exc = ApiError(404, f"{request.method} {request.url.path}: robustir serve (an embeddings and search "
+                           f"server) has no such route; routes: {ROUTES}", code="route_not_found")
+        elif status == 405:
+            exc = ApiError(405, f"{request.method} {request.url.path}: method not allowed; routes: {ROUTES}",
+                           code="method_not_allowed")
+        elif status == 400:
+            exc = ApiError(400, f"the request body could not be read: {_parse_failure(exc.__cause__)}")
+        elif status == 413:
+            limit = _server(request).config.max_body_bytes
+            exc = ApiError(413, f"the request body is over {limit} bytes (send fewer or shorter inputs per request, "
+                           "or raise --max-body-bytes)", code="request_too_large")
+        else:
+            exc = ApiError(status, f"{request.method} {request.url.path}: {exc.detail}")
+    elif not isinstance(exc, ApiError):
+        request_id = getattr(request.state, "request_id", "?")
+        logger.error("request %s: %s %s failed", request_id, request.method, request.url.path,
+                     exc_info=(type(exc), exc, exc.__traceback__))
+        exc = ApiError(500, f"internal server error ({type(exc).__name__}); request id {request_id}",
+                       kind="server_error", code="internal_error")
+        exc.headers = {"X-Request-ID": request_id}  # answered outside the request-id middleware
+    headers = dict(exc.headers or {})
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
 
 
 # ------------------------------------------------------------------------------------------------ the app
 
 def create_app(model: Any = None, index: Any = None, config: ServeConfig | None = None, *,
-               encoder_options: dict | None = None):
+               encoder_options: dict | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (a folder, hub id or :class:`~robustir.models.encoder.Encoder`; default: the
     index's model, else the bundled MiniLM) and, optionally, ``index`` (a folder or an open
     :class:`~robustir.serving.index.SearchIndex`, checked to be built with ``model``).
 
-    The model loads here, so a bad model or index fails before any port is opened.
+    The model loads here, so a bad model, index or setting fails before any port is opened.
     """
+    import concurrent.futures
+
+    from .. import __version__
     from ..device import resolve_device
     from ..models.encoder import Encoder
     from ..precision import resolve_precision
-    from .batcher import MicroBatcher
     from .index import SearchIndex, _model_label
+    from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
-    api_key = config.api_key if config.api_key is not None else (os.environ.get("ROBUSTIR_API_KEY") or None)
+    api_key = config.resolved_api_key()
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     workers, encode_batch = _workers(config, device, precision)
@@ -177,8 +500,6 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     name = config.served_model_name or (search_index.model_name if search_index is not None else _model_label(given))
     aliases = {name, given, str(Path(given).expanduser().resolve()) if Path(given).expanduser().exists() else given}
     dim = encoder.dim
-    allowed_dims = sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]})
-    created = int(time.time())
     # builds the bf16/fp16 copy once, before the workers start
     encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)
     local = threading.local()
@@ -194,16 +515,23 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
             local.encoder = mine
         return mine
 
-    def encode(texts: list[str], kind: str) -> tuple[np.ndarray, list[int]]:
-        model = worker_encoder()
-        vectors = model.encode(texts, kind, batch_size=encode_batch, precision=precision, show_progress=False)
-        ids = model.tokenizer(model.config.with_instruction(texts, kind), truncation=True,
-                              max_length=model.config.max_length(kind), return_attention_mask=False,
-                              return_token_type_ids=False)["input_ids"]
-        return vectors, [len(x) for x in ids]
+    def encode(ids: list[list[int]]) -> np.ndarray:
+        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision)
 
+    metrics_holder: list[Any] = []
     batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
-                           workers=workers)
+                           workers=workers, max_queued=config.max_queued_texts,
+                           on_batch=lambda *a: metrics_holder[0].on_batch(*a))
+    metrics = ServerMetrics(lambda: batcher.queued, workers)
+    metrics_holder.append(metrics)
+    server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
+                    allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
+                    api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
+                    workers=workers, encode_batch=encode_batch,
+                    limits=Limits(config.max_inputs_per_request, config.max_chars_per_input, config.max_top_k,
+                                  config.max_hits_per_request),
+                    _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
+                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -212,193 +540,23 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
             yield
         finally:
             await batcher.stop()
+            server.close()
 
-    app = FastAPI(title="robustir", description="OpenAI-compatible embeddings and search with a robustir retriever",
-                  lifespan=lifespan)
-    app.state.batcher = batcher
-    app.state.encoder = encoder
-    app.state.index = search_index
-    app.state.model_name = name
+    handlers = {cls: _error_response for cls in (ApiError, RequestValidationError, StarletteHTTPException, Exception)}
+    app = FastAPI(title="robustir serve", version=__version__, lifespan=lifespan, exception_handlers=handlers,
+                  description="OpenAI-compatible embeddings and search with a robustir retriever")
+    embedding_request, search_request = request_models(server.limits)
+    app.include_router(_router(embedding_request, search_request, config.max_body_bytes))
+    app.state.server = server
+    app.state.batcher, app.state.encoder, app.state.index, app.state.model_name = batcher, encoder, search_index, name
+    metrics.instrument(app)
+    if config.cors_allow_origin:
+        from fastapi.middleware.cors import CORSMiddleware
 
-    def answer(payload: Any, status: int = 200) -> Response:
-        return Response(json.dumps(payload, ensure_ascii=False, separators=(",", ":")), status_code=status,
-                        media_type="application/json")
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError):
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        if exc.status_code == 404:
-            message += "; routes: POST /v1/embeddings, POST /search, GET /v1/models, GET /health"
-        return JSONResponse(ApiError(exc.status_code, message, code=code).body(), status_code=exc.status_code)
-
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", code="invalid_api_key")
-        if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise ApiError(401, "incorrect API key", code="invalid_api_key")
-
-    async def read_json(request: Request) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise ApiError(400, f"Content-Length {length!r} is not a number")
-            if int(length) > config.max_body_bytes:
-                raise ApiError(413, f"the request body has {int(length)} bytes; at most {config.max_body_bytes} "
-                               "(send fewer or shorter inputs per request)", code="request_too_large")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > config.max_body_bytes:
-                raise ApiError(413, f"the request body is over {config.max_body_bytes} bytes (send fewer or shorter "
-                               "inputs per request)", code="request_too_large")
-        try:
-            return json.loads(bytes(body))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
-
-    def check_model(value: Any) -> None:
-        if value is None:
-            return
-        if not isinstance(value, str):
-            raise ApiError(400, f"'model' must be a string, got {_type(value)}", param="model")
-        if value not in aliases:
-            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{name}' (GET "
-                           "/v1/models)", param="model", code="model_not_found")
-
-    async def run_model(texts: list[str], kind: str) -> tuple[np.ndarray, list[int]]:
-        try:
-            return await batcher.embed(texts, kind)
-        except RobustIRError as exc:
-            raise ApiError(400, str(exc)) from None
-        except Exception as exc:
-            logger.exception("the model failed")
-            raise ApiError(500, f"the model failed: {type(exc).__name__}: {exc}", kind="server_error",
-                           code="internal_error") from None
-
-    @app.get("/health")
-    async def health():
-        return answer({"status": "ok", "model": name, "dimension": dim, "device": str(device), "precision": precision,
-                       "workers": workers, "torch_threads": torch.get_num_threads(),
-                       "index": None if search_index is None else {
-                           "path": str(search_index.path), "documents": search_index.count,
-                           "kind": search_index.kind},
-                       "batching": {"max_batch_size": config.max_batch_size, "max_wait_ms": config.max_wait_ms,
-                                    "encode_batch_size": encode_batch,
-                                    **batcher.stats.to_dict()}})
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        authorize(request)
-        return answer({"object": "list", "data": [{"id": name, "object": "model", "created": created,
-                                                   "owned_by": "robustir"}]})
-
-    @app.get("/v1/models/{model_id:path}")
-    async def one_model(model_id: str, request: Request):
-        authorize(request)
-        check_model(model_id)
-        return answer({"id": name, "object": "model", "created": created, "owned_by": "robustir"})
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request):
-        authorize(request)
-        body = _check_fields(await read_json(request),
-                             ("input", "model", "encoding_format", "dimensions", "user", "input_type"), ("input",))
-        check_model(body.get("model"))
-        texts = _texts(body["input"], "input", config)
-        fmt = body.get("encoding_format", "float")
-        if fmt is None:
-            fmt = "float"
-        if fmt not in ("float", "base64"):
-            raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', got {json.dumps(fmt)[:40]}",
-                           param="encoding_format")
-        kind = body.get("input_type", "document")
-        if kind not in ("query", "document"):
-            raise ApiError(400, f"'input_type' must be 'query' or 'document', got {json.dumps(kind)[:40]}",
-                           param="input_type")
-        dims = body.get("dimensions")
-        if dims is not None:
-            if isinstance(dims, bool) or not isinstance(dims, int):
-                raise ApiError(400, f"'dimensions' must be an integer, got {_type(dims)}", param="dimensions")
-            if dims not in allowed_dims:
-                hint = (f"this model supports {', '.join(map(str, allowed_dims))}" if len(allowed_dims) > 1 else
-                        f"this model was not trained to be cut (Matryoshka): it gives {dim} dimensions only (a server "
-                        "for a Matryoshka model declares its sizes with --matryoshka-dims)")
-                raise ApiError(400, f"'dimensions' = {dims} is not supported: {hint}", param="dimensions")
-        user = body.get("user")
-        if user is not None and not isinstance(user, str):
-            raise ApiError(400, f"'user' must be a string, got {_type(user)}", param="user")
-        vectors, counts = await run_model(texts, "query" if kind == "query" else "passage")
-        if dims is not None and dims != dim:
-            vectors = vectors[:, :dims]
-            if encoder.config.normalize:
-                vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        vectors = np.ascontiguousarray(vectors, dtype="<f4")
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(row.tobytes()).decode("ascii") if fmt == "base64" else row.tolist()}
-                for i, row in enumerate(vectors)]
-        tokens = int(sum(counts))
-        return answer({"object": "list", "data": data, "model": name,
-                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-
-    @app.post("/search")
-    async def search(request: Request):
-        authorize(request)
-        if search_index is None:
-            raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
-                           code="no_index")
-        body = _check_fields(await read_json(request),
-                             ("query", "top_k", "filter", "model", "mode", "fusion"), ("query",))
-        check_model(body.get("model"))
-        queries = _texts(body["query"], "query", config)
-        top_k = body.get("top_k", 10)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= config.max_top_k:
-            raise ApiError(400, f"'top_k' must be an integer from 1 to {config.max_top_k}, got "
-                           f"{json.dumps(top_k)[:40]}", param="top_k")
-        mode = body.get("mode", "dense")
-        if mode not in ("dense", "lexical", "hybrid"):
-            raise ApiError(400, f"'mode' must be 'dense', 'lexical' or 'hybrid', got {json.dumps(mode)[:40]}",
-                           param="mode")
-        fusion = body.get("fusion")
-        if fusion is not None:
-            if mode != "hybrid":
-                raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {mode!r}", param="fusion")
-            if not isinstance(fusion, dict):
-                raise ApiError(400, f"'fusion' must be an object ({{\"rrf_k\", \"dense_weight\", \"lexical_weight\", "
-                               f"\"candidates\"}}), got {_type(fusion)}", param="fusion")
-            try:
-                fusion = FusionConfig(**fusion)
-            except OptionError as exc:
-                raise ApiError(400, str(exc.under("fusion")), param="fusion") from None
-            if fusion.candidates > config.max_top_k:
-                raise ApiError(400, f"fusion.candidates must be at most {config.max_top_k}, got {fusion.candidates}",
-                               param="fusion")
-        where = body.get("filter")
-        if where is not None and not isinstance(where, dict):
-            raise ApiError(400, f"'filter' must be an object of field: value, got {_type(where)}", param="filter")
-        if where:
-            try:  # a bad filter is refused before the model runs
-                search_index.check_filter(where)
-            except ConfigError as exc:
-                raise ApiError(400, str(exc), param="filter") from None
-        vectors = None if mode == "lexical" else (await run_model(queries, "query"))[0]
-        try:
-            hits = await batcher.run(functools.partial(search_index.search_encoded, queries, vectors, top_k,
-                                                       where or None, mode=mode, fusion=fusion))
-        except ConfigError as exc:
-            raise ApiError(400, str(exc), param="filter") from None
-        rows = [[hit.to_dict() for hit in row] for row in hits]
-        return answer({"hits": rows[0] if isinstance(body["query"], str) else rows})
-
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_allow_origin, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "X-Total-Time", "X-Queue-Time", "X-Inference-Time"])
+    app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
     return app
 
 

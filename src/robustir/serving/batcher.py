@@ -1,47 +1,86 @@
 """Dynamic batching of concurrent requests: worker threads run the model on everything that is waiting.
 
-Requests put their texts on an asyncio queue and await a future. When a worker is free, a batching task takes the
-first waiting request, then keeps taking more until the batch holds ``max_batch_size`` texts or ``max_wait_ms`` have
-passed since the first one arrived (a request that would overflow the batch waits for the next one; a request larger
-than a batch goes alone). The batch is encoded on a worker thread -- one ``encode`` call per input kind (queries,
-documents) -- and each request gets its own rows back. While the workers are busy the event loop keeps accepting
-requests, so under load the next batch is already full when a worker is free and no time is spent waiting.
+A request puts its rows (token-id lists, tokenized and checked before they get here, so a malformed text never
+joins a shared batch) on an asyncio queue and awaits a future. When a worker is free, a batching task takes the
+first waiting request and every request already waiting behind it, up to ``max_batch_size`` rows (a request that
+would overflow the batch waits for the next one; a request larger than a batch goes alone), optionally waiting up
+to ``max_wait_ms`` for more. With the default ``max_wait_ms=0`` a lone request starts at once: while the workers are
+busy, requests pile up on the queue, so under load the next batch is already full when a worker is free and no time
+is spent waiting. The batch runs on a worker thread and each request gets its own rows back.
 
-``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU, one per core with one torch
-thread each is the most work per CPU-second for small encoders (``robustir serve``'s default; ``docs/benchmarks.md``).
-Other work for the model's threads (a FAISS search) goes through :meth:`run`.
+Isolation and bounds:
+
+* a batch that fails is run again request by request, so only the request that breaks the model gets the error;
+* at most ``max_queued`` rows wait; a request that would go over is refused at once with :class:`Overloaded`
+  (``robustir serve`` answers 429 with ``Retry-After``) -- unless nothing waits, so any request within the per-request
+  limits is served on an idle server;
+* ``embed(..., timeout=)`` bounds the wait: a request that times out is dropped from the queue, or its rows are
+  discarded if its batch already runs.
+
+``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
+:func:`robustir.serving.app._workers`. Other work for the model's threads (an index search) goes through :meth:`run`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
 
-EncodeFn = Callable[[list[str], str], "tuple[np.ndarray, list[int]]"]
+EncodeFn = Callable[[list[Any]], np.ndarray]
+
+__all__ = ["MicroBatcher", "BatchStats", "Embedded", "Overloaded", "EncodeFailed"]
+
+
+class Overloaded(Exception):
+    """The queue is full: try again later (``retry_after`` seconds, an estimate)."""
+
+    def __init__(self, queued: int, limit: int, retry_after: int) -> None:
+        super().__init__(f"the server is busy: {queued} texts are waiting for the model (at most {limit}); retry in "
+                         f"{retry_after} s")
+        self.queued, self.limit, self.retry_after = queued, limit, retry_after
+
+
+class EncodeFailed(Exception):
+    """The model failed on this request's rows (run alone, so the rows are the cause; other requests were served)."""
+
+
+@dataclass
+class Embedded:
+    """A request's vectors, with how long it waited for a worker and how long its batch ran (seconds)."""
+
+    vectors: np.ndarray
+    queue_s: float
+    inference_s: float
 
 
 @dataclass
 class _Item:
-    texts: list[str]
-    kind: str
+    rows: list[Any]
     future: asyncio.Future
+    enqueued: float
 
 
 @dataclass
 class BatchStats:
-    """What the batcher has done: batches run, texts encoded, the largest batch, requests served."""
+    """What the batcher has done: batches run, rows encoded, the largest batch, requests served, refused, failed."""
 
     batches: int = 0
     texts: int = 0
     requests: int = 0
     largest: int = 0
+    overloaded: int = 0
+    timed_out: int = 0
+    failed: int = 0
+    retried_batches: int = 0
+    batch_sizes: collections.Counter = field(default_factory=collections.Counter)
 
     def record(self, texts: int, requests: int) -> None:
         self.batches += 1
@@ -51,32 +90,42 @@ class BatchStats:
 
     def to_dict(self) -> dict:
         return {"batches": self.batches, "texts": self.texts, "requests": self.requests, "largest_batch": self.largest,
-                "mean_batch": round(self.texts / self.batches, 2) if self.batches else 0.0}
+                "mean_batch": round(self.texts / self.batches, 2) if self.batches else 0.0,
+                "overloaded": self.overloaded, "timed_out": self.timed_out, "failed": self.failed,
+                "retried_batches": self.retried_batches}
 
 
 class MicroBatcher:
-    """Batch concurrent ``embed`` calls into few calls of ``encode(texts, kind) -> (vectors, token_counts)``.
+    """Batch concurrent ``embed`` calls into few calls of ``encode(rows) -> vectors`` (one row of vectors per row).
 
-    Start it inside the event loop that serves requests (:meth:`start`), stop it with :meth:`stop`.
+    Start it inside the event loop that serves requests (:meth:`start`), stop it with :meth:`stop`. ``on_batch(rows,
+    requests, seconds, waits)``, if given, is called after each batch (metrics).
     """
 
-    def __init__(self, encode: EncodeFn, *, max_batch_size: int = 64, max_wait_ms: float = 5.0,
-                 workers: int = 1) -> None:
+    def __init__(self, encode: EncodeFn, *, max_batch_size: int = 64, max_wait_ms: float = 0.0, workers: int = 1,
+                 max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None
+                 ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1, got {max_queued}")
         self.encode = encode
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.workers = workers
+        self.max_queued = max_queued
+        self.on_batch = on_batch
         self.stats = BatchStats()
+        self.queued = 0  # rows on the queue, not yet in a batch
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._rate = 0.0  # rows per second of recent batches (for Retry-After)
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -107,14 +156,29 @@ class MicroBatcher:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    async def embed(self, texts: list[str], kind: str) -> tuple[np.ndarray, list[int]]:
-        """The vectors and token counts of ``texts`` (``kind``: ``query`` or ``passage``), batched with other
-        callers'."""
+    async def embed(self, rows: Sequence[Any], *, timeout: float | None = None) -> Embedded:
+        """The vectors of ``rows``, batched with other callers'. Raises :class:`Overloaded` at once when the queue is
+        full, :class:`asyncio.TimeoutError` after ``timeout`` seconds, :class:`EncodeFailed` when the model fails on
+        these rows."""
         if not self.running:
             raise RuntimeError("the batcher is not running (start() it inside the serving event loop)")
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Item(list(texts), kind, future))
-        return await future
+        n = len(rows)
+        if self.queued and self.queued + n > self.max_queued:
+            self.stats.overloaded += 1
+            raise Overloaded(self.queued, self.max_queued, self.retry_after(self.queued + n))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.queued += n
+        self._queue.put_nowait(_Item(list(rows), future, loop.time()))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            self.stats.timed_out += 1
+            raise
+
+    def retry_after(self, rows: int) -> int:
+        """Seconds until ``rows`` queued rows are likely done, from the recent rate (at least 1)."""
+        return max(1, int(rows / self._rate + 0.999)) if self._rate > 0 else 1
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on one of the model's worker threads."""
@@ -123,6 +187,11 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ------------------------------------------------------------------ internals
+    def _take(self) -> _Item:
+        item = self._queue.get_nowait()
+        self.queued -= len(item.rows)
+        return item
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         free = asyncio.Semaphore(self.workers)
@@ -131,14 +200,17 @@ class MicroBatcher:
         try:
             while True:
                 await free.acquire()  # a batch is formed only when a worker can take it: meanwhile requests pile up
-                first = carry if carry is not None else await self._queue.get()
-                carry = None
-                batch, size = [first], len(first.texts)
+                if carry is None:
+                    first = await self._queue.get()
+                    self.queued -= len(first.rows)
+                else:
+                    first, carry = carry, None
+                batch, size = [first], len(first.rows)
                 deadline = loop.time() + self.max_wait
                 while size < self.max_batch_size:
-                    try:
-                        item = self._queue.get_nowait()
-                    except asyncio.QueueEmpty:
+                    if not self._queue.empty():
+                        item = self._take()
+                    else:
                         remaining = deadline - loop.time()
                         if remaining <= 0:
                             break
@@ -146,11 +218,14 @@ class MicroBatcher:
                             item = await asyncio.wait_for(self._queue.get(), remaining)
                         except asyncio.TimeoutError:
                             break
-                    if size + len(item.texts) > self.max_batch_size:
+                        self.queued -= len(item.rows)
+                    if item.future.done():  # timed out or its client went away while it waited
+                        continue
+                    if size + len(item.rows) > self.max_batch_size:
                         carry = item  # first in the next batch: never split a request, never reorder
                         break
                     batch.append(item)
-                    size += len(item.texts)
+                    size += len(item.rows)
                 task = loop.create_task(self._run_batch(batch))
                 batch = []
                 self._running.add(task)
@@ -164,21 +239,56 @@ class MicroBatcher:
 
     async def _run_batch(self, batch: list[_Item]) -> None:
         live = [item for item in batch if not item.future.done()]  # a client that went away cancelled its future
-        for kind in dict.fromkeys(item.kind for item in live):
-            group = [item for item in live if item.kind == kind]
-            texts = [text for item in group for text in item.texts]
+        if not live:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        rows = [row for item in live for row in item.rows]
+        try:
+            vectors = await self.run(self.encode, rows)
+        except Exception:
+            if len(live) == 1:
+                self._fail(live[0])
+                return
+            # one request may have broken the batch: run each alone, so only that one gets the error
+            logger.warning("a batch of %d requests failed; running them one by one", len(live))
+            self.stats.retried_batches += 1
+            for item in live:
+                if item.future.done():
+                    continue
+                begun = loop.time()
+                try:
+                    alone = await self.run(self.encode, item.rows)
+                except Exception:
+                    self._fail(item)
+                    continue
+                self._deliver([item], alone, begun, loop.time())
+            return
+        self._deliver(live, vectors, started, loop.time())
+
+    def _fail(self, item: _Item) -> None:
+        logger.exception("the model failed on a request of %d texts", len(item.rows))
+        self.stats.failed += 1
+        if not item.future.done():
+            error = EncodeFailed(f"the model failed on this request's {len(item.rows)} text(s)")
+            item.future.set_exception(error)
+
+    def _deliver(self, items: list[_Item], vectors: np.ndarray, started: float, ended: float) -> None:
+        seconds = ended - started
+        total = sum(len(item.rows) for item in items)
+        self.stats.record(total, len(items))
+        if seconds > 0:
+            rate = total / seconds * self.workers
+            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+        waits = [started - item.enqueued for item in items]
+        start = 0
+        for item, wait in zip(items, waits):
+            end = start + len(item.rows)
+            if not item.future.done():
+                item.future.set_result(Embedded(vectors[start:end], wait, seconds))
+            start = end
+        if self.on_batch is not None:
             try:
-                vectors, counts = await self.run(self.encode, texts, kind)
-            except Exception as exc:  # every request of the group gets the error; the batcher goes on
-                logger.exception("encoding a batch of %d texts failed", len(texts))
-                for item in group:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                continue
-            self.stats.record(len(texts), len(group))
-            start = 0
-            for item in group:
-                end = start + len(item.texts)
-                if not item.future.done():
-                    item.future.set_result((vectors[start:end], counts[start:end]))
-                start = end
+                self.on_batch(total, len(items), seconds, waits)
+            except Exception:  # metrics never fail a request
+                logger.exception("on_batch failed")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import config_dataclass, NonNegativeFloat, PositiveInt, Range
+from ..validation import Items, config_dataclass, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
-__all__ = ["ServeConfig"]
+__all__ = ["ServeConfig", "DEFAULT_PORT"]
+
+#: ``robustir serve``'s port. Not 8000: that is vLLM's, the LLM endpoint ``robustir generate`` talks to by default.
+DEFAULT_PORT = 8080
 
 
 @config_dataclass
@@ -17,20 +20,22 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     """Address to listen on; 127.0.0.1 = this machine only (0.0.0.0 exposes it)"""
-    port: Annotated[int, Range(ge=0, le=65535)] = 8000
+    port: Annotated[int, Range(ge=0, le=65535)] = DEFAULT_PORT
     """TCP port."""
     api_key: str | None = None
     """Required as "Authorization: Bearer KEY" when set (or env ROBUSTIR_API_KEY)"""
     served_model_name: str | None = None
     """The model name clients send; default: the model folder's name."""
+    default_input_type: Literal["document", "query"] = "document"
+    """What an input without input_type is embedded as (LangChain and LlamaIndex send none)"""
     device: str = "auto"
     """Where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
     precision: Precision = "auto"
     """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
     max_batch_size: PositiveInt = 64
     """Texts batched together at most."""
-    max_wait_ms: NonNegativeFloat = 5.0
-    """How long the first request of a batch waits for others to join it."""
+    max_wait_ms: NonNegativeFloat = 0.0
+    """Extra wait for a batch to fill when a worker is free (0: none; under load batches fill while workers are busy)"""
     workers: PositiveInt | None = None
     """Batches encoded at once; default: 1 on a GPU; CPU: 1 in fp32, one per CPU in bf16."""
     encode_batch_size: PositiveInt | None = None
@@ -43,6 +48,16 @@ class ServeConfig:
     """Request body size (larger: 413)"""
     max_top_k: PositiveInt = 1000
     """Largest top_k a search may ask for."""
+    max_hits_per_request: PositiveInt = 20000
+    """Queries x top_k of one search request (more: 413)"""
+    max_response_bytes: PositiveInt = 64 << 20
+    """Size of one search answer (more: 413; ask fewer queries or a smaller top_k)"""
+    max_queued_texts: PositiveInt = 4096
+    """Texts waiting for the model; a request that would go over gets 429 with Retry-After"""
+    request_timeout_s: PositiveFloat = 60.0
+    """Longest a request may wait for the model (then 503 with Retry-After)"""
+    cors_allow_origin: Items[str] | None = None
+    """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None
     """Dimensions the model was trained to be cut to (enables "dimensions")"""
 
@@ -50,4 +65,28 @@ class ServeConfig:
         for dim in self.matryoshka_dims or []:
             if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
                 raise ConfigError(f"matryoshka_dims: {dim!r} is not a dimension (an integer >= 1)")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("api_key is empty (was it given as --api-key \"$KEY\" with KEY unset?): every request "
+                              "would be refused. Fix: set the key, or leave --api-key out for a server without one")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ConfigError("api_key starts or ends with whitespace; clients would have to send it too. Fix: strip it")
+        for origin in self.cors_allow_origin or []:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ConfigError(f"cors_allow_origin: {origin!r} is not an origin; write it as scheme://host[:port] "
+                                  "(e.g. http://localhost:3000) or * for any")
         return self
+
+    def resolved_api_key(self, environ: dict | None = None) -> str | None:
+        """The key requests must carry: ``api_key``, else the environment's ``ROBUSTIR_API_KEY``; an empty or blank
+        ``ROBUSTIR_API_KEY`` is an error (a server that would refuse everyone), not "no key"."""
+        import os
+
+        if self.api_key is not None:
+            return self.api_key
+        env = (environ if environ is not None else os.environ).get("ROBUSTIR_API_KEY")
+        if env is None:
+            return None
+        if not env.strip() or env != env.strip():
+            raise ConfigError("ROBUSTIR_API_KEY is set but empty or padded with whitespace. Fix: export the key itself, "
+                              "or unset ROBUSTIR_API_KEY for a server without one")
+        return env

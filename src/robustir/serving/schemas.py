@@ -1,0 +1,121 @@
+"""The request bodies of ``robustir serve`` as pydantic models, built from the server's limits.
+
+:func:`request_models` makes the classes per app, so each limit (texts per request, characters per text, ``top_k``)
+is a ``Field`` constraint with the configured value: pydantic checks it, FastAPI shows it in ``/docs``, and the
+error handler of :mod:`robustir.serving.app` turns pydantic's errors into OpenAI-shaped 400s naming the field
+(``input[3]``, ``fusion.rrf_k``). What pydantic cannot express (the dimensions a model supports, the work of a whole
+search, a filter's fields) is checked in the routes.
+
+A text must be a non-blank string that is valid Unicode: JSON may carry a lone surrogate (``"\\ud800"``) that
+Python accepts but no tokenizer can read -- it is refused here, so it never reaches a batch shared with other
+requests. Token-id arrays (OpenAI accepts them) are refused with their own code: this server takes text only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictInt,
+                      StrictStr, WithJsonSchema, model_validator)
+from pydantic_core import PydanticCustomError
+
+from ..index.fusion import FusionConfig
+
+__all__ = ["Limits", "request_models"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (:class:`~robustir.serving.config.ServeConfig`'s ``max_*`` fields)."""
+
+    inputs: int
+    chars: int
+    top_k: int
+    hits: int
+
+
+def _real_text(text: str) -> str:
+    if not text.strip():
+        raise PydanticCustomError("empty_text", "is empty; every input needs some text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError(
+            "invalid_unicode", "is not valid Unicode: a lone surrogate {char} at character {position} (send text "
+            "encoded as UTF-8; in JSON a \\ud8xx escape must be followed by its \\udcxx pair)",
+            {"char": repr(text[exc.start])[1:-1], "position": exc.start}) from None
+    return text
+
+
+def _as_list(value: Any) -> Any:
+    """A single string becomes a one-item list; a token-id array (ints, or lists of ints) is refused."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if (isinstance(item, int) and not isinstance(item, bool)) or isinstance(item, list):
+                raise PydanticCustomError(
+                    "token_ids_not_supported", "is a token-id array; this server takes text only: send the text itself",
+                    {"index": i})
+    return value
+
+
+def _texts(limits: Limits, what: str) -> Any:
+    item = Annotated[StrictStr, Field(max_length=limits.chars), AfterValidator(_real_text)]
+    schema = {"anyOf": [{"type": "string", "maxLength": limits.chars, "minLength": 1},
+                        {"type": "array", "items": {"type": "string", "maxLength": limits.chars, "minLength": 1},
+                         "minItems": 1, "maxItems": limits.inputs}],
+              "description": f"{what}: a string or a list of at most {limits.inputs} strings of at most {limits.chars} "
+                             "characters each"}
+    return Annotated[list[item], Field(min_length=1, max_length=limits.inputs), BeforeValidator(_as_list),
+                     WithJsonSchema(schema)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: StrictStr | None = Field(None, description="The served model's name (GET /v1/models); optional.")
+
+
+def request_models(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
+    """``(EmbeddingRequest, SearchRequest)`` with ``limits`` as field constraints."""
+
+    class EmbeddingRequest(_Request):
+        """OpenAI's embeddings request, plus ``input_type``."""
+
+        input: _texts(limits, "The texts to embed")  # type: ignore[valid-type]
+        encoding_format: Literal["float", "base64"] | None = Field(
+            None, description="float (default) or base64: little-endian float32, what the openai client asks for")
+        dimensions: StrictInt | None = Field(None, ge=1, description="Cut vectors to this size (a Matryoshka model's "
+                                                                     "trained sizes only: GET /info)")
+        user: StrictStr | None = Field(None, max_length=256, description="Ignored (OpenAI's end-user id).")
+        input_type: Literal["query", "document"] | None = Field(
+            None, description="query: the model's query instruction and length apply; default: the server's "
+                              "--default-input-type (document unless set)")
+
+    class SearchRequest(_Request):
+        """A search over the served index."""
+
+        query: _texts(limits, "The queries")  # type: ignore[valid-type]
+        top_k: StrictInt = Field(10, ge=1, le=limits.top_k, description="Hits per query.")
+        filter: dict[str, Any] | None = Field(None, description='Metadata filter, e.g. {"year": {"$gte": 2020}} '
+                                                                '(robustir.serving.filters)')
+        mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense (the model), lexical (BM25) "
+                                                                                 "or hybrid (both, fused by RRF)")
+        fusion: FusionConfig | None = Field(None, description="How hybrid fuses the two lists (only with hybrid).")
+        _single: bool = PrivateAttr(False)
+
+        @model_validator(mode="wrap")
+        @classmethod
+        def _remember_shape(cls, data: Any, handler: Any) -> Any:
+            """A string query is answered with one list of hits, a list of queries with a list of lists."""
+            request = handler(data)
+            request._single = isinstance(data, dict) and isinstance(data.get("query"), str)
+            return request
+
+        @property
+        def single(self) -> bool:
+            return self._single
+
+    return EmbeddingRequest, SearchRequest
