@@ -8,7 +8,6 @@ Servers run on 127.0.0.1 with a free port, in a thread, started and stopped insi
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 import numpy as np
@@ -123,6 +122,9 @@ def test_amplification_is_refused_before_any_work(client, server):
     error = assert_openai_error(reply, 413, "too_many_hits")
     assert "64 queries x top_k 50 = 3200 hits; at most 100" in error["message"] and error["param"] == "top_k"
     assert batcher.stats.texts == before  # the model never ran
+    reply = client.post("/search", json={"query": [f"q{i}" for i in range(2)], "top_k": 5, "mode": "hybrid"})
+    error = assert_openai_error(reply, 413, "too_many_hits")  # 2 x the default 100 candidates per list
+    assert "2 queries x fusion.candidates 100" in error["message"]
     # within the hit limit, but the answer (6 documents' text per query) is over --max-response-bytes
     reply = client.post("/search", json={"query": [f"q{i}" for i in range(16)], "top_k": 6})
     error = assert_openai_error(reply, 413, "response_too_large")

@@ -4,8 +4,10 @@
   with a model-identity manifest, built in resumable chunks; add / delete / upsert while a server reads it; dense,
   lexical and hybrid search with JSON filters; integrity checks (``check``) that never repair silently;
 * :func:`create_app` (:mod:`robustir.serving.app`): the FastAPI app of ``robustir serve`` -- OpenAI-compatible
-  ``POST /v1/embeddings``, ``POST /search`` over an index, ``GET /health`` and ``GET /v1/models`` -- with concurrent
-  requests batched together (:class:`MicroBatcher`);
+  ``POST /v1/embeddings``, ``POST /search`` over an index, ``GET /v1/models``, ``/info``, ``/health`` and ``/metrics``
+  -- with pydantic request models (:mod:`~robustir.serving.schemas`), each request checked and tokenized before it
+  joins a batch shared with others (:class:`MicroBatcher`: bounded queue, timeouts, failing batches re-run per
+  request);
 * :func:`running_server` (:mod:`robustir.serving.server`): run an app with uvicorn in a thread on 127.0.0.1 (tests,
   notebooks).
 

@@ -74,6 +74,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ConfigError
+from ..index.fusion import FusionConfig
 from .batcher import EncodeFailed, MicroBatcher, Overloaded
 from .config import ServeConfig
 from .middleware import RequestContext, error_body
@@ -281,9 +282,14 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
         if body.fusion is not None and body.fusion.candidates > c.max_top_k:
             raise ApiError(400, f"fusion.candidates must be at most {c.max_top_k}, got {body.fusion.candidates}",
                            param="fusion.candidates")
-        if len(queries) * body.top_k > c.max_hits_per_request:
-            raise ApiError(413, f"{len(queries)} queries x top_k {body.top_k} = {len(queries) * body.top_k} hits; at "
-                           f"most {c.max_hits_per_request} per request (send fewer queries per request or a smaller "
+        depth, what = body.top_k, f"top_k {body.top_k}"
+        if body.mode == "hybrid":  # each list is read fusion.candidates deep (at least top_k) before fusing
+            candidates = (body.fusion or FusionConfig()).candidates
+            if candidates > depth:
+                depth, what = candidates, f"fusion.candidates {candidates} (hybrid reads each list that deep)"
+        if len(queries) * depth > c.max_hits_per_request:
+            raise ApiError(413, f"{len(queries)} queries x {what} = {len(queries) * depth} hits; at most "
+                           f"{c.max_hits_per_request} per request (send fewer queries per request or a smaller "
                            "top_k)", param="top_k", code="too_many_hits")
         if body.filter:
             try:  # a bad filter is refused before the model runs
