@@ -61,14 +61,10 @@ print(json.dumps({"texts": len(texts), "encode_s": seconds, "threads": torch.get
 
 
 def machine() -> dict:
-    from robustir.hardware import available_cpus, cpu_bf16_report
+    from robustir.hardware import available_cpus, cpu_bf16_report, cpu_flags
 
-    flags: set[str] = set()
+    flags = cpu_flags("/proc/cpuinfo") or set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
         model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), "?")
     except OSError:

@@ -101,14 +101,9 @@ def machine_info(python_by_side: dict[str, str]) -> dict:
                 info[key.strip()] = value.strip()
     except (OSError, subprocess.SubprocessError):
         info["Model name"] = "? (no lscpu)"
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    from robustir.hardware import cpu_flags
+
+    flags = cpu_flags("/proc/cpuinfo") or set()
     info["flags"] = {flag: flag in flags for flag in CPU_FLAGS}
     info["thread_env"] = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS")
                           if k in os.environ}

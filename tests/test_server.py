@@ -72,7 +72,7 @@ def test_health_and_models(client, tiny_server):
 
 
 def test_embeddings_float_base64_usage_and_input_type(client, tiny_server):
-    encoder = tiny_server[1].state.encoder
+    encoder = tiny_server[1].state.server.encoder
     texts = ["aspirin and the heart", "sleep in children"]
     reply = embed(client, input=texts, model="tiny-bert0").json()
     assert reply["object"] == "list" and reply["model"] == "tiny-bert0"
@@ -159,7 +159,7 @@ def test_the_openai_client_gets_errors_it_understands(tiny_server):
 
 def test_search_returns_what_the_index_returns(client, tiny_index, tiny_server):
     queries = [q for _, q in QUERIES]
-    index = tiny_server[1].state.index
+    index = tiny_server[1].state.server.index
     expected = index.search(queries, top_k=3)
     reply = client.post("/search", json={"query": queries, "top_k": 3}).json()
     assert [[h["id"] for h in row] for row in reply["hits"]] == [[h.id for h in row] for row in expected]
@@ -323,7 +323,7 @@ def test_workers_encode_batches_side_by_side():
 
 def test_many_concurrent_clients_get_their_own_vectors(tiny_server):
     url, app = tiny_server
-    encoder = app.state.encoder
+    encoder = app.state.server.encoder
     texts = [f"text number {i} about {word}" for i, word in enumerate(["sleep", "coffee", "bones", "heart"] * 4)]
 
     async def one(client, text):
@@ -334,11 +334,11 @@ def test_many_concurrent_clients_get_their_own_vectors(tiny_server):
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
             return await asyncio.gather(*(one(client, t) for t in texts))
 
-    before = app.state.batcher.stats.requests
+    before = app.state.server.batcher.stats.requests
     results = asyncio.run(everyone())
     for text, got in zip(texts, results):
         np.testing.assert_allclose(got, encoder.encode([text, text + " again"], "passage"), atol=1e-5)
-    assert app.state.batcher.stats.requests - before == len(texts)
+    assert app.state.server.batcher.stats.requests - before == len(texts)
 
 
 # ------------------------------------------------------------------------------------------------ the real model
@@ -369,7 +369,7 @@ def test_real_model_openai_client_matches_sentence_transformers_and_search_match
             cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
             assert cosine.min() >= 0.9999, cosine
         assert as_base64.usage.prompt_tokens == sum(
-            len(ids) for ids in app.state.encoder.tokenizer(texts, truncation=True, max_length=256)["input_ids"])
+            len(ids) for ids in app.state.server.encoder.tokenizer(texts, truncation=True, max_length=256)["input_ids"])
         qids = [q for q, _ in QUERIES]
         hits = httpx.post(f"{url}/search", json={"query": [t for _, t in QUERIES], "top_k": 6},
                           headers={"Authorization": f"Bearer {KEY}"}).json()["hits"]
@@ -388,7 +388,7 @@ def test_cli_serve_wires_model_index_and_options(tiny_index, monkeypatch, capsys
     assert main(["serve", "--index", str(tiny_index), "--port", "8123", "--api-key", "k", "--max-batch-size", "8",
                  "--matryoshka-dims", "16", "--device", "cpu"]) == 0
     assert started["host"] == "127.0.0.1" and started["port"] == 8123
-    assert started["app"].state.batcher.max_batch_size == 8 and started["app"].state.index.count == 6
+    assert started["app"].state.server.batcher.max_batch_size == 8 and started["app"].state.server.index.count == 6
     out = capsys.readouterr().out
     assert "robustir serve: model tiny-bert0" in out and "(6 documents)" in out and "API key required" in out
 

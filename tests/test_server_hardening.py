@@ -67,7 +67,7 @@ def assert_openai_error(reply, status: int, code: str | None = None) -> dict:
 
 def test_a_poison_request_fails_alone_among_concurrent_good_ones(server):
     url, app = server
-    encoder = app.state.encoder
+    encoder = app.state.server.encoder
     texts = [f"good request {i} about sleep" for i in range(12)]
     poison = b'{"input": ["fine", "a\\ud800b"]}'  # a lone surrogate: valid JSON, not valid Unicode
 
@@ -91,9 +91,9 @@ def test_a_poison_request_fails_alone_among_concurrent_good_ones(server):
 def test_a_request_that_breaks_the_model_fails_alone_over_http(server, monkeypatch):
     """A text that passes every check but breaks the forward pass: its shared batch is re-run request by request."""
     url, app = server
-    batcher = app.state.batcher
+    batcher = app.state.server.batcher
     real = batcher.encode
-    poison_ids = app.state.encoder.token_ids(["zebra"], "passage")[0]
+    poison_ids = app.state.server.encoder.token_ids(["zebra"], "passage")[0]
 
     def fragile(rows):
         if any(row == poison_ids for row in rows):
@@ -116,7 +116,7 @@ def test_a_request_that_breaks_the_model_fails_alone_over_http(server, monkeypat
 # ------------------------------------------------------------------------------------------------ bounds
 
 def test_amplification_is_refused_before_any_work(client, server):
-    batcher = server[1].state.batcher
+    batcher = server[1].state.server.batcher
     before = batcher.stats.texts
     reply = client.post("/search", json={"query": [f"q{i}" for i in range(64)], "top_k": 50})
     error = assert_openai_error(reply, 413, "too_many_hits")
@@ -134,7 +134,7 @@ def test_amplification_is_refused_before_any_work(client, server):
 
 def test_a_full_queue_answers_429_with_retry_after(server, monkeypatch):
     url, app = server
-    batcher = app.state.batcher
+    batcher = app.state.server.batcher
     gate = threading.Event()
     real = batcher.encode
 
@@ -221,7 +221,7 @@ def test_every_documented_error_is_json(server, client):
 
 
 def test_a_server_bug_is_a_json_500_with_the_request_id(client, server, monkeypatch):
-    index = server[1].state.index
+    index = server[1].state.server.index
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")
@@ -235,20 +235,20 @@ def test_a_server_bug_is_a_json_500_with_the_request_id(client, server, monkeypa
 def test_a_request_that_waits_too_long_gets_503(tiny_model_dir):
     gate = threading.Event()
     app = create_app(tiny_model_dir, None, ServeConfig(request_timeout_s=0.001))
-    real = app.state.batcher.encode
+    real = app.state.server.batcher.encode
 
     def held(rows):
         assert gate.wait(60)
         return real(rows)
 
-    app.state.batcher.encode = held
+    app.state.server.batcher.encode = held
     try:
         with running_server(app) as url:
             reply = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60)
             gate.set()
             error = assert_openai_error(reply, 503, "timeout")
             assert int(reply.headers["retry-after"]) >= 1 and "--request-timeout-s" in error["message"]
-            app.state.batcher.encode = real
+            app.state.server.batcher.encode = real
             app.state.server.config.request_timeout_s = 60.0
             assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60).status_code == 200
     finally:
@@ -339,7 +339,7 @@ def test_an_empty_api_key_is_refused_at_start_up(tiny_model_dir, monkeypatch, ca
 
 
 def test_tokenized_once_and_counted_from_the_same_ids(client, server, monkeypatch):
-    encoder = server[1].state.encoder
+    encoder = server[1].state.server.encoder
     calls = []
     tokenizer = server[1].state.server._loop_tokenizer
     real = tokenizer.__call__

@@ -50,7 +50,7 @@ def cpu_bf16_report(cpuinfo: str | Path = "/proc/cpuinfo", environ: dict | None 
     """
     env = os.environ if environ is None else environ
     machine = (machine or platform.machine()).lower()
-    flags = _cpu_flags(cpuinfo)
+    flags = cpu_flags(cpuinfo)
     if machine in ("x86_64", "amd64", "i386", "i686"):
         if flags is None:
             try:
@@ -83,7 +83,7 @@ def cpu_bf16_report(cpuinfo: str | Path = "/proc/cpuinfo", environ: dict | None 
 def cpu_has_native_fp16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
     """Whether this CPU computes fp16 natively (x86: AVX512-FP16 or AMX-FP16; Arm: the ``fphp``/``asimdhp``
     half-precision extensions). Where it does not, PyTorch emulates fp16 on the CPU, as bf16 above."""
-    flags = _cpu_flags(cpuinfo) or set()
+    flags = cpu_flags(cpuinfo) or set()
     return bool(flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
 
 
@@ -115,7 +115,7 @@ def _warn_bad_override(value: str) -> None:
                    "detect", FORCE_ENV, value)
 
 
-def _cpu_flags(cpuinfo: str | Path) -> set[str] | None:
+def cpu_flags(cpuinfo: str | Path) -> set[str] | None:
     """The CPU feature flags of the first processor in ``cpuinfo`` (x86 ``flags``, Arm ``Features``); None when the
     file cannot be read (not Linux)."""
     try:

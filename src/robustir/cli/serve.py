@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
                                             "can use the server", config.host)
     app = create_app(model, args.index, config, encoder_options=options)
-    index = app.state.index
-    print(f"robustir serve: model {app.state.model_name} ({app.state.encoder.source}), "
+    index = app.state.server.index
+    print(f"robustir serve: model {app.state.server.name} ({app.state.server.encoder.source}), "
           + (f"index {index.path} ({index.count} documents), " if index is not None else "no index, ")
           + f"http://{config.host}:{config.port}/v1" + (" (API key required)" if key else ""),
           flush=True)

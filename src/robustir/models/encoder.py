@@ -454,7 +454,6 @@ class Encoder(nn.Module):
 
         return resolve_precision("bf16" if bf16 else precision, self.device)
 
-    @torch.inference_mode()
     def encode(self, texts: Sequence[str], kind: TextKind = "passage", *, batch_size: int = 64,
                precision: str | None = "fp32", bf16: bool | None = None, show_progress: bool | None = None,
                max_length: int | None = None, instruction: str | None = None, desc: str | None = None) -> np.ndarray:
@@ -474,8 +473,6 @@ class Encoder(nn.Module):
         out = np.zeros((n, self.dim), dtype=np.float32)
         if n == 0:
             return out
-        was_training = self.training
-        self.eval()
         limit = max_length or self.config.max_length(kind)
         show = n >= 2000 if show_progress is None else show_progress
         block = ENCODE_BLOCK  # bound tokenizer memory on very large inputs
@@ -488,16 +485,17 @@ class Encoder(nn.Module):
                                                               bf16=bf16, on_batch=lambda: bar.update(1))
         finally:
             bar.close()
-            self.train(was_training)
         return out
 
     def token_ids(self, texts: Sequence[str], kind: TextKind = "passage", *, max_length: int | None = None,
-                  instruction: str | None = None) -> list[list[int]]:
+                  instruction: str | None = None, tokenizer: Any = None) -> list[list[int]]:
         """The token ids :meth:`encode` feeds the model for ``texts``: instruction added, special tokens included,
-        cut at ``max_length`` (default: this config's length for ``kind``), unpadded."""
+        cut at ``max_length`` (default: this config's length for ``kind``), unpadded. ``tokenizer``: a copy of this
+        encoder's to call instead (a fast tokenizer must not be called from two threads at once)."""
         texts = self.config.with_instruction(texts, kind, instruction)
-        return self.tokenizer(texts, truncation=True, max_length=max_length or self.config.max_length(kind),
-                              padding=False, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return (tokenizer or self.tokenizer)(texts, truncation=True,
+                                             max_length=max_length or self.config.max_length(kind), padding=False,
+                                             return_attention_mask=False, return_token_type_ids=False)["input_ids"]
 
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 64, precision: str | None = "fp32",

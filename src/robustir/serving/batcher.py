@@ -24,10 +24,9 @@ Isolation and bounds:
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -80,7 +79,6 @@ class BatchStats:
     timed_out: int = 0
     failed: int = 0
     retried_batches: int = 0
-    batch_sizes: collections.Counter = field(default_factory=collections.Counter)
 
     def record(self, texts: int, requests: int) -> None:
         self.batches += 1
@@ -187,8 +185,8 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ------------------------------------------------------------------ internals
-    def _take(self) -> _Item:
-        item = self._queue.get_nowait()
+    def _took(self, item: _Item) -> _Item:
+        """``item``, just taken off the queue: its rows no longer count as waiting."""
         self.queued -= len(item.rows)
         return item
 
@@ -201,24 +199,22 @@ class MicroBatcher:
             while True:
                 await free.acquire()  # a batch is formed only when a worker can take it: meanwhile requests pile up
                 if carry is None:
-                    first = await self._queue.get()
-                    self.queued -= len(first.rows)
+                    first = self._took(await self._queue.get())
                 else:
                     first, carry = carry, None
                 batch, size = [first], len(first.rows)
                 deadline = loop.time() + self.max_wait
                 while size < self.max_batch_size:
                     if not self._queue.empty():
-                        item = self._take()
+                        item = self._took(self._queue.get_nowait())
                     else:
                         remaining = deadline - loop.time()
                         if remaining <= 0:
                             break
                         try:
-                            item = await asyncio.wait_for(self._queue.get(), remaining)
+                            item = self._took(await asyncio.wait_for(self._queue.get(), remaining))
                         except asyncio.TimeoutError:
                             break
-                        self.queued -= len(item.rows)
                     if item.future.done():  # timed out or its client went away while it waited
                         continue
                     if size + len(item.rows) > self.max_batch_size:

@@ -21,9 +21,16 @@ import time
 import uuid
 from typing import Any
 
-__all__ = ["RequestContext", "error_body"]
+__all__ = ["RequestContext", "error_body", "BODY_TOO_LARGE"]
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+#: the message of every 413 for a body over --max-body-bytes: FastAPI's limiter answers a too-large Content-Length in
+#: plain text from inside the route (rewritten here) and raises the limit found while reading a body without
+#: Content-Length to the exception handler (tests/test_server_hardening.py covers both)
+BODY_TOO_LARGE = ("the request body is over {limit} bytes (send fewer or shorter inputs per request, or raise "
+                  "--max-body-bytes)")
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
@@ -76,8 +83,7 @@ class RequestContext:
         status = held["status"]
         text = held["body"].decode("utf-8", "replace").strip()[:500]
         if status == 413:
-            body = error_body(f"the request body is over {self.max_body_bytes} bytes (send fewer or shorter inputs per "
-                              "request, or raise --max-body-bytes)", code="request_too_large")
+            body = error_body(BODY_TOO_LARGE.format(limit=self.max_body_bytes), code="request_too_large")
         else:
             try:
                 phrase = http.HTTPStatus(status).phrase

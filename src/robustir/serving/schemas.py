@@ -32,7 +32,6 @@ class Limits:
     inputs: int
     chars: int
     top_k: int
-    hits: int
 
 
 def _real_text(text: str) -> str:
