@@ -132,7 +132,8 @@ def test_precedence_defaults_file_flags_overrides(tmp_path):
 # ------------------------------------------------------------------------------------------ every converted CLI
 
 HELP_FLAGS = {
-    "train": ["--model", "--train-data", "--eval-data", "--loss {infonce,peg,ccr}", "--batch-size", "--chunk-size",
+    "train": ["--model", "--train-data", "--eval-data", "--loss {infonce,peg,ccr,auto}", "--audit AUDIT",
+              "--batch-size", "--chunk-size",
               "--epochs", "--max-steps", "--lr", "--seed", "--num-negatives", "--mine {bm25,dense,none}", "--no-mine",
               "--query-max-length", "--passage-max-length", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing",
               "--device"],

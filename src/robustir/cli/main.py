@@ -31,6 +31,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("train", "contrastive fine-tuning (InfoNCE, PEG, CCR)"),
     "pretrain": ("pretrain", "retrieval-oriented pre-training (RetroMAE, GUR)"),
     "run": ("pipeline", "the whole pipeline from one config"),
+    "audit": ("audit", "measure a training set's noise (false positives / negatives, duplicates, leakage); pick the loss"),
     "noise-bench": ("noise_bench", "planted-noise benchmark: each method's NDCG@10 against noise kind and rate"),
     "index": ("index", "encode a corpus into a persistent search index (FAISS + sqlite), add and delete documents"),
     "serve": ("serve", "OpenAI-compatible embeddings and search server (FastAPI)"),

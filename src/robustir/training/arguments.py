@@ -89,8 +89,10 @@ class TrainConfig(LoopConfig):
     num_negatives: NonNegativeInt = 1
     """Hard negatives per query in each training group."""
     # loss
-    loss: Literal["infonce", "peg", "ccr"] = "infonce"
-    """Contrastive loss; its options go in loss_options."""
+    loss: Literal["infonce", "peg", "ccr", "auto"] = "infonce"
+    """Contrastive loss; its options go in loss_options. auto: the loss a robustir audit recommends (needs audit)."""
+    audit: str | None = None
+    """Folder of a robustir audit of train_data (its report.json); with loss auto it picks the loss."""
     loss_options: dict = field(default_factory=dict)
     """The chosen loss's options, e.g. {temperature: 0.02, beta: 0.2}; checked against that loss's typed section
     (robustir.losses.options) when the config loads."""
@@ -152,6 +154,12 @@ class TrainConfig(LoopConfig):
     def __post_init__(self) -> None:
         from ..losses.options import check_loss_options
 
+        if self.loss == "auto" or self.audit:
+            from ..audit.recommend import loss_from_audit
+
+            chosen, options = loss_from_audit(self.audit, self.loss, self.train_data)
+            if self.loss == "auto":
+                self.loss, self.loss_options = chosen, {**options, **self.loss_options}
         # typed per loss: a typo (loss_options.bta) fails when the config loads, not after mining
         self.loss_options = check_loss_options(self.loss, self.loss_options, "loss_options")
         if isinstance(self.train_data, (list, tuple)):  # the Python API may pass mappings

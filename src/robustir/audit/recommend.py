@@ -1,0 +1,135 @@
+"""Which recipe to train with, from the audit's estimate and the planted-noise benchmark's measured table.
+
+The rule (docs/audit.md; numbers from docs/robustness.md, SciFact, bundled MiniLM, 3 seeds at 0 and 40 %, one at
+20 %): random false positives are the noise that hurts -- InfoNCE loses 1.16 NDCG@10 at 20 % and 5.30 at 40 %,
+PEG 0.32 and 1.57 -- while PEG costs nothing on clean data (67.31 vs 67.32). Chunking and label false negatives
+cost every method under 1 point.
+
+* estimated false positives under 5 % and the interval's top under 10 %: ``infonce`` (nothing to protect
+  against; the simplest loss);
+* otherwise: ``peg``, with the measured losses at that rate (linearly interpolated between the measured rates)
+  in the reason;
+* in addition, when at least 20 % of the records have a suspected false negative: run the teacher filter on the
+  negatives first (``robustir filter --method teacher``; its recall on planted label false negatives was 0.88);
+* leakage, duplicates and degenerate records are listed as warnings with what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["recommend", "loss_from_audit", "MEASURED", "CLEAN_RATE", "CLEAN_HIGH", "FALSE_NEGATIVE_SHARE"]
+
+#: NDCG@10 lost on SciFact at each planted random false-positive rate (docs/robustness.md)
+MEASURED = {"rates": [0.0, 0.2, 0.4], "infonce": [0.0, 1.16, 5.30], "peg": [0.0, 0.32, 1.57]}
+CLEAN_RATE, CLEAN_HIGH = 0.05, 0.10
+FALSE_NEGATIVE_SHARE = 0.20
+
+
+def measured_loss(method: str, rate: float) -> float:
+    """NDCG@10 points the benchmark measured ``method`` losing at this false-positive rate (interpolated; beyond
+    40 % extrapolated from the last segment)."""
+    rates, losses = MEASURED["rates"], MEASURED[method]
+    if rate <= rates[-1]:
+        return float(np.interp(rate, rates, losses))
+    slope = (losses[-1] - losses[-2]) / (rates[-1] - rates[-2])
+    return float(losses[-1] + slope * (rate - rates[-1]))
+
+
+def recommend(report: dict) -> dict[str, Any]:
+    """The recipe for an audit report (``report.json``'s content): loss, options, the command and config line,
+    the reason, and warnings."""
+    estimate = report["false_positives"]["estimate"]
+    data = report.get("data") or "DATA"
+    rate, low, high = (estimate.get(k) for k in ("rate", "low", "high"))
+    known = isinstance(rate, (int, float)) and math.isfinite(rate)
+    bound = " (an upper bound: no clean reference was given)" if estimate.get("upper_bound") else ""
+    if known:
+        said = f"estimated {100 * rate:.0f} % ± {100 * max(rate - low, high - rate):.0f} false positives{bound}"
+        if estimate.get("hard_like") is None:
+            said += " (random-like only: hard false positives were not measured, the records have no negatives)"
+    else:
+        said = "the false-positive rate could not be estimated"
+    if known and rate < CLEAN_RATE and high < CLEAN_HIGH:
+        loss = "infonce"
+        reason = (f"{said}: the benchmark measured no difference between InfoNCE and PEG on clean data "
+                  "(NDCG@10 67.32 vs 67.31), so the plain loss is enough")
+    else:
+        loss = "peg"
+        if known:
+            at = min(rate, 0.6)
+            reason = (f"{said}: at this rate the planted-noise benchmark measured InfoNCE losing "
+                      f"{measured_loss('infonce', at):.2f} NDCG@10 and PEG {measured_loss('peg', at):.2f} "
+                      f"(at 40 %: 5.30 vs 1.57, PEG keeps a third of the loss); PEG costs nothing on clean data")
+        else:
+            reason = f"{said}; PEG costs nothing on clean data and protects against false positives"
+    also: list[str] = []
+    fn = report.get("false_negatives") or {}
+    if fn.get("share_of_records", 0) >= FALSE_NEGATIVE_SHARE:
+        also.append(f"{100 * fn['share_of_records']:.0f} % of the records have a suspected false negative: remove "
+                    f"them first with `robustir filter --method teacher --input {data} --output clean.jsonl` "
+                    "(negatives only; on planted label false negatives it found 88 %), then train on clean.jsonl. "
+                    "The benchmark measured false negatives costing under 1 point, so this is optional")
+    warnings: list[str] = []
+    leak = report.get("leakage") or {}
+    if leak.get("query_in_eval") or leak.get("near_query_in_eval"):
+        warnings.append(f"{leak.get('query_in_eval', 0) + leak.get('near_query_in_eval', 0)} training queries are "
+                        "(near-)copies of evaluation queries: remove them (listed in flagged.jsonl, kind leakage) or "
+                        "the evaluation overstates the model")
+    if leak.get("positive_in_eval"):
+        warnings.append(f"{leak['positive_in_eval']} training positives are relevant documents of the evaluation "
+                        "split: expected when both share a corpus (BEIR), leakage when the evaluation corpus should "
+                        "be unseen")
+    dup = report.get("duplicates") or {}
+    if dup.get("duplicate_record"):
+        warnings.append(f"{dup['duplicate_record']} records repeat an earlier one: they weigh that pair twice; "
+                        "deduplicate (flagged.jsonl, reason duplicate_record)")
+    if dup.get("positive_reused"):
+        warnings.append(f"{dup['positive_reused']} records share a positive with more than "
+                        f"{report['config']['max_positive_reuse']} others: in one batch such rows are each other's "
+                        "false negatives")
+    degenerate = sum((report.get("degenerate") or {}).values())
+    if degenerate:
+        warnings.append(f"{degenerate} degenerate texts (empty, very short, query equal to its positive, a negative "
+                        "equal to a positive): see flagged.jsonl, kind degenerate")
+    command = f"robustir train --train-data {data} --loss {loss}"
+    return {"loss": loss, "loss_options": {}, "reason": reason, "command": command, "config_line": f"loss: {loss}",
+            "also": also, "warnings": warnings}
+
+
+def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[str, dict]:
+    """The loss and options an audit folder recommends, for ``robustir train --loss auto --audit FOLDER``.
+
+    Refused with a clear error: no folder, a folder without a complete audit, or an audit of other data than
+    ``train_data`` (a path; a mixture of sources is checked source by source).
+    """
+    import json
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..runs import Artifact
+
+    if not folder:
+        raise ConfigError("loss: auto needs audit: the folder of a robustir audit of the training data (robustir audit "
+                          "--data TRAIN --output FOLDER), or name the loss (infonce, peg, ccr)")
+    path = Path(folder)
+    report_path = path / "report.json"
+    if not Artifact(path, what="audit", inside=True).complete() or not report_path.exists():
+        raise ConfigError(f"audit: {folder} holds no complete audit (report.json and its record run.json); run "
+                          f"robustir audit --data TRAIN --output {folder} first")
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        chosen, options = report["recommendation"]["loss"], dict(report["recommendation"].get("loss_options") or {})
+        audited = report["data"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"audit: {report_path} is not an audit report ({exc}); run robustir audit again") from None
+    sources = [train_data] if isinstance(train_data, str) else \
+        [getattr(s, "path", None) or (s.get("path") if isinstance(s, dict) else None) for s in train_data or []]
+    sources = [s for s in sources if s]
+    if sources and all(Path(str(s)).expanduser().resolve() != Path(audited).expanduser().resolve() for s in sources):
+        raise ConfigError(f"audit: {folder} audited {audited}, not the training data {', '.join(map(str, sources))}; "
+                          "audit the data you train on, or name the loss instead of auto")
+    return chosen, options
