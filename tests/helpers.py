@@ -9,6 +9,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+try:  # the HTTP client the installed openai package uses (httpx2 with openai >= 3, httpx before); the server tests
+    import httpx2 as httpx  # noqa: F401  import it from here
+except ImportError:  # pragma: no cover
+    import httpx  # noqa: F401
+
 # a six-document corpus and four queries (query i is about document i) for tiny BEIR folders and training files
 DOCS = [("d1", "Aspirin", "Aspirin reduces the risk of heart attacks in adults."),
         ("d2", "Statins", "Statins lower cholesterol and cardiovascular events."),

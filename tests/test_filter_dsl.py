@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-try:  # the HTTP client the installed openai package uses (httpx2 with openai >= 3, httpx before)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
-
+from helpers import httpx  # noqa: E402  (tests/ is on sys.path)
 from filter_oracle import SEMANTIC_CASES, SEMANTIC_RECORDS, known_fields, python_ids  # tests/ is on sys.path
 from helpers import DOCS
 from test_serving_index import beir, quiet  # noqa: F401  (beir is a fixture)

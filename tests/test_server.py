@@ -15,12 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-try:  # the HTTP client the installed openai package uses (httpx2 with openai >= 3, httpx before)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
-
-from helpers import QUERIES  # noqa: E402  (tests/ is on sys.path)
+from helpers import QUERIES, httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402
 from robustir.cli.main import main
 from robustir.errors import ConfigError

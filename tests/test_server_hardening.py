@@ -13,11 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-try:  # the HTTP client the installed openai package uses (httpx2 with openai >= 3, httpx before)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
-
+from helpers import httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402  (tests/ is on sys.path)
 from robustir.cli.main import main
 from robustir.errors import ConfigError

@@ -105,14 +105,10 @@ class TextChecks:
         if not hashes:
             return {}
         wanted = np.fromiter(hashes, dtype=np.int64, count=len(hashes))
-        if which == "query":
-            values = np.frombuffer(self.query, dtype=np.int64)
-            rows = np.nonzero(np.isin(values, wanted))[0]
-            return {int(r): int(values[r]) for r in rows}
-        values = np.frombuffer(self.positive, dtype=np.int64)
+        values = np.frombuffer(self.query if which == "query" else self.positive, dtype=np.int64)
+        owners = np.arange(values.size) if which == "query" else np.frombuffer(self.positive_record, dtype=np.int64)
         rows = np.nonzero(np.isin(values, wanted))[0]
-        records = np.frombuffer(self.positive_record, dtype=np.int64)
-        return {int(records[r]): int(values[r]) for r in rows}
+        return {int(owners[r]): int(values[r]) for r in rows}
 
 
 def _later_copies(values: np.ndarray) -> dict[int, int]:

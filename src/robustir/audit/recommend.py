@@ -117,7 +117,7 @@ def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[
                           "--data TRAIN --output FOLDER), or name the loss (infonce, peg, ccr)")
     path = Path(folder)
     report_path = path / "report.json"
-    if not Artifact(path, what="audit", inside=True).complete() or not report_path.exists():
+    if not Artifact(path, what="audit", inside=True).complete():  # verifies report.json among its files
         raise ConfigError(f"audit: {folder} holds no complete audit (report.json and its record run.json); run "
                           f"robustir audit --data TRAIN --output {folder} first")
     try:

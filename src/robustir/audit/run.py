@@ -301,11 +301,8 @@ class _Pool:
 
                 found = next((j for j in range(k) if allowed(int(top_rows[i, j]))), None)
                 if found is None and k < sims.shape[1]:  # more excluded passages than the depth: the whole row
-                    row = sims[i].float().cpu().numpy().copy()
-                    row[np.isin(self.hashes, np.fromiter(banned, dtype=np.int64, count=len(banned)))] = -np.inf
+                    row = sims[i].float().cpu().numpy()
                     for candidate in np.argsort(-row):
-                        if not np.isfinite(row[candidate]):
-                            break
                         if allowed(int(candidate)):
                             scores_out[start + i], rows_out[start + i] = float(row[candidate]), int(candidate)
                             break
@@ -448,13 +445,13 @@ class _Audit:
         if corpus:
             from ..data.beir import load_corpus
 
-            loaded, _ = load_corpus(_corpus_path(Path(corpus)))
+            self.corpus_path = str(_corpus_path(Path(corpus)))
+            loaded, _ = load_corpus(self.corpus_path)
             texts = loaded.texts_for_encoding()
             vectors = self.encoder.encode_corpus(texts, cache_dir=config.cache_dir, batch_size=config.batch_size,
                                                  precision=config.precision, show_progress=config.progress,
                                                  desc="audit: encode corpus")
             self.passages.preload(texts, vectors)
-            self.corpus_path = str(_corpus_path(Path(corpus)))
             distinct = list(dict.fromkeys(texts))
             order = list(range(len(distinct)))
             self.rng.shuffle(order)
@@ -518,6 +515,7 @@ class _Audit:
                                          count=len(self.random_texts))
         pairs: list[dict] = []
         hard_null, random_null_gap, random_null_u = [], [], []
+        neg_scores: dict[int, np.ndarray] = {}
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(self.sample), desc="audit: score", unit="record", disable=not config.progress)
@@ -544,9 +542,11 @@ class _Audit:
                     hard_null.append((item["gap"], item["u"]))
                 else:
                     record = item["record"]
-                    neg_scores = (self.passages.of(record.neg) @ self.queries.of([record.query])[0]) \
-                        if record.neg else np.zeros(0)
-                    item["beaten_by_negatives"] = int((neg_scores > item["score"]).sum())
+                    if record.index not in neg_scores:  # once per record, however many positives it has
+                        neg_scores[record.index] = (self.passages.of(record.neg) @ self.queries.of([record.query])[0]) \
+                            if record.neg else np.zeros(0, dtype=np.float32)
+                    item["neg_scores"] = neg_scores[record.index]
+                    item["beaten_by_negatives"] = int((item["neg_scores"] > item["score"]).sum())
                     item["negatives"] = len(record.neg)
                     pairs.append(item)
             bar.update(len(block))
@@ -667,9 +667,8 @@ class _Audit:
             record = items[0]["record"]
             if index in suspects or not record.neg:
                 continue
-            q = self.queries.of([record.query])[0]
             negs = self.passages.of(record.neg)
-            scores = negs @ q
+            scores = items[0]["neg_scores"]  # the query's cosine to each negative, taken in score()
             lowest = min(items, key=lambda p: p["score"])
             closeness = (negs @ self.passages.of(record.pos).T).max(axis=1)
             positives = {normalize(p) for p in record.pos}
