@@ -302,9 +302,11 @@ def test_recommendation_rule():
     assert recommend(_report(0.01, 0.0, 0.04))["loss"] == "infonce"
     assert recommend(_report(0.03, 0.0, 0.12))["loss"] == "peg"  # clean-looking, but the interval reaches 12 %
     rec = recommend(_report(0.31, 0.27, 0.35))
-    assert rec["loss"] == "peg" and rec["config_line"] == "loss: peg"
+    assert rec["loss"] == "peg" and rec["config_line"] == "loss: peg, filter_positives: true"
+    assert rec["filter_positives"] is True
     assert "31 %" in rec["reason"] and f"{measured_loss('infonce', 0.31):.2f}" in rec["reason"]
-    assert rec["command"] == "robustir train --train-data train.jsonl --loss peg"
+    assert rec["command"] == "robustir train --train-data train.jsonl --loss peg --filter-positives"
+    assert recommend(_report(0.01, 0.0, 0.04))["filter_positives"] is False
     assert recommend(_report(float("nan"), float("nan"), float("nan")))["loss"] == "peg"
     fn = recommend(_report(0.0, 0.0, 0.02, false_negatives={"share_of_records": 0.3}))
     assert fn["loss"] == "infonce" and "filter --method teacher" in fn["also"][0]
@@ -325,6 +327,7 @@ def test_train_loss_auto_takes_the_audit_recommendation(tmp_path, tiny_encoder):
     result = audit(_config(data, tmp_path / "audit"), encoder=tiny_encoder)
     config = TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "audit"))
     assert config.loss == result.recommendation["loss"]
+    assert config.filter_positives == result.recommendation["filter_positives"]
     with pytest.raises(ConfigError, match="needs audit"):
         TrainConfig(train_data=str(data), loss="auto")
     with pytest.raises(ConfigError, match="no complete audit"):

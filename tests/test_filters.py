@@ -334,3 +334,47 @@ def test_teacher_filter_suspect_positives(tmp_path):
     assert read(tmp_path / "again.jsonl")[0] == out[0]
     with pytest.raises(ConfigError, match="suspect_positive_share"):
         TeacherFilterConfig(suspect_positive_share=1.5).validate()
+
+
+def test_random_like_rule_is_the_audits_random_p_value():
+    from robustir.filtering.teacher import random_like_positives
+
+    randoms = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])  # 9 random passages
+    # p-value (1 + #{r >= s}) / (1 + R): 0.95 -> 1/10, 0.85 -> 2/10, 0.05 -> 10/10
+    scores = [0.95, 0.85, 0.05]
+    assert random_like_positives(scores, np.tile(randoms, (3, 1)), 0.15) == [None, "random_like_positive",
+                                                                             "random_like_positive"]
+    assert random_like_positives(scores, np.tile(randoms, (3, 1)), 0.25) == [None, None, "random_like_positive"]
+    assert random_like_positives(scores, np.tile(randoms, (3, 1)), None) is None
+    # a random passage that is the positive itself is not counted: 0.85 against the other 8 -> (1 + 1) / 9 = 0.22
+    own = np.zeros((3, 9), dtype=bool)
+    own[1, 7] = True  # the 0.8 passage "is" the second positive
+    assert random_like_positives(scores, np.tile(randoms, (3, 1)), 0.25, own)[1] is None
+    assert random_like_positives([0.8], randoms[None], 0.25, own[1:2])[0] is None  # own column excluded
+    assert random_like_positives([0.8], randoms[None], 0.25)[0] == "random_like_positive"  # 3 / 10
+
+
+def test_teacher_filter_drops_random_like_positives_and_keeps_the_rest(tmp_path):
+    rows = [{"query": f"q{i}", "pos": [f"0.9{i}|clean {i}"], "neg": [f"0.{i}|n{i}a", f"0.{i}5|n{i}b"]}
+            for i in range(1, 9)]
+    rows[3]["pos"] = ["0.12|planted random positive"]  # scores like a random passage of the file
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    config = TeacherFilterConfig(random_like_share=0.3, random_passages=50, progress=False)
+    report = teacher_filter(source, tmp_path / "out.jsonl", config, teacher=TableTeacher())
+    out = read(tmp_path / "out.jsonl")
+    assert out[3]["pos"] == [] and out[3]["removed"][-1] == {"text": "0.12|planted random positive",
+                                                             "reason": "random_like_positive", "positive": True}
+    assert all(r["pos"] for i, r in enumerate(out) if i != 3)
+    assert report.positives_removed == 1 and report.removed_by_reason["random_like_positive"] == 1
+    # the sample of random passages is seeded: the same file and seed give the same sample
+    from robustir.filtering.teacher import sample_passages
+
+    assert sample_passages(source, 5, 0) == sample_passages(source, 5, 0) != sample_passages(source, 5, 1)
+    assert len(sample_passages(source, 1000, 0)) == 8 + 16  # every distinct passage when the file has fewer
+    # a file too small for the share: refused, not every positive dropped
+    with pytest.raises(ConfigError, match="random_like_share"):
+        teacher_filter(source, tmp_path / "small.jsonl", TeacherFilterConfig(random_like_share=0.01, progress=False),
+                       teacher=TableTeacher())
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ConfigError, match="random_like_share"):
+            TeacherFilterConfig(random_like_share=bad).validate()

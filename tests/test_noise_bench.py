@@ -371,3 +371,36 @@ def test_method_options_are_typed_and_a_typo_fails_at_load(override, key):
 
     with pytest.raises(ConfigError, match=f"did you mean '{key}'"):
         load_config(NoiseBenchConfig, None, [override])
+
+
+def test_parallel_runs_give_the_rows_of_serial_runs_and_dev_and_subset_hold_out_their_queries(tiny_model_dir,
+                                                                                               tmp_path):
+    """jobs=2 (worker processes, data made first) gives the very rows jobs=1 gives; ``dev`` trains without the
+    held-out queries and evaluates on them; ``train_queries`` trains on a seeded subset; ``robust`` filters."""
+    from dataclasses import replace
+
+    from robustir.robustness.bench import NoiseBenchConfig, _Bench, run_noise_bench
+
+    data = _tiny_beir(tmp_path / "beir")
+    budget = {"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 2.0, "precision": "fp32",
+              "query_max_length": 16, "train_passage_max_length": 32, "passage_max_length": 32, "train_queries": 20}
+    config = NoiseBenchConfig(data=str(data), model=tiny_model_dir, kinds=["fp-random"], rates=[0.0, 0.5],
+                              methods=["infonce", "robust"], seeds=[1], output=str(tmp_path / "serial"), dev=6,
+                              budget=budget, plots=False, robust={"relative_margin": 0.05, "random_like_share": 0.2})
+    serial = run_noise_bench(config)
+    parallel = run_noise_bench(replace(config, output=str(tmp_path / "parallel"), jobs=2))
+    key = lambda r: (r["kind"], r["rate"], r["method"])  # noqa: E731
+    assert len(serial) == len(parallel) == 4
+    for a, b in zip(sorted(serial, key=key), sorted(parallel, key=key)):
+        assert a["cell"] == b["cell"] and a["metrics"] == b["metrics"] and a["rows"] == b["rows"]
+    bench = _Bench(config)
+    dev = bench.dev_ids()
+    assert len(dev) == 6
+    trained = {e.extra["query_id"] for e in bench.clean()}
+    assert len(trained) == 20 and not trained & dev  # 30 train queries - 6 dev, then a subset of 20
+    assert all(r["rows"] > 0 for r in serial)
+    robust = next(r for r in serial if r["method"] == "robust" and r["rate"] == 0.5)
+    assert robust["filter"]["planted_positives"] == 10 and robust["filter"]["removed_positives"] >= 0
+    # the dev queries are what the model is evaluated on: another dev size is another cell
+    assert replace(config, dev=5).resolved() and _Bench(replace(config, dev=5)).cell("fp-random", 0.5, 1, "robust").digest \
+        != bench.cell("fp-random", 0.5, 1, "robust").digest

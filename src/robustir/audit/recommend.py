@@ -95,13 +95,16 @@ def recommend(report: dict) -> dict[str, Any]:
     if degenerate:
         warnings.append(f"{degenerate} degenerate texts (empty, very short, query equal to its positive, a negative "
                         "equal to a positive): see flagged.jsonl, kind degenerate")
-    command = f"robustir train --train-data {data} --loss {loss}"
-    return {"loss": loss, "loss_options": {}, "reason": reason, "command": command, "config_line": f"loss: {loss}",
-            "also": also, "warnings": warnings}
+    robust = loss == "peg"  # the recipe for noisy data: the starting model drops random-like positives, then PEG
+    command = f"robustir train --train-data {data} --loss {loss}" + (" --filter-positives" if robust else "")
+    config_line = f"loss: {loss}" + (", filter_positives: true" if robust else "")
+    return {"loss": loss, "loss_options": {}, "filter_positives": robust, "reason": reason, "command": command,
+            "config_line": config_line, "also": also, "warnings": warnings}
 
 
-def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[str, dict]:
-    """The loss and options an audit folder recommends, for ``robustir train --loss auto --audit FOLDER``.
+def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[str, dict, dict]:
+    """The loss, its options and the rest of the recipe (``{"filter_positives": bool}``) an audit folder
+    recommends, for ``robustir train --loss auto --audit FOLDER``.
 
     Refused with a clear error: no folder, a folder without a complete audit, or an audit of other data than
     ``train_data`` (a path; a mixture of sources is checked source by source).
@@ -123,6 +126,7 @@ def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
         chosen, options = report["recommendation"]["loss"], dict(report["recommendation"].get("loss_options") or {})
+        recipe = {"filter_positives": bool(report["recommendation"].get("filter_positives", False))}
         audited = report["data"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"audit: {report_path} is not an audit report ({exc}); run robustir audit again") from None
@@ -132,4 +136,4 @@ def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[
     if sources and all(Path(str(s)).expanduser().resolve() != Path(audited).expanduser().resolve() for s in sources):
         raise ConfigError(f"audit: {folder} audited {audited}, not the training data {', '.join(map(str, sources))}; "
                           "audit the data you train on, or name the loss instead of auto")
-    return chosen, options
+    return chosen, options, recipe

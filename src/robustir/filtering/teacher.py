@@ -51,10 +51,18 @@ from ..validation import cli, config_dataclass, NonNegativeFloat, OpenFraction, 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TeacherFilterConfig", "FilterReport", "Decision", "FilterRecord", "EmbeddingTeacher",
-           "CrossEncoderTeacher", "load_teacher", "margin_reason", "teacher_filter", "run_filter"]
+           "CrossEncoderTeacher", "load_teacher", "margin_reason", "teacher_filter", "run_filter", "random_like_positives",
+           "suspect_positives", "sample_passages", "ROBUST_FILTER"]
 
 REASON_EQUALS_POSITIVE = "equals_positive"
 REASON_SUSPECT_POSITIVE = "suspect_positive"
+REASON_RANDOM_LIKE_POSITIVE = "random_like_positive"
+
+#: the teacher filter of robustir's recipe for noisy data (``robustir train --filter-positives``, the noise
+#: benchmark's ``robust`` method): a positive that at least 10 % of 200 random passages of the file score as high
+#: as goes (the audit's random_like rule: 1 % of clean SciFact positives), and negatives within 5 % of the positive
+#: (false negatives) go. Chosen on the dev split of the cpu-long proxy (docs/robustness.md).
+ROBUST_FILTER = {"relative_margin": 0.05, "random_like_share": 0.1}
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -377,6 +385,15 @@ class TeacherFilterConfig:
     suspect_positive_share: OpenFraction | None = None
     """Also judge the positives: remove a positive when more than this share of the record's negatives
     score above it (a likely false positive: a mislabelled pair or a failed generated query). None = off."""
+    random_like_share: OpenFraction | None = None
+    """Also judge each positive against random passages: remove it when at least this share of
+    ``random_passages`` passages drawn from the file (other records' positives and negatives, seeded) score as high
+    as it -- a positive that looks like a random passage to the teacher (a mislabelled pair, a failed generation).
+    The rule of ``robustir audit``'s ``random_like`` flag: 0.1 keeps 99 % of clean SciFact positives. None = off."""
+    random_passages: PositiveInt = 200
+    """How many random passages ``random_like_share`` compares each positive with."""
+    seed: int = 0
+    """Seed of the random passages."""
     batch_size: PositiveInt = operational(64)
     """Encoding batch size."""
     max_length: PositiveInt | None = None
@@ -406,6 +423,8 @@ class TeacherFilterConfig:
             raise ConfigError(f"relative_margin must be in [0, 1), got {self.relative_margin}")
         if self.suspect_positive_share is not None and not 0 <= self.suspect_positive_share < 1:
             raise ConfigError(f"suspect_positive_share must be in [0, 1), got {self.suspect_positive_share}")
+        if self.random_like_share is not None and not 0 < self.random_like_share < 1:
+            raise ConfigError(f"random_like_share must be in (0, 1), got {self.random_like_share}")
 
 
 def suspect_positives(positive_scores: Sequence[float], negative_scores: Sequence[float],
@@ -421,6 +440,61 @@ def suspect_positives(positive_scores: Sequence[float], negative_scores: Sequenc
             for score in positive_scores]
 
 
+def random_like_positives(positive_scores: Sequence[float], random_scores: np.ndarray, share: float | None,
+                          own: np.ndarray | None = None) -> list[str | None] | None:
+    """Per positive: ``random_like_positive`` when at least ``share`` of the random passages score as high as it.
+
+    ``random_scores``: ``(positives, R)`` scores of the record's query against the R random passages; ``own``:
+    an optional ``(positives, R)`` bool mask of random passages that are this positive itself (not counted).
+    The share is the audit's random p-value ``(1 + #{r >= s}) / (1 + R)`` (:mod:`robustir.audit`), so a positive
+    that outscores every random passage has share ``1 / (R + 1)``. Returns None when the rule is off.
+    """
+    if share is None:
+        return None
+    random_scores = np.asarray(random_scores, dtype=np.float64).reshape(len(positive_scores), -1)
+    own = np.zeros(random_scores.shape, dtype=bool) if own is None else np.asarray(own, dtype=bool)
+    reasons: list[str | None] = []
+    for score, row, mine in zip(positive_scores, random_scores, own):
+        counted = ~mine
+        p_value = (1 + int(((row >= score) & counted).sum())) / (1 + int(counted.sum()))
+        reasons.append(REASON_RANDOM_LIKE_POSITIVE if p_value >= share else None)
+    return reasons
+
+
+def sample_passages(path: Path, count: int, seed: int) -> list[str]:
+    """A seeded uniform sample (reservoir, one pass, ``count`` texts in memory) of the distinct passages of a
+    training file: its positives and negatives."""
+    import random
+
+    from ..io import read_jsonl
+
+    rng = random.Random(f"random-passages:{seed}")
+    sample: list[str] = []
+    seen = 0
+    for line, obj in read_jsonl(path):
+        for key in ("pos", "neg"):
+            texts = obj.get(key)
+            for text in texts if isinstance(texts, list) else ():
+                if not isinstance(text, str) or not text.strip():
+                    continue
+                seen += 1
+                if len(sample) < count:
+                    sample.append(text)
+                else:
+                    j = rng.randrange(seen)
+                    if j < count:
+                        sample[j] = text
+    return list(dict.fromkeys(sample))
+
+
+def _combine(*verdicts: list[str | None] | None) -> list[str | None] | None:
+    """Per positive, the first rule that removes it (None: every rule that ran keeps it); None when no rule ran."""
+    ran = [v for v in verdicts if v is not None]
+    if not ran:
+        return None
+    return [next((r for r in reasons if r), None) for reasons in zip(*ran)]
+
+
 def teacher_filter(input_path: str | Path, output_path: str | Path, config: TeacherFilterConfig | None = None,
                    teacher: Teacher | None = None) -> FilterReport:
     """Remove negatives scored within the margin of the record's (lowest) positive; write a new file + report."""
@@ -430,6 +504,14 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
     if teacher is None:
         teacher = load_teacher(config.model, config.kind, batch_size=config.batch_size, precision=config.precision,
                                max_length=config.max_length, device=config.device)
+
+    randoms = sample_passages(Path(input_path), config.random_passages, config.seed) \
+        if config.random_like_share is not None else []
+    random_array = np.array(randoms, dtype=object)
+    if config.random_like_share is not None and len(randoms) + 1 <= 1 / config.random_like_share:
+        raise ConfigError(f"random_like_share {config.random_like_share}: {input_path} has {len(randoms)} distinct "
+                          "passages to compare a positive with, so even the best positive would match that share; "
+                          "give more data, a larger random_like_share or raise random_passages")
 
     def decide(batch: list[FilterRecord]) -> list[Decision]:
         queries: list[str] = []
@@ -443,14 +525,21 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
                 if text.strip() not in positives:
                     queries.append(record.query)
                     passages.append(text)
+            if randoms:  # the query against each random passage (an embedding teacher encodes each text once)
+                queries.extend([record.query] * len(randoms))
+                passages.extend(randoms)
         scores = iter(teacher.score(queries, passages).tolist())
         decisions = []
         for record in batch:
             positives = {p.strip() for p in record.pos}
             pos_scores = [next(scores) for _ in record.pos]
             scored_negatives = [(text, next(scores)) for text in record.neg if text.strip() not in positives]
-            positive_reasons = suspect_positives(pos_scores, [s for _, s in scored_negatives],
-                                                 config.suspect_positive_share)
+            random_scores = np.array([next(scores) for _ in randoms], dtype=np.float64)
+            positive_reasons = _combine(
+                random_like_positives(pos_scores, np.tile(random_scores, (len(pos_scores), 1)),
+                                      config.random_like_share,
+                                      np.stack([random_array == p for p in record.pos]) if randoms else None),
+                suspect_positives(pos_scores, [s for _, s in scored_negatives], config.suspect_positive_share))
             trusted = [s for s, r in zip(pos_scores, positive_reasons or [None] * len(pos_scores)) if r is None]
             pos_score = min(trusted or pos_scores)
             negative_scores = iter(s for _, s in scored_negatives)

@@ -14,6 +14,8 @@ Methods (``METHODS``):
 ``llm``                           the PEG LLM judge over the negatives (needs ``llm.base_url``/``llm.model``),
                                   then InfoNCE
 ``teacher-peg``                   the teacher filter on the negatives only (false negatives), then PEG
+``robust``                        the recipe for noisy data (``robust`` options): the teacher filter drops positives
+                                  that look random to the teacher (and false negatives), then PEG
 ``st``                            sentence-transformers MNRL through its own trainer (the anchor)
 
 Output folder::
@@ -48,9 +50,10 @@ from ..errors import ConfigError
 from ..io import atomic_write, write_json
 from ..llm import LLMConfig
 from ..outputs import StageOutput
-from ..runs import Artifact, Fingerprint, fingerprint
+from ..filtering.teacher import ROBUST_FILTER
+from ..runs import Artifact, Fingerprint, fingerprint, operational
 from .noise import NOISE_KINDS, NoiseKind, plant_noise
-from ..validation import Items, PositiveInt, config_dataclass
+from ..validation import Items, NonNegativeInt, PositiveInt, config_dataclass
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
                          train_sentence_transformers, write_rows)
 
@@ -59,18 +62,30 @@ logger = logging.getLogger(__name__)
 __all__ = ["NoiseBenchConfig", "run_noise_bench", "METHODS", "BENCH_PRESETS", "filter_scores", "write_table",
            "plot_results"]
 
-METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "st")
+METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "robust", "st")
+#: methods that train on a filtered copy of the noisy data, and the filter each uses
+FILTERS = {"sieve": "sieve", "teacher": "teacher", "llm": "llm", "teacher-peg": "teacher", "robust": "teacher"}
+#: the loss each method trains with (the rest: infonce; st trains through sentence-transformers)
+LOSS_OF = {"peg": "peg", "ccr": "ccr", "teacher-peg": "peg", "robust": "peg"}
 Method = Literal[METHODS]  # type: ignore[valid-type]
+
 
 #: the noise benchmark's budgets: ``cpu`` is one epoch (29 steps on SciFact, ~5 min a run on 2 cores) so the
 #: default 1-kind x 2-rate x 4-method grid fits in an hour; ``gpu`` is the side-by-side's GPU budget.
-BENCH_PRESETS: dict[str, Budget] = {"cpu": replace(PRESETS["cpu"], epochs=1.0), "gpu": PRESETS["gpu"]}
+#: ``cpu-long`` is the CPU proxy of the GPU budget's *trend* (several epochs over the same pairs, where a model
+#: starts memorising the wrong ones): 5 epochs over a seeded subset of 300 training queries at 64 training tokens,
+#: 55 steps, a few minutes a run on 2 cores (docs/robustness.md shows it reproduces the GPU preset's trend).
+BENCH_PRESETS: dict[str, Budget] = {"cpu": replace(PRESETS["cpu"], epochs=1.0), "gpu": PRESETS["gpu"],
+                                    "cpu-long": replace(PRESETS["cpu"], epochs=5.0, train_queries=300,
+                                                        train_passage_max_length=64)}
 
 #: the grid each preset runs when the config leaves it empty
 DEFAULT_GRID = {
-    "cpu": {"kinds": ["fp-random"], "rates": [0.0, 0.4], "methods": ["infonce", "peg", "teacher-peg", "st"], "seeds": [1]},
+    "cpu": {"kinds": ["fp-random"], "rates": [0.0, 0.4], "methods": ["infonce", "peg", "robust", "st"], "seeds": [1]},
+    "cpu-long": {"kinds": ["fp-random", "fp-hard"], "rates": [0.0, 0.4], "methods": ["infonce", "peg", "robust", "st"],
+                 "seeds": [1]},
     "gpu": {"kinds": ["chunk-fn", "label-fn", "fp-random", "fp-hard"], "rates": [0.0, 0.2, 0.4],
-            "methods": ["infonce", "peg", "ccr", "sieve", "teacher", "teacher-peg", "st"], "seeds": [1, 2, 3]},
+            "methods": ["infonce", "peg", "ccr", "sieve", "teacher", "teacher-peg", "robust", "st"], "seeds": [1, 2, 3]},
 }
 
 
@@ -80,7 +95,7 @@ class NoiseBenchConfig:
     """BEIR folder with a train split (noise goes here) and an evaluation split; default: bundled SciFact."""
     model: str | None = None
     """Model folder or hub id; None = the bundled all-MiniLM-L6-v2."""
-    preset: Literal["cpu", "gpu"] = "cpu"
+    preset: Literal["cpu", "cpu-long", "gpu"] = "cpu"
     """Budget and default grid (BENCH_PRESETS)."""
     kinds: Items[NoiseKind] = field(default_factory=list)
     """Noise kinds to plant (empty = the preset's grid)."""
@@ -96,6 +111,9 @@ class NoiseBenchConfig:
     """Training split of data (noise is planted here)."""
     eval_split: str = "test"
     """Evaluation split of ``data``."""
+    dev: NonNegativeInt = 0
+    """Choose settings on a dev split: hold this many training queries out (seeded), plant noise in and train on
+    the rest, and evaluate on the held-out queries (clean labels, full corpus) instead of ``eval_split``. 0 = off."""
     per_query: PositiveInt = 3
     """False negatives planted per noisy query."""
     budget: dict = field(default_factory=dict)
@@ -106,6 +124,8 @@ class NoiseBenchConfig:
     teacher_peg: dict = field(default_factory=lambda: {"relative_margin": 0.05})
     """TeacherFilterConfig options of the ``teacher-peg`` method's filter: false negatives only -- PEG's w_q
     handles false positives without discarding hard true pairs (docs/robustness.md)."""
+    robust: dict = field(default_factory=lambda: dict(ROBUST_FILTER))
+    """TeacherFilterConfig options of the ``robust`` method's filter (docs/robustness.md)."""
     sieve: dict = field(default_factory=dict)
     """SieveConfig options of the ``sieve`` method (default: keep half the pool)."""
     llm: dict = field(default_factory=dict)
@@ -113,6 +133,9 @@ class NoiseBenchConfig:
     Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16 reply tokens) apply unless given."""
     plots: bool = True
     """Write results.png."""
+    jobs: PositiveInt = operational(1)
+    """Runs trained and evaluated at once, each in its own process (e.g. 9 on one H200: small models leave the
+    GPU mostly idle); the data is prepared first, one file at a time."""
 
     def __post_init__(self) -> None:
         self.check_method_options()
@@ -124,7 +147,7 @@ class NoiseBenchConfig:
         from ..filtering.teacher import TeacherFilterConfig
 
         for key, cls in (("teacher", TeacherFilterConfig), ("teacher_peg", TeacherFilterConfig),
-                         ("sieve", SieveConfig)):
+                         ("robust", TeacherFilterConfig), ("sieve", SieveConfig)):
             options = getattr(self, key)
             if not isinstance(options, dict):
                 raise ConfigError(f"noise-bench.{key}: expected a mapping of {cls.__name__} options, got {options!r}")
@@ -178,6 +201,8 @@ class NoiseBenchConfig:
             return dict(self.teacher)
         if method == "teacher-peg":
             return dict(self.teacher_peg)
+        if method == "robust":
+            return dict(self.robust)
         if method == "sieve":
             return dict(self.sieve)
         if method == "llm":
@@ -190,9 +215,9 @@ class NoiseBenchConfig:
         Part of every result's key and of filtered files' and run folders' names: changing a filter's
         options reruns the methods that use it, and only those.
         """
-        if method not in ("teacher", "teacher-peg", "sieve", "llm"):
+        if method not in FILTERS:
             return ""
-        name = {"teacher-peg": "teacher"}.get(method, method)  # same filter + options = same filtered file
+        name = FILTERS[method]  # same filter + options = same filtered file
         return hashlib.sha1(json.dumps([name, self.method_options(method)], sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -283,8 +308,39 @@ class _Bench:
             if not artifact.begin(made, resume=False):
                 mine_beir(self.data, self.config.train_split, mined, mining)
                 artifact.finish()
-            self._clean, _ = load_training_data(mined)
+            examples, _ = load_training_data(mined)
+            self._clean = self.select(examples)
         return self._clean
+
+    def select(self, examples: list[TrainingExample]) -> list[TrainingExample]:
+        """The training queries: without the dev queries (``dev``), then the budget's seeded subset (``train_queries``)."""
+        import random
+
+        if self.config.dev:
+            examples = [e for e in examples if str(e.extra.get("query_id")) not in self.dev_ids()]
+        n = self.budget.train_queries
+        if n and n < len(examples):
+            keep = set(random.Random("train-queries:0").sample(range(len(examples)), n))
+            examples = [e for i, e in enumerate(examples) if i in keep]
+        return examples
+
+    def dev_ids(self) -> set[str]:
+        return self.dev_data()[1]
+
+    def dev_data(self):
+        """``(BeirDataset of the held-out training queries over the full corpus, their ids)``, made once."""
+        if "dev" not in self.cache:
+            from .sidebyside import dev_split
+
+            dataset, ids = dev_split(self.data, self.config.train_split, self.config.dev)
+            self.cache["dev"] = (dataset, {str(i) for i in ids})
+        return self.cache["dev"]
+
+    def evaluate(self, model_path: Path) -> dict[str, float]:
+        """NDCG & co. of a trained model on the dev queries (``dev``) or on ``eval_split``."""
+        if self.config.dev:
+            return evaluate_model(model_path, self.dev_data()[0], "dev", self.budget)
+        return evaluate_model(model_path, self.data, self.config.eval_split, self.budget, self.cache)
 
     def corpus(self):
         if self._corpus is None:
@@ -299,7 +355,8 @@ class _Bench:
         path = folder / "noisy.jsonl"
         self.clean()
         made = fingerprint("bench-noise", {"kind": kind if rate else "clean", "rate": rate, "seed": seed,
-                                           "per_query": self.config.per_query, "pool": self.budget.pool},
+                                           "per_query": self.config.per_query, "pool": self.budget.pool,
+                                           "dev": self.config.dev, "train_queries": self.budget.train_queries},
                            upstream={"clean data": self.fingerprints["clean"]})
         self.fingerprints[path] = made
         artifact = Artifact(path, what="noise-bench noisy data")
@@ -331,7 +388,7 @@ class _Bench:
 
     def filtered(self, method: str, noisy: Path) -> tuple[Path, dict]:
         """Filtered copy of ``noisy`` for the filtering methods, with precision/recall on the plants."""
-        name = {"teacher-peg": "teacher"}.get(method, method)
+        name = FILTERS[method]
         variant = self.config.variant(method)
         target = noisy.with_name(f"{name}-{variant}.jsonl")
         report = StageOutput(target).report
@@ -377,11 +434,11 @@ class _Bench:
         return target, filter_scores(noisy, target, noisy.with_name("plants.jsonl"))
 
     # -- one run
-    def run_one(self, kind: str, rate: float, seed: int, method: str) -> dict:
-        started = time.perf_counter()
+    def prepare(self, kind: str, rate: float, seed: int, method: str) -> tuple[Path, dict, Path, Artifact]:
+        """The data of one run, made or reused: ``(noisy data, filter scores, run folder, its rows)``."""
         noisy = self.noisy(kind, rate, seed)
         source, filter_stats = noisy, {}
-        if method in ("sieve", "teacher", "llm", "teacher-peg"):
+        if method in FILTERS:
             source, filter_stats = self.filtered(method, noisy)
         variant = self.config.variant(method)
         run_dir = self.out / "runs" / _condition(kind, rate, seed) / (f"{method}-{variant}" if variant else method)
@@ -393,23 +450,63 @@ class _Bench:
             write_rows(materialize_rows(examples, self.budget.num_negatives, self.budget.epochs, seed,
                                         filler=self.corpus()[1]), rows_path)
             rows.finish()
+        return noisy, filter_stats, run_dir, rows
+
+    def run_one(self, kind: str, rate: float, seed: int, method: str) -> dict:
+        started = time.perf_counter()
+        noisy, filter_stats, run_dir, rows = self.prepare(kind, rate, seed, method)
+        rows_path, variant = rows.path, self.config.variant(method)
         if method == "st":
             outcome = train_sentence_transformers(rows_path, run_dir / "train", self.budget, seed, model=self.config.model)
         else:
-            loss = {"peg": "peg", "ccr": "ccr", "teacher-peg": "peg"}.get(method, "infonce")
+            loss = LOSS_OF.get(method, "infonce")
             train_run = Artifact(run_dir / "train", what="noise-bench training run")
             train_run.begin(fingerprint("bench-train", {"loss": loss, "budget": self.budget, "seed": seed,
                                                         "model": self.config.model},
                                         upstream={"rows": rows.fingerprint}))  # the same run resumes; another is redone
             outcome = train_robustir(rows_path, run_dir / "train", self.budget, seed, model=self.config.model, loss=loss)
             train_run.finish({"steps": outcome.steps}, files=[])
-        metrics = evaluate_model(outcome.model_path, self.data, self.config.eval_split, self.budget, self.cache)
+        metrics = self.evaluate(outcome.model_path)
         return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
                 "variant": variant, "cell": self.cell(kind, rate, seed, method).digest, "options": self.config.method_options(method), "metrics": metrics,
                 "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
                 "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
                 "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
                 "noise": json.loads((noisy.parent / "summary.json").read_text())}
+
+    def run_parallel(self, todo: list, record) -> None:
+        """Train and evaluate ``todo``'s runs in ``jobs`` worker processes (one GPU can hold several small runs).
+
+        The data every run needs (noise, filtered copies, rows) is made here first, one file at a time, so
+        workers only read shared files; each worker gets an equal share of the CPU threads. A run that fails
+        is logged and left for the serial pass after it, which raises its error where it happens.
+        """
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        threads = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+                      // self.config.jobs)
+        context = multiprocessing.get_context("spawn")  # no CUDA state is inherited by a fork
+        with ProcessPoolExecutor(self.config.jobs, mp_context=context) as pool:
+            # the noisy data here (no model), then each filtered copy once, in the workers (a teacher pass each)
+            filtering: dict[tuple, tuple] = {}
+            for cell, _ in todo:
+                self.noisy(*cell[:3])
+                if cell[3] in FILTERS:
+                    filtering.setdefault((cell[:3], FILTERS[cell[3]], self.config.variant(cell[3])), cell)
+            for future in as_completed([pool.submit(_filter_cell, self.config, cell, threads)
+                                        for cell in filtering.values()]):
+                future.result()
+            for cell, _ in todo:  # every file a run reads, made or verified here: the workers only read them
+                self.prepare(*cell)
+            futures = {pool.submit(_run_cell, self.config, cell, threads): key for cell, key in todo}
+            for future in as_completed(futures):
+                try:
+                    record(futures[future], future.result())
+                except Exception as exc:  # noqa: BLE001 - retried serially, where it raises
+                    logger.warning("noise-bench: a parallel run failed (%s: %s); it is run again serially",
+                                   type(exc).__name__, exc)
 
     def cell(self, kind: str, rate: float, seed: int, method: str) -> Fingerprint:
         """What one result depends on: the method, its options, the model, the budget, the data (its content),
@@ -418,6 +515,7 @@ class _Bench:
                                           "method": method, "options": self.config.method_options(method),
                                           "budget": self.budget, "per_query": self.config.per_query,
                                           "train_split": self.config.train_split, "eval_split": self.config.eval_split,
+                                          "dev": self.config.dev,
                                           "model": self.config.model},
                            {"data": self.data, "model": self.config.model}, cache=self.digests)
 
@@ -447,24 +545,47 @@ class _Bench:
     def run(self, progress=None) -> list[dict]:
         write_json(self.out / "config.json", to_dict(self.config))
         done = self.finished()
-        rows = []
-        for kind, rate, seed, method in self.plan():
-            key = self.cell(kind, rate, seed, method).digest
+        plan = [(cell, self.cell(*cell).digest) for cell in self.plan()]
+        todo = [(cell, key) for cell, key in plan if key not in done]
+
+        def record(key: str, row: dict) -> None:  # results.jsonl is written by this process only
+            with open(self.results_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+            done[key] = row
+            if progress is not None:
+                progress(row)
+
+        if self.config.jobs > 1 and len(todo) > 1:
+            self.run_parallel(todo, record)
+        for (kind, rate, seed, method), key in todo:
             if key not in done:
                 logger.info("noise-bench: %s at %s%%, seed %d, method %s", kind, _rate_tag(rate), seed, method)
-                row = self.run_one(kind, rate, seed, method)
-                with open(self.results_path, "a", encoding="utf-8") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                done[key] = row
-                if progress is not None:
-                    progress(row)
-            rows.append(done[key])
+                record(key, self.run_one(kind, rate, seed, method))
+        rows = [done[key] for _, key in plan]
         # the report shows the runs of the current config (rows of other settings stay in results.jsonl)
         rows.sort(key=lambda r: (r["kind"], r["rate"], r["method"], r["seed"]))
         write_table(rows, self.out / "results.md", self.config.kinds)
         if self.config.plots:
             plot_results(rows, self.out / "results.png", self.config.kinds)
         return rows
+
+
+def _run_cell(config: NoiseBenchConfig, cell: tuple, threads: int) -> dict:
+    """One run in a worker process of :meth:`_Bench.run_parallel` (its data already made by the parent)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.WARNING)
+    return _Bench(config).run_one(*cell)
+
+
+def _filter_cell(config: NoiseBenchConfig, cell: tuple, threads: int) -> None:
+    """The filtered copy one run trains on, in a worker process of :meth:`_Bench.run_parallel`."""
+    import torch
+
+    torch.set_num_threads(threads)
+    bench = _Bench(config)
+    bench.filtered(cell[3], bench.noisy(*cell[:3]))
 
 
 def run_noise_bench(config: NoiseBenchConfig, progress=None) -> list[dict]:

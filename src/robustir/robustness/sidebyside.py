@@ -59,6 +59,9 @@ class Budget:
     """Evaluation."""
     precision: Precision = "auto"
     """Training and evaluation, both sides: auto = bf16 where native, else fp32."""
+    train_queries: NonNegativeInt = 0
+    """Train on a seeded subset of this many training queries (the same subset for every method and seed; the
+    noise benchmark's ``cpu-long`` proxy); 0 = all of them."""
 
     def validate(self) -> None:
         if self.batch_size < 2 or self.num_negatives < 0 or self.pool < self.num_negatives or self.epochs <= 0:

@@ -93,6 +93,12 @@ class TrainConfig(LoopConfig):
     """Contrastive loss; its options go in loss_options. auto: the loss a robustir audit recommends (needs audit)."""
     audit: str | None = None
     """Folder of a robustir audit of train_data (its report.json); with loss auto it picks the loss."""
+    filter_positives: bool = False
+    """Before training, the starting model judges the training pairs (robustir's recipe for noisy data, with loss
+    peg): a positive that at least 10 % of 200 random passages of the data score as high as is dropped (it looks
+    like a mislabelled pair), and so are negatives within 5 % of their positive (false negatives) -- the teacher
+    filter with filtering.teacher.ROBUST_FILTER. The filtered copy is <output>/filtered.jsonl with its report.
+    loss auto turns it on when the audit finds false positives (docs/robustness.md)."""
     loss_options: dict = field(default_factory=dict)
     """The chosen loss's options, e.g. {temperature: 0.02, beta: 0.2}; checked against that loss's typed section
     (robustir.losses.options) when the config loads."""
@@ -157,9 +163,10 @@ class TrainConfig(LoopConfig):
         if self.loss == "auto" or self.audit:
             from ..audit.recommend import loss_from_audit
 
-            chosen, options = loss_from_audit(self.audit, self.loss, self.train_data)
+            chosen, options, recipe = loss_from_audit(self.audit, self.loss, self.train_data)
             if self.loss == "auto":
                 self.loss, self.loss_options = chosen, {**options, **self.loss_options}
+                self.filter_positives = self.filter_positives or bool(recipe.get("filter_positives"))
         # typed per loss: a typo (loss_options.bta) fails when the config loads, not after mining
         self.loss_options = check_loss_options(self.loss, self.loss_options, "loss_options")
         if isinstance(self.train_data, (list, tuple)):  # the Python API may pass mappings

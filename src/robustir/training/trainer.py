@@ -42,7 +42,7 @@ from ..data.arrow_store import convert_examples, convert_training_files
 from ..data.training_data import TrainingExample, examples_from_beir, training_files
 from ..errors import ConfigError
 from ..runs import Artifact, fingerprint
-from ..io import write_json
+from ..io import atomic_write, write_json
 from ..losses import get_loss
 from ..models.encoder import Encoder, length_options, max_positions
 from ..outputs import refuse_run_over_inputs
@@ -57,7 +57,8 @@ from .loop import TrainingLoop
 logger = logging.getLogger(__name__)
 
 #: what fine-tuning writes into its output folder besides the loop's files (deleted when a run starts over)
-OUTPUTS = ("model", "mined-*.jsonl", "mined-*.jsonl.run.json", "similarities.json", "base_metrics.json",
+OUTPUTS = ("model", "mined-*.jsonl", "mined-*.jsonl.run.json", "filtered*.jsonl", "filtered*.jsonl.*",
+           "unfiltered*.jsonl", "similarities.json", "base_metrics.json",
            "eval_metrics.json", "report.png", "report.html", "report.json")
 
 
@@ -148,7 +149,8 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
         if others:
             logger.warning("%sskipped %d training record(s) with an empty query or positive, or whose positives a "
                            "filter removed", where, others)
-        if config.num_negatives > 0 and config.mine != "none" and not rows.num_negatives:
+        mined_here = config.num_negatives > 0 and config.mine != "none" and not rows.num_negatives
+        if mined_here:
             mined_any = True
             mined = Path(config.output) / (f"mined-{config.mine}-{spec.label}.jsonl" if mixture
                                            else f"mined-{config.mine}.jsonl")
@@ -166,6 +168,9 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
                     step.finish()
             wait()
             rows = _on_main(is_main, wait, lambda convert: convert_training_files(mined, cache, convert=convert))
+        if config.filter_positives:
+            rows = filter_for_training(rows, config, encoder, is_main, wait, mined if mined_here else path,
+                                       spec.label if mixture else None, cache)
         prepared.append(SamplerSource(rows, name=spec.label, weight=spec.weight, task=spec.task,
                                       query_instruction=spec.query_instruction,
                                       passage_instruction=spec.passage_instruction,
@@ -173,6 +178,45 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
     if not mined_any:
         config.mine = "none"  # recorded in the model card: negatives came with the data (or in-batch only)
     return prepared
+
+
+def filter_for_training(rows, config: TrainConfig, encoder: Encoder, is_main: bool, wait, source: Path,
+                        label: str | None, cache: Path):
+    """``filter_positives``: the starting model, as teacher, drops random-like positives and false negatives
+    (:data:`~robustir.filtering.teacher.ROBUST_FILTER`) from one source; returns the filtered rows.
+
+    The filtered copy ``<output>/filtered[-<source>].jsonl`` is reused while the source's content, the model and
+    the filter's settings are the same (``robustir.runs``). A BEIR folder or a folder of files is first written out
+    as one training JSONL beside it (``unfiltered[-<source>].jsonl``), which the filter reads.
+    """
+    from ..filtering.teacher import ROBUST_FILTER, EmbeddingTeacher, TeacherFilterConfig, teacher_filter
+
+    suffix = f"-{label}" if label else ""
+    filtered = Path(config.output) / f"filtered{suffix}.jsonl"
+    if is_main:
+        if source.is_dir():
+            plain = Path(config.output) / f"unfiltered{suffix}.jsonl"
+            plain.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(plain) as handle:
+                for example in rows:
+                    handle.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+            source = plain
+        step = Artifact(filtered, what="teacher-filtered training data")
+        made = fingerprint("train-filter", {"filter": ROBUST_FILTER, "precision": config.eval_precision},
+                           {"data": source, "model": config.model})
+        if not step.begin(made, resume=False):
+            options = TeacherFilterConfig(**ROBUST_FILTER, precision=config.eval_precision, overwrite=True,
+                                          progress=is_main)
+            report = teacher_filter(source, filtered, options,
+                                    teacher=EmbeddingTeacher(encoder, batch_size=config.eval_batch_size,
+                                                             precision=config.eval_precision))
+            logger.info("filter_positives: %d of %d records lost their positive (random-like to the starting "
+                        "model), %d false negatives removed", report.records_without_positives, report.records,
+                        report.removed)
+            step.finish()
+    wait()
+    return _on_main(is_main, wait, lambda convert: convert_training_files(filtered, cache, convert=convert,
+                                                                         skip_empty_positives=True))
 
 
 def _on_main(is_main: bool, wait, make):
