@@ -125,12 +125,10 @@ def check_record(obj: dict, path: Path, line: int) -> tuple[str, list[str], list
 
 def positives_removed_by_filter(obj: dict) -> bool:
     """A record whose positives a robustir filter removed (``"pos": []``, each in ``removed`` with reason
-    ``suspect_positive`` or ``random_like_positive``): kept as a line so the filter's output stays aligned with its
-    input; training skips it, later filters pass it on."""
+    ``"positive": true`` and its reason, e.g. ``suspect_positive`` or ``random_like_positive``): kept as a line so
+    the filter's output stays aligned with its input; training skips it, later filters pass it on."""
     removed = obj.get("removed")
-    return isinstance(removed, list) and any(isinstance(r, dict) and r.get("positive") is True and
-                                             r.get("reason") in ("suspect_positive", "random_like_positive")
-                                             for r in removed)
+    return isinstance(removed, list) and any(isinstance(r, dict) and r.get("positive") is True for r in removed)
 
 
 def parse_example(obj: dict, path: Path, line: int, *, skip_empty_positives: bool = False) -> TrainingExample | None:

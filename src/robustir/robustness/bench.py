@@ -15,7 +15,9 @@ Methods (``METHODS``):
                                   then InfoNCE
 ``teacher-peg``                   the teacher filter on the negatives only (false negatives), then PEG
 ``robust``                        the recipe for noisy data (``robust`` options): the teacher filter drops positives
-                                  that look random to the teacher (and false negatives), then PEG
+                                  that look random to the teacher, then PEG
+``oracle``                        the planted false positives removed (plants.jsonl), then InfoNCE: what a perfect
+                                  filter reaches with the data that is left -- the floor of any removal
 ``st``                            sentence-transformers MNRL through its own trainer (the anchor)
 
 Output folder::
@@ -62,9 +64,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["NoiseBenchConfig", "run_noise_bench", "METHODS", "BENCH_PRESETS", "filter_scores", "write_table",
            "plot_results"]
 
-METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "robust", "st")
+METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "robust", "oracle", "st")
 #: methods that train on a filtered copy of the noisy data, and the filter each uses
-FILTERS = {"sieve": "sieve", "teacher": "teacher", "llm": "llm", "teacher-peg": "teacher", "robust": "teacher"}
+FILTERS = {"sieve": "sieve", "teacher": "teacher", "llm": "llm", "teacher-peg": "teacher", "robust": "teacher",
+           "oracle": "oracle"}
 #: the loss each method trains with (the rest: infonce; st trains through sentence-transformers)
 LOSS_OF = {"peg": "peg", "ccr": "ccr", "teacher-peg": "peg", "robust": "peg"}
 Method = Literal[METHODS]  # type: ignore[valid-type]
@@ -133,6 +136,10 @@ class NoiseBenchConfig:
     Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16 reply tokens) apply unless given."""
     plots: bool = True
     """Write results.png."""
+    keep_steps: bool = True
+    """A method that trains on a filtered copy trains as many steps as the noisy data would: its epochs are scaled
+    by (pairs given / pairs kept), as ``robustir train --filter-positives`` does. False: the same epochs over what
+    is left (fewer steps)."""
     jobs: PositiveInt = operational(1)
     """Runs trained and evaluated at once, each in its own process (e.g. 9 on one H200: small models leave the
     GPU mostly idle); the data is prepared first, one file at a time."""
@@ -236,6 +243,30 @@ def _write_examples(examples: list[TrainingExample], path: Path) -> None:
     with atomic_write(path) as handle:
         for example in examples:
             handle.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+
+
+def _remove_planted_positives(noisy: Path, target: Path, plants_path: Path) -> None:
+    """The ``oracle`` method's copy: every planted false positive removed (a record left without a positive stays as
+    a line with ``"pos": []`` and the removal in ``removed``, as the teacher filter leaves it)."""
+    planted: dict[str, set[str]] = {}
+    for line in plants_path.read_text(encoding="utf-8").splitlines() if plants_path.exists() else []:
+        if line.strip():
+            plant = json.loads(line)
+            planted[str(plant["query_id"])] = set(plant.get("false_positives", []))
+    with open(noisy, encoding="utf-8") as source, atomic_write(target) as handle:
+        for line in source:
+            record = json.loads(line)
+            wrong = planted.get(str(record.get("query_id")), set())
+            keep = [i for i, text in enumerate(record["pos"]) if text not in wrong]
+            if len(keep) < len(record["pos"]):
+                gone = [text for i, text in enumerate(record["pos"]) if i not in keep]
+                for key, value in list(record.items()):  # pos, pos_ids, pos_scores, ... stay aligned
+                    if (key == "pos" or key.startswith("pos_")) and isinstance(value, list) \
+                            and len(value) == len(record["pos"]):
+                        record[key] = [value[i] for i in keep]
+                record["removed"] = list(record.get("removed") or []) + [
+                    {"text": text, "reason": "planted", "positive": True} for text in gone]
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def filter_scores(noisy: Path, filtered: Path, plants_path: Path) -> dict:
@@ -419,6 +450,8 @@ class _Bench:
                            "model": self.config.model, "passage_max_length": self.budget.train_passage_max_length,
                            "plot": False, **self.config.sieve}
                 sieve_negatives(noisy, target, from_dict(SieveConfig, options, where="sieve"))
+            elif name == "oracle":
+                _remove_planted_positives(noisy, target, noisy.with_name("plants.jsonl"))
             elif name == "llm":
                 from ..llm import LLMClient, build_backend
                 from ..filtering.llm_judge import judge_negatives
@@ -444,10 +477,15 @@ class _Bench:
         run_dir = self.out / "runs" / _condition(kind, rate, seed) / (f"{method}-{variant}" if variant else method)
         rows_path = run_dir / "rows.jsonl"
         rows = Artifact(rows_path, what="noise-bench training rows")
-        if not rows.begin(fingerprint("bench-rows", {"budget": self.budget, "seed": seed},
-                                      upstream={"training data": self.fingerprints[source]}), resume=False):
+        settings = {"budget": self.budget, "seed": seed, **self.step_rule(method)}
+        if not rows.begin(fingerprint("bench-rows", settings, upstream={"training data": self.fingerprints[source]}),
+                          resume=False):
             examples, stats = load_training_data(source)
-            write_rows(materialize_rows(examples, self.budget.num_negatives, self.budget.epochs, seed,
+            epochs = self.budget.epochs
+            if source != noisy and self.config.keep_steps:  # the steps of the data as given (docs/robustness.md)
+                given = sum(len(e.pos) for e in load_training_data(noisy)[0])
+                epochs *= given / max(1, sum(len(e.pos) for e in examples))
+            write_rows(materialize_rows(examples, self.budget.num_negatives, epochs, seed,
                                         filler=self.corpus()[1]), rows_path)
             rows.finish()
         return noisy, filter_stats, run_dir, rows
@@ -508,6 +546,11 @@ class _Bench:
                     logger.warning("noise-bench: a parallel run failed (%s: %s); it is run again serially",
                                    type(exc).__name__, exc)
 
+    def step_rule(self, method: str) -> dict:
+        """``{"keep_steps": ...}`` for a method that trains on a filtered copy, {} for the rest (whose cells and rows
+        do not depend on the rule)."""
+        return {"keep_steps": self.config.keep_steps} if method in FILTERS else {}
+
     def cell(self, kind: str, rate: float, seed: int, method: str) -> Fingerprint:
         """What one result depends on: the method, its options, the model, the budget, the data (its content),
         both splits and the noise -- a result is reused only for the same cell fingerprint."""
@@ -515,7 +558,7 @@ class _Bench:
                                           "method": method, "options": self.config.method_options(method),
                                           "budget": self.budget, "per_query": self.config.per_query,
                                           "train_split": self.config.train_split, "eval_split": self.config.eval_split,
-                                          "dev": self.config.dev,
+                                          "dev": self.config.dev, **self.step_rule(method),
                                           "model": self.config.model},
                            {"data": self.data, "model": self.config.model}, cache=self.digests)
 

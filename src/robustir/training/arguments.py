@@ -96,9 +96,10 @@ class TrainConfig(LoopConfig):
     filter_positives: bool = False
     """Before training, the starting model judges the training pairs (robustir's recipe for noisy data, with loss
     peg): a positive that at least 10 % of 200 random passages of the data score as high as is dropped (it looks
-    like a mislabelled pair), and so are negatives within 5 % of their positive (false negatives) -- the teacher
-    filter with filtering.teacher.ROBUST_FILTER. The filtered copy is <output>/filtered.jsonl with its report.
-    loss auto turns it on when the audit finds false positives (docs/robustness.md)."""
+    like a mislabelled pair) -- the teacher filter with filtering.teacher.ROBUST_FILTER; the filtered copy is
+    <output>/filtered.jsonl with its report. Training then takes the steps the unfiltered data would (epochs
+    scaled by pairs given / pairs kept). loss auto turns it on when the audit finds false positives
+    (docs/robustness.md)."""
     loss_options: dict = field(default_factory=dict)
     """The chosen loss's options, e.g. {temperature: 0.02, beta: 0.2}; checked against that loss's typed section
     (robustir.losses.options) when the config loads."""

@@ -82,6 +82,8 @@ class SamplerSource:
     retrieval instruction to retrieval queries only). A record's own ``prompt`` wins over both.
     ``in_batch_negatives``: False = a row's loss sees only its own hard negatives (applied by the batch engine).
     ``weight``: share of the steps (None for every source = proportional to the source's items).
+    ``budget_items``: the items the step budget counts, when they differ from the rows' own: a source whose
+    suspect positives ``filter_positives`` dropped trains as many steps as the unfiltered data would.
     """
 
     rows: TrainingRows
@@ -91,6 +93,7 @@ class SamplerSource:
     query_instruction: str | None = None
     passage_instruction: str | None = None
     in_batch_negatives: bool = True
+    budget_items: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
