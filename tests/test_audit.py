@@ -315,9 +315,12 @@ def test_recommendation_rule():
 
 
 def test_measured_loss_follows_the_table():
-    assert measured_loss("infonce", 0.4) == pytest.approx(5.30)
-    assert measured_loss("peg", 0.2) == pytest.approx(0.32)
-    assert measured_loss("peg", 0.1) == pytest.approx(0.16)
+    from robustir.audit.recommend import MEASURED
+
+    assert measured_loss("infonce", 0.4) == pytest.approx(MEASURED["infonce"][2])
+    assert measured_loss("robust", 0.2) == pytest.approx(MEASURED["robust"][1])
+    assert measured_loss("robust", 0.1) == pytest.approx(MEASURED["robust"][1] / 2)
+    assert measured_loss("robust", 0.4) < measured_loss("infonce", 0.4) / 2  # why the recipe is recommended
 
 
 def test_train_loss_auto_takes_the_audit_recommendation(tmp_path, tiny_encoder):

@@ -366,6 +366,20 @@ def test_teacher_filter_drops_random_like_positives_and_keeps_the_rest(tmp_path)
                                                              "reason": "random_like_positive", "positive": True}
     assert all(r["pos"] for i, r in enumerate(out) if i != 3)
     assert report.positives_removed == 1 and report.removed_by_reason["random_like_positive"] == 1
+    # judging positives alone: the same verdicts, negatives untouched and never scored
+    class PairCounter(TableTeacher):
+        pairs = 0
+
+        def score(self, queries, passages):
+            PairCounter.pairs += len(passages)
+            return super().score(queries, passages)
+
+    alone = teacher_filter(source, tmp_path / "alone.jsonl",
+                           TeacherFilterConfig(relative_margin=None, random_like_share=0.3, random_passages=50,
+                                               progress=False), teacher=PairCounter())
+    assert [r["pos"] for r in read(tmp_path / "alone.jsonl")] == [r["pos"] for r in out]
+    assert [r["neg"] for r in read(tmp_path / "alone.jsonl")] == [r["neg"] for r in rows] and alone.removed == 0
+    assert PairCounter.pairs == 8 * (1 + 24)  # each positive and the 24 random passages, no negative
     # the sample of random passages is seeded: the same file and seed give the same sample
     from robustir.filtering.teacher import sample_passages
 

@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     config = build_config(args)
+    if config.audit:  # loss auto takes the audit's recipe: say which
+        print(f"audit {config.audit}: training with loss {config.loss}"
+              + (" and filter_positives" if config.filter_positives else ""), flush=True)
     result = train(config)
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only the main process reports

@@ -56,6 +56,13 @@ class ServeConfig:
     """Texts waiting for the model; a request that would go over gets 429 with Retry-After"""
     request_timeout_s: PositiveFloat = 60.0
     """Longest a request may wait for the model (then 503 with Retry-After)"""
+    receive_timeout_s: PositiveFloat = 30.0
+    """Longest a connection may take to send a whole request (headers and body), from when it opens or starts the
+    request; an idle connection, a slow-header or a slow-body client is closed then. Between requests uvicorn's own
+    keep-alive timeout (5 s) applies."""
+    max_connections: PositiveInt | None = None
+    """Open connections at most (more: the longest-idle ones are closed, or the new one if none is idle); default:
+    the process's open-file limit (raised to its hard limit) less 256 spare."""
     cors_allow_origin: Items[str] | None = None
     """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None

@@ -14,12 +14,22 @@ logger = logging.getLogger(__name__)
 __all__ = ["serve", "running_server"]
 
 
-def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
-    """Serve ``app`` with uvicorn until interrupted (one process: one copy of the model)."""
-    import uvicorn
+def _limits(app: Any) -> dict:
+    """The connection limits of the app's ServeConfig (defaults for another app)."""
+    config = getattr(getattr(getattr(app, "state", None), "server", None), "config", None)
+    if config is None:
+        return {}
+    return {"receive_timeout_s": config.receive_timeout_s, "max_connections": config.max_connections}
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False)
-    server = uvicorn.Server(config)
+
+def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
+    """Serve ``app`` with uvicorn until interrupted (one process: one copy of the model), behind the connection
+    limits of :mod:`robustir.serving.connections`."""
+    from .connections import GuardedServer, guarded_config
+
+    config = guarded_config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
+                            **_limits(app))
+    server = GuardedServer(config)
     sock = _bind(host, port)
     logger.info("robustir serve: listening on http://%s:%d (OpenAI base_url http://%s:%d/v1)", host,
                 sock.getsockname()[1], host, sock.getsockname()[1])
@@ -56,20 +66,20 @@ def running_server(app: Any, host: str = "127.0.0.1", port: int = 0, *,
     batcher) has run, so requests can be sent at once. Leaving the block stops the server (``should_exit``) and
     waits for its thread.
     """
-    import uvicorn
+    from .connections import GuardedServer, guarded_config
 
     sock = _bind(host, port)
     ready = threading.Event()
     failure: list[BaseException] = []
 
-    class _Server(uvicorn.Server):
+    class _Server(GuardedServer):
         async def startup(self, sockets=None) -> None:
             try:
                 await super().startup(sockets=sockets)
             finally:
                 ready.set()
 
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+    config = guarded_config(app, log_level="warning", lifespan="on", access_log=False, **_limits(app))
     server = _Server(config)
 
     def run() -> None:
