@@ -88,6 +88,29 @@ def env(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
         shutil.copytree(tiny_model_dir, folder)
         (folder / broken).write_bytes(content)
         damaged[name] = str(folder)
+    # issue 35: valid JSON that is no text -- a lone surrogate -- or that the parser cannot take: 3,000 levels deep, a
+    # 5,000-digit number; in a BEIR corpus (index, eval), a training file (train, audit, filter)
+    defects = {"surrogate": '"ab\\ud800c"', "deep": "[" * 3000 + "]" * 3000, "bignum": "9" * 5000}
+    for name, value in defects.items():
+        folder = _beir(root / f"beir-{name}")
+        corpus = (folder / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+        corpus[1] = corpus[1][:-1] + f', "extra": {value}}}'
+        (folder / "corpus.jsonl").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+        damaged[f"corpus_{name}"] = str(folder)
+        rows = [json.dumps(r) for r in _train_rows()]
+        rows[2] = rows[2][:-1] + f', "extra": {value}}}'
+        (root / f"train-{name}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        damaged[f"train_{name}"] = str(root / f"train-{name}.jsonl")
+    (root / "train-surrogate-text.jsonl").write_text(
+        (root / "train.jsonl").read_text(encoding="utf-8").replace('"query": "', '"query": "\\udfff', 1),
+        encoding="utf-8")
+    damaged["train_surrogate_text"] = str(root / "train-surrogate-text.jsonl")
+    bomb = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    bomb += [f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi")]
+    (root / "bomb.yaml").write_text("\n".join(bomb) + "\n", encoding="utf-8")  # 9^9 values in 1 kB
+    (root / "cycle.yaml").write_text("a: &a [*a]\n", encoding="utf-8")
+    (root / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    damaged.update({name: str(root / f"{name}.yaml") for name in ("bomb", "cycle", "deep")})
     return {"data": str(data), "train": str(train), "docs": str(docs), "nan": str(nan), "small": str(small),
             "file": str(plain), "dir": str(empty_dir), "cfgdir": str(config_dir), "latin1": str(latin1), "pipeline": str(pipeline),
             "tiny": tiny_model_dir, "root": str(root), "not_gzip": str(not_gzip), "cut_gzip": str(cut_gzip),
@@ -272,6 +295,26 @@ CASES = [
     ("train-config-duplicate-key", ["train", "--config", "{dup}"], 2, "option 'lr' is given twice (line 3)"),
     ("run-section-is-a-value", ["run", "{pipeline}", "--until", "corpus", "train=5"], 2,
      "train: is a section of options"),
+    # 7. issue 35: a lone surrogate, nesting 3,000 deep, a 5,000-digit number -- a clear error before any work
+    ("index-corpus-lone-surrogate", ["index", "--corpus", "{corpus_surrogate}", "--model", "{tiny}", "--output",
+                                     "{out}/idx"], 2, "line 2, field 'extra': a lone UTF-16 surrogate"),
+    ("index-corpus-too-deep", ["index", "--corpus", "{corpus_deep}", "--model", "{tiny}", "--output", "{out}/idx"], 2,
+     "line 2: JSON nested too deeply"),
+    ("index-corpus-long-number", ["index", "--corpus", "{corpus_bignum}", "--model", "{tiny}", "--output", "{out}/idx"],
+     2, "line 2: a JSON number has more than 4,300 digits"),
+    ("eval-corpus-lone-surrogate", ["eval", "--model", "bm25", "--data", "{corpus_surrogate}"], 2,
+     "a lone UTF-16 surrogate"),
+    ("train-lone-surrogate-in-query", ["train", "--train-data", "{train_surrogate_text}", "--model", "{tiny}",
+                                       "--output", "{out}/t"], 2, "line 1, field 'query': a lone UTF-16 surrogate"),
+    ("audit-too-deep", ["audit", "--data", "{train_deep}", "--model", "{tiny}", "--output", "{out}/a"], 2,
+     "line 3: JSON nested too deeply"),
+    ("audit-long-number", ["audit", "--data", "{train_bignum}", "--model", "{tiny}", "--output", "{out}/a"], 2,
+     "line 3: a JSON number has more than 4,300 digits"),
+    ("filter-lone-surrogate", ["filter", "--method", "teacher", "--input", "{train_surrogate}", "--output",
+                               "{out}/f.jsonl", "--model", "{tiny}"], 2, "line 3, field 'extra': a lone UTF-16"),
+    ("train-config-alias-bomb", ["train", "--config", "{bomb}"], 2, "expands to more than 100,000 values"),
+    ("noise-bench-config-alias-cycle", ["noise-bench", "--config", "{cycle}"], 2, "expands to more than 100,000"),
+    ("train-config-too-deep", ["train", "--config", "{deep}"], 2, "nested too deeply to read"),
     ("filter-flag-of-another-method", ["filter", "--method", "teacher", "--input", "{train}", "--output",
                                        "{out}/f.jsonl", "--beta", "0.5"], 2, "--method teacher does not use --beta"),
 ]

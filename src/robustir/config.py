@@ -38,6 +38,8 @@ def read_config_file(path: str | Path) -> dict:
             yaml.load(text, Loader=_UniqueKeyLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot parse ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read; a config is a few levels of options") from None
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}: option {exc.key!r} is given twice{exc.where}; only one value can count: "
                           "remove the other") from None
@@ -45,7 +47,38 @@ def read_config_file(path: str | Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of option: value")
+    try:
+        expanded = _expanded_size(data)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read; a config is a few levels of options") from None
+    if expanded > MAX_CONFIG_VALUES:
+        raise ConfigError(f"{path}: expands to more than {MAX_CONFIG_VALUES:,} values through YAML aliases (&anchor / "
+                          "*alias used inside one another): write the values out, or use fewer nested aliases")
     return data
+
+
+#: values a config file may expand to: a YAML alias may point at a list of aliases, so 1 kB of YAML can stand for
+#: billions of values that validating (copying) them would allocate -- 2 GB measured for a 1 kB file
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(value: Any) -> int:
+    """How many values ``value`` stands for once every alias is written out, counted without expanding (a shared
+    list or mapping is counted once per reference, its size computed once)."""
+    sizes: dict[int, int] = {}
+
+    def size(item: Any) -> int:
+        if not isinstance(item, (dict, list)):
+            return 1
+        known = sizes.get(id(item))
+        if known is None:
+            sizes[id(item)] = MAX_CONFIG_VALUES + 1  # until known: a value that contains itself counts as too many
+            children = item.values() if isinstance(item, dict) else item
+            known = 1 + sum(size(child) for child in children)
+            sizes[id(item)] = min(known, MAX_CONFIG_VALUES + 1)  # capped: the sum cannot grow without bound
+        return known
+
+    return size(value)
 
 
 class _DuplicateKey(Exception):

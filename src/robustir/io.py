@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -171,6 +172,58 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
         yield number, obj
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def parse_json_line(line: str, path: str | Path, number: int) -> Any:
+    """One JSON value of a JSONL line, every defect a :class:`DataError` naming the file, line (and field): invalid
+    JSON, nesting too deep for the parser, a number too long to convert, a lone UTF-16 surrogate escape (valid JSON,
+    but no Unicode text: ``"\\ud800"``, which every later UTF-8 encoder refuses)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(path, f"invalid JSON ({exc.msg} at column {exc.colno})", line=number,
+                        fix="each line must hold exactly one JSON object") from None
+    except RecursionError:
+        raise DataError(path, "JSON nested too deeply to read", line=number,
+                        fix="flatten the record: robustir reads a few levels of objects and lists") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's conversion limit)
+        problem = "a JSON number has more than 4,300 digits" if "digits" in str(exc) else f"a JSON value cannot be " \
+                                                                                            f"read ({exc})"
+        raise DataError(path, problem, line=number, fix="write long numbers as strings") from None
+    if "\\u" in line and _SURROGATE_ESCAPE.search(line):  # a pair decodes to one character; a lone half stays one
+        where = _lone_surrogate(obj)
+        if where is not None:
+            raise DataError(path, "a lone UTF-16 surrogate (\\ud800-\\udfff without its pair) is not Unicode text",
+                            line=number, field=where or None,
+                            fix="repair the text's encoding (the writer split a surrogate pair), or drop the character")
+    return obj
+
+
+def _lone_surrogate(value: Any, where: str = "") -> str | None:
+    """The key path of the first string (or key) holding a lone surrogate; None when there is none."""
+    stack = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return at
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                name = f"{at}.{key}" if at else str(key)
+                if isinstance(key, str):
+                    try:
+                        key.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return f"{at} (a key)" if at else "(a key)"
+                stack.append((child, name))
+        elif isinstance(item, list):
+            stack.extend((child, f"{at}[{i}]") for i, child in enumerate(item))
+    return None
+
+
 def read_jsonl_at(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
     """:func:`read_jsonl` with where each line lies: ``(line_number, byte offset, byte length, object)``, offsets
     into the decompressed bytes of a ``.gz`` file, so a reader can index a file once and seek back to a record."""
@@ -188,11 +241,7 @@ def read_jsonl_at(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
                                 fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(path, f"invalid JSON ({exc.msg} at column {exc.colno})", line=number,
-                                fix="each line must hold exactly one JSON object") from None
+            obj = parse_json_line(line, path, number)
             if not isinstance(obj, dict):
                 raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", line=number,
                                 fix="each line must hold one JSON object such as {\"query\": ...}")
