@@ -338,6 +338,10 @@ def test_train_loss_auto_takes_the_audit_recommendation(tmp_path, tiny_encoder):
     with pytest.raises(ConfigError, match="not the training data"):
         TrainConfig(train_data=str(tmp_path / "other.jsonl"), loss="auto", audit=str(tmp_path / "audit"))
     assert loss_from_audit(str(tmp_path / "audit"), "auto", str(data))[0] == config.loss
+    # the same path with other content: refused (issue 35)
+    data.write_text(data.read_text() + json.dumps({"query": "a new query", "pos": ["a new passage"]}) + "\n")
+    with pytest.raises(ConfigError, match="before it changed"):
+        TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "audit"))
 
 
 # ------------------------------------------------------------------------------------------ the real model

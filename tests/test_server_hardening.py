@@ -332,6 +332,12 @@ def test_an_empty_api_key_is_refused_at_start_up(tiny_model_dir, monkeypatch, ca
         create_app(tiny_model_dir, None, ServeConfig())
     with pytest.raises(ConfigError, match="not an origin"):
         ServeConfig(cors_allow_origin=["localhost:3000"]).validate()
+    # origins a browser never sends (issue 35): a trailing slash, a path, a wildcard host
+    for never in ("http://good.example/", "http://*.example.com", "https://a.example/app", "http://a.example:99999x"):
+        with pytest.raises(ConfigError, match="would never match"):
+            ServeConfig(cors_allow_origin=[never]).validate()
+    for fine in ("http://localhost:3000", "https://app.example.com", "http://127.0.0.1:8080", "http://[::1]:3000", "*"):
+        ServeConfig(cors_allow_origin=[fine]).validate()
 
 
 def test_tokenized_once_and_counted_from_the_same_ids(client, server, monkeypatch):

@@ -144,4 +144,13 @@ def loss_from_audit(folder: str | None, loss: str, train_data: object) -> tuple[
     if sources and all(Path(str(s)).expanduser().resolve() != Path(audited).expanduser().resolve() for s in sources):
         raise ConfigError(f"audit: {folder} audited {audited}, not the training data {', '.join(map(str, sources))}; "
                           "audit the data you train on, or name the loss instead of auto")
+    # the same path is not the same data: the audit's record holds the content digest it read
+    record = Artifact(path, what="audit", inside=True).record() or {}
+    audited_digest = ((record.get("fingerprint") or {}).get("inputs") or {}).get("data")
+    if audited_digest and len(sources) == 1:
+        from ..runs import fingerprint
+
+        if fingerprint("audit", {}, {"data": sources[0]}).inputs.get("data") != audited_digest:
+            raise ConfigError(f"audit: {folder} audited {audited} before it changed (its content differs from what "
+                              "was audited); run robustir audit on it again, or name the loss instead of auto")
     return chosen, options, recipe

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import re
+
 from ..errors import ConfigError
 from ..precision import Precision
 from ..validation import Items, config_dataclass, NonNegativeFloat, PositiveFloat, PositiveInt, Range
@@ -12,6 +14,10 @@ __all__ = ["ServeConfig", "DEFAULT_PORT"]
 
 #: ``robustir serve``'s port. Not 8000: that is vLLM's, the LLM endpoint ``robustir generate`` talks to by default.
 DEFAULT_PORT = 8080
+
+
+#: what a browser's Origin header holds: scheme://host[:port] (the host a name, an IPv4 or a bracketed IPv6 address)
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?")
 
 
 @config_dataclass
@@ -78,9 +84,11 @@ class ServeConfig:
         if self.api_key is not None and self.api_key != self.api_key.strip():
             raise ConfigError("api_key starts or ends with whitespace; clients would have to send it too. Fix: strip it")
         for origin in self.cors_allow_origin or []:
-            if origin != "*" and not origin.startswith(("http://", "https://")):
-                raise ConfigError(f"cors_allow_origin: {origin!r} is not an origin; write it as scheme://host[:port] "
-                                  "(e.g. http://localhost:3000) or * for any")
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                # a browser sends exactly scheme://host[:port]: a path, a trailing slash or a wildcard never matches
+                raise ConfigError(f"cors_allow_origin: {origin!r} is not an origin a browser sends, so it would never "
+                                  "match; write it as scheme://host[:port] with no path, trailing slash or wildcard "
+                                  "(e.g. http://localhost:3000), or * for any")
         return self
 
     def resolved_api_key(self, environ: dict | None = None) -> str | None:
