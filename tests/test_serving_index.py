@@ -548,3 +548,28 @@ def test_cli_help_and_bad_flags(capsys):
         main(["index", "--corpus", "c", "--output", "o", "--ann", "annoy"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "invalid choice: 'annoy'" in err and "Traceback" not in err
+
+
+def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tmp_path, tiny_model_dir, capsys):
+    """Issue 35: --delete IDS_FILE stripped each line (it deleted 'sp ace' for 'sp ace '); an id with a NUL was
+    built and then refused by every other command."""
+    from robustir.serving.index import read_id_list
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": i, "text": f"passage {n}"}) + "\n"
+                              for n, i in enumerate(["sp ace", "sp ace ", " lead", "plain"])))
+    out = str(tmp_path / "idx")
+    assert main(["index", "--model", tiny_model_dir, "--corpus", str(corpus), "--output", out]) == 0
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_bytes(b"sp ace \r\n\n lead\n")
+    assert read_id_list(ids_file) == ["sp ace ", " lead"]
+    capsys.readouterr()
+    assert main(["index", "--delete", str(ids_file), "--output", out]) == 0
+    with SearchIndex.open(out) as index:
+        left = {h.id for h in index.search("passage", 10, mode="lexical")[0]}
+    assert left == {"sp ace", "plain"}
+    nul = tmp_path / "nul.jsonl"
+    nul.write_text(json.dumps({"_id": "a\u0000b", "text": "x"}) + "\n")
+    assert main(["index", "--model", tiny_model_dir, "--corpus", str(nul), "--output", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1, field '_id': the document id holds a NUL character" in err and "Traceback" not in err

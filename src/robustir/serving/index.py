@@ -219,12 +219,16 @@ def _read_records(path: str | Path, fmt: str) -> Iterator[_Record]:
     for line, obj in read_jsonl(file):
         doc_id, title, text = checked_fields(file, line, obj)
         id_key = "_id" if "_id" in obj else "id"
+        if "\x00" in doc_id:  # every later command (search, delete, upsert) refuses it: refused here, with its line
+            raise DataError(file, "the document id holds a NUL character", line=line, field=id_key,
+                            fix="remove the NUL from the id")
         extra = {key: value for key, value in obj.items() if key not in ("title", "text", id_key)}
         yield _Record(line, doc_id, title, text, extra)
 
 
 def read_id_list(path: str | Path) -> list[str]:
-    """Document ids to delete, one per line (blank lines skipped; ``.gz`` read transparently)."""
+    """Document ids to delete, one per line, byte-exact: only the line ending is removed (an id may begin or end with
+    spaces, as it may in a corpus); empty lines are skipped; ``.gz`` is read transparently."""
     from ..io import open_binary, read_lines
 
     path = Path(path)
@@ -235,7 +239,7 @@ def read_id_list(path: str | Path) -> list[str]:
     with open_binary(path) as handle:
         for number, raw in enumerate(read_lines(handle, path), start=1):
             try:
-                text = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8").removesuffix("\n").removesuffix("\r")
             except UnicodeDecodeError as exc:
                 raise DataError(path, f"not valid UTF-8 at byte {exc.start}", line=number,
                                 fix="re-encode the file as UTF-8") from None
