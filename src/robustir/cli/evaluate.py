@@ -50,4 +50,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_table({name: result.metrics}, title=f"{data.name} / {args.split}  ({result.seconds:.0f} s)"))
     if args.output:
         print(f"wrote {args.output}/metrics.json and {args.output}/run.trec")
+    else:
+        print("nothing saved: add --output FOLDER to keep metrics.json and the ranking (run.trec)")
     return 0

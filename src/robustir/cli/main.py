@@ -33,7 +33,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "run": ("pipeline", "the whole pipeline from one config"),
     "audit": ("audit", "measure a training set's noise (false positives / negatives, duplicates, leakage); pick the loss"),
     "noise-bench": ("noise_bench", "planted-noise benchmark: each method's NDCG@10 against noise kind and rate"),
-    "index": ("index", "encode a corpus into a persistent search index (FAISS + sqlite), add and delete documents"),
+    "index": ("index", "encode a corpus into a persistent search index (LanceDB: vectors, full text, metadata), add, upsert and delete documents"),
     "serve": ("serve", "OpenAI-compatible embeddings and search server (FastAPI)"),
 }
 

@@ -476,8 +476,8 @@ class Encoder(nn.Module):
         limit = max_length or self.config.max_length(kind)
         show = n >= 2000 if show_progress is None else show_progress
         block = ENCODE_BLOCK  # bound tokenizer memory on very large inputs
-        bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {kind}s", disable=not show,
-                   unit="batch")
+        plural = "queries" if kind == "query" else f"{kind}s"
+        bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {plural}", disable=not show, unit="batch")
         try:
             for start in range(0, n, block):
                 ids = self.token_ids(texts[start:start + block], kind, max_length=limit, instruction=instruction)
