@@ -326,3 +326,14 @@ def test_filter_exposes_every_field_of_the_three_methods():
         wanted = {path for path, _, _, hint, _, flag in config_flags(cls)
                   if _argparse_kind(hint) is not None and flag not in ("input", "output")}
         assert wanted == set(keys[method].values()), method
+
+
+def test_bm25s_keeps_the_log_level_set_before_it_is_imported():
+    """bm25s sets its logger to DEBUG on import, after the CLI has quietened it (issue 34): the level set first stays."""
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.getLogger('bm25s').setLevel(logging.WARNING); "
+            "from robustir.index.bm25 import import_bm25s; import_bm25s(); print(logging.getLogger('bm25s').level)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(30)

@@ -63,7 +63,11 @@ def import_bm25s():
     if module is not None:
         return module
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import logging
+
     with _IMPORT_LOCK:
+        # bm25s sets its own logger to DEBUG when imported: keep the level someone set before (the CLI sets WARNING)
+        level = logging.getLogger("bm25s").level
         saved = {name: sys.modules[name] for name in _JAX_MODULES if name in sys.modules}
         for name in _JAX_MODULES:
             sys.modules[name] = None  # type: ignore[assignment]  # ``import jax`` -> ImportError
@@ -76,6 +80,7 @@ def import_bm25s():
                     sys.modules[name] = saved[name]
                 else:
                     sys.modules.pop(name, None)
+            logging.getLogger("bm25s").setLevel(level)
     return bm25s
 
 
