@@ -81,6 +81,20 @@ def test_pipeline_end_to_end_then_cached(tiny_model_dir, tmp_path, capsys):
     assert changed.stages == {"corpus": "skipped", "chunk": "off", "queries": "skipped", "pretrain": "skipped",
                               "mine": "skipped", "filter": "off", "train": "ran", "eval": "ran"}
 
+    # a stage output cut short or edited in place is made again, and what follows it too (issue 35: a truncated
+    # mine/train.jsonl was trained on, a truncated model reported complete with the old metrics)
+    mined_file = work / "mine" / "train.jsonl"
+    mined_file.write_text("".join(mined_file.read_text().splitlines(keepends=True)[:3]))
+    cut = run_pipeline(load_pipeline_config(path, ["train.lr=1e-4"]))
+    assert cut.stages["mine"] == "ran" and cut.stages["train"] == "ran"
+    assert len(mined_file.read_text().splitlines()) == len(pairs)
+    weights = next((work / "train" / "model").glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, other content
+    weights.write_bytes(bytes(data))
+    edited = run_pipeline(load_pipeline_config(path, ["train.lr=1e-4"]))
+    assert edited.stages["train"] == "ran" and edited.stages["mine"] == "skipped"
+
 
 def test_run_redoes_stages_after_a_corpus_edit_and_not_after_an_operational_change(tiny_model_dir, tmp_path):
     """The corpus file edited in place (same path) redoes every stage; a change of operational fields only

@@ -225,7 +225,9 @@ class _Runner:
         folder = self.work / name
         made = fingerprint(name, settings, inputs, {"previous stage": self.upstream} if self.upstream else None,
                            cache=self.digests)
-        artifact = Artifact(folder, what=f"stage {name}")
+        # files over 256 MiB are checked by size only when a run looks again (hashing them would cost more than
+        # re-running small stages); every file's SHA-256 is still recorded
+        artifact = Artifact(folder, what=f"stage {name}", checksum_limit=256 << 20)
         if name in self.force:
             artifact.clear()
         if artifact.begin(made, on_change="redo"):  # an interrupted stage with the same fingerprint resumes
@@ -239,8 +241,11 @@ class _Runner:
         tick = time.perf_counter()
         outputs = body(folder)
         finished = time.time()
+        # every file the stage left, with its size and SHA-256: a truncated or edited output (a cut train.jsonl, a
+        # damaged model) makes the stage run again instead of feeding the next one (issue 35)
+        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
         artifact.finish({"outputs": outputs, "finished": finished, "seconds": round(time.perf_counter() - tick, 2)},
-                        files=[])
+                        files=files, checksums=True)
         self.status[name] = "ran"
         self.upstream = _finished(made, finished)
         return outputs
