@@ -182,3 +182,24 @@ def test_example_config_runs_end_to_end_as_shipped_shrunk_to_a_tiny_model(tiny_m
     assert set(result.metrics) == {"base", "pretrained", "finetuned"}
     mined = [json.loads(x) for x in (tmp_path / "work" / "mine" / "train.jsonl").read_text().splitlines()]
     assert 0 < len(mined) <= 40 and all(len(r["neg"]) <= 7 for r in mined)
+
+
+def test_a_second_run_on_the_same_work_dir_is_refused_while_the_first_holds_it(tmp_path, tiny_model_dir):
+    """Two robustir run on one work dir raced (issue 35): the second is refused with a clear error; the lock goes
+    with the process that held it."""
+    from robustir.errors import ConfigError
+    from robustir.io import try_lock
+
+    path = tiny_config(tiny_model_dir, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    held = try_lock(work / "run.lock")  # another run in progress
+    assert held is not None
+    try:
+        with pytest.raises(ConfigError, match="being used by another robustir run"):
+            run_pipeline(load_pipeline_config(path, ["train.max_steps=1"]))
+    finally:
+        import os
+
+        os.close(held)
+    assert try_lock(work / "run.lock") is not None  # free again

@@ -248,6 +248,26 @@ def read_jsonl_at(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
             yield number, start, len(raw), obj
 
 
+def try_lock(file: Path, attempts: int = 20) -> int | None:
+    """An exclusive ``flock`` on ``file`` (created if missing): its descriptor, or None when another process holds it.
+
+    Released by closing the descriptor, or when the process dies, even by kill -9. A few quick retries let a
+    reader's probe (which holds the lock for microseconds) pass.
+    """
+    import fcntl
+    import time
+
+    fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    for _ in range(attempts):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.05)
+    os.close(fd)
+    return None
+
+
 class ResumableJsonlWriter:
     """Append-only JSONL output that survives crashes.
 

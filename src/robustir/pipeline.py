@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -54,7 +55,7 @@ from typing import Any, Callable, Literal
 from .config import load_config
 from .data.chunking import ChunkConfig
 from .errors import ConfigError
-from .io import atomic_write, write_json
+from .io import atomic_write, try_lock, write_json
 from .precision import Precision
 from .runs import Artifact, Fingerprint, fingerprint, operational, settings_of
 from .queries.generate import GenerateConfig
@@ -472,9 +473,6 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
     ``until``: the last stage to run (``"filter"``: build the training data and stop); the result then has no
     metrics and ``model_path`` is the last stage's main output.
     """
-    from .evaluation.metrics import format_table
-    from .resources import default_model_path
-
     unknown = set(force or ()) - set(STAGES)
     if unknown:
         raise ConfigError(f"--force: unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
@@ -484,6 +482,21 @@ def run_pipeline(config: PipelineConfig, force: list[str] | None = None, until: 
     work = Path(config.work_dir)
     _refuse_inputs_in_stage_folders(config)
     work.mkdir(parents=True, exist_ok=True)
+    lock = try_lock(work / "run.lock")  # two runs on one work dir would write the same stage folders
+    if lock is None:
+        raise ConfigError(f"{work} is being used by another robustir run: wait for it to finish, or give this run "
+                          "another work_dir")
+    try:
+        return _run_locked(config, work, force, until, started)
+    finally:
+        os.close(lock)
+
+
+def _run_locked(config: PipelineConfig, work: Path, force: list[str] | None, until: str | None,
+                started: float) -> PipelineResult:
+    from .evaluation.metrics import format_table
+    from .resources import default_model_path
+
     write_json(work / "pipeline_config.json", settings_of(asdict(config)))
     base_model = config.model or default_model_path()
     runner = _Runner(work, set(force or ()))

@@ -960,19 +960,14 @@ def _open_table(path: Path, manifest: dict, *, writable: bool) -> Any:
 def _lock(path: Path) -> int:
     """Take the index's writer lock (``flock`` on ``writer.lock``, released by :func:`_unlock` or when the process
     dies, even by kill -9): one writer at a time, and readers can tell a running job from a dead one."""
-    import fcntl
+    from ..io import try_lock
 
     if path.exists() and not path.is_dir():
         raise DataError(path, "is a file, not an index folder", fix="choose another --output")
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    for attempt in range(20):  # a reader's probe (_writer_running) holds the lock for microseconds
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            time.sleep(0.05)
-    os.close(fd)
+    fd = try_lock(path / LOCK)  # a reader's probe (_writer_running) holds the lock for microseconds: retried
+    if fd is not None:
+        return fd
     raise ConfigError(f"index {path} is being changed by another process (a build, --add, --upsert, --delete or "
                       "--compact): wait for it to finish, then run this again")
 
