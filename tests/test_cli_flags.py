@@ -133,6 +133,7 @@ def test_precedence_defaults_file_flags_overrides(tmp_path):
 
 HELP_FLAGS = {
     "train": ["--model", "--train-data", "--eval-data", "--loss {infonce,peg,ccr,auto}", "--audit AUDIT",
+              "--filter-positives, --no-filter-positives",
               "--batch-size", "--chunk-size",
               "--epochs", "--max-steps", "--lr", "--seed", "--num-negatives", "--mine {bm25,dense,none}", "--no-mine",
               "--query-max-length", "--passage-max-length", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing",
@@ -158,8 +159,9 @@ HELP_FLAGS = {
              "--shard", "--overwrite", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
     "pairs": ["--format", "--text-unit", "--seed", "--repeat", "--window", "--min-weight", "--title, --no-title",
               "--lcs, --no-lcs", "--shard", "--overwrite"],
-    "noise-bench": ["--data", "--model", "--preset {cpu,gpu}", "--kinds {chunk-fn,", "--rates RATES [RATES ...]",
-                    "--methods {infonce,", "--seeds SEEDS [SEEDS ...]", "--output", "--eval-split"],
+    "noise-bench": ["--data", "--model", "--preset {cpu,cpu-long,gpu}", "--kinds {chunk-fn,", "--rates RATES [RATES ...]",
+                    "--methods {infonce,", "--seeds SEEDS [SEEDS ...]", "--output", "--eval-split", "--dev", "--jobs",
+                    "--keep-steps, --no-keep-steps"],
     "eval": ["--data", "--split", "--output", "--top-k", "--index {flat,ivf,hnsw}", "--nprobe",
              "--ignore-identical-ids, --no-ignore-identical-ids", "--cache-dir", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
     "chunk": ["--format", "--text-unit", "--max-tokens", "--overlap", "--min-tokens", "--tokenizer", "--shard"],
