@@ -25,6 +25,31 @@ QUERIES = [("q1", "does aspirin prevent heart attacks"), ("q2", "do statins redu
            ("q3", "is vitamin d good for bones"), ("q4", "does exercise help sleep")]
 
 
+def scifact_with_planted_positives(scifact_dir, path, n: int, planted: int) -> set[int]:
+    """``n`` SciFact training queries with their positives and 3 random negatives each, written to ``path``;
+    ``planted`` of them (seeded) get a random corpus passage as their positive instead. Returns their indexes."""
+    import json
+    import random
+
+    from robustir.data.beir import load_beir
+
+    data = load_beir(scifact_dir, "train")
+    texts = dict(zip(data.corpus.ids, data.corpus.texts_for_encoding()))
+    rng = random.Random(0)
+    qids = sorted(data.qrels)[:n]
+    wrong = set(rng.sample(range(n), planted))
+    others = list(texts)
+    lines = []
+    for i, qid in enumerate(qids):
+        positives = [texts[d] for d in data.qrels[qid]]
+        if i in wrong:
+            positives = [texts[rng.choice(others)]]
+        negatives = [texts[rng.choice(others)] for _ in range(3)]
+        lines.append(json.dumps({"query": data.queries[qid], "pos": positives, "neg": negatives}))
+    path.write_text("\n".join(lines) + "\n")
+    return wrong
+
+
 class LargestTensor(TorchDispatchMode):
     """Records the largest tensor (numel) any op produces, forward and backward."""
 

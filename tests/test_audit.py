@@ -350,23 +350,10 @@ def test_train_loss_auto_takes_the_audit_recommendation(tmp_path, tiny_encoder):
 def test_planted_random_false_positives_on_scifact_with_the_bundled_model(tmp_path, minilm_path, scifact_dir):
     """160 SciFact training queries, 40 of them given a random corpus passage as positive: the real teacher's
     estimate brackets the planted share and its flags are mostly the planted pairs."""
-    from robustir.data.beir import load_beir
+    from helpers import scifact_with_planted_positives
 
-    data = load_beir(scifact_dir, "train")
-    texts = dict(zip(data.corpus.ids, data.corpus.texts_for_encoding()))
-    rng = random.Random(0)
-    qids = sorted(data.qrels)[:160]
-    planted = set(rng.sample(range(160), 40))
-    others = list(texts)
-    lines = []
-    for i, qid in enumerate(qids):
-        positives = [texts[d] for d in data.qrels[qid]]
-        if i in planted:
-            positives = [texts[rng.choice(others)]]
-        negatives = [texts[rng.choice(others)] for _ in range(3)]
-        lines.append(json.dumps({"query": data.queries[qid], "pos": positives, "neg": negatives}))
     path = tmp_path / "train.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    planted = scifact_with_planted_positives(scifact_dir, path, 160, 40)
     from robustir.models.encoder import Encoder
 
     teacher = Encoder.from_pretrained(minilm_path, query_max_length=64, passage_max_length=96)

@@ -1,7 +1,7 @@
 """robustir's recipe for noisy data: ``robustir train --filter-positives --loss peg`` (docs/robustness.md).
 
-The starting model, as teacher, drops positives that look like random passages (the audit's random p-value) and
-negatives within 5 % of their positive before PEG trains on the rest. The rule itself is tested on hand-made
+The starting model, as teacher, drops positives that look like random passages (the audit's random p-value) before
+PEG trains on the rest, for the step budget of the data as given. The rule itself is tested on hand-made
 scores in tests/test_filters.py; here: the real bundled model on SciFact with planted false positives, the
 resumable filtered copy, and the options' checks.
 """
@@ -9,34 +9,10 @@ resumable filtered copy, and the options' checks.
 from __future__ import annotations
 
 import json
-import random
-from pathlib import Path
 
 import pytest
 
 from robustir.errors import ConfigError
-
-
-def _planted(scifact_dir: Path, path: Path, n: int = 120, planted: int = 30) -> set[int]:
-    """``n`` SciFact training queries with their positives, ``planted`` of them (line numbers returned) given a
-    random corpus passage as positive instead; 3 random negatives each."""
-    from robustir.data.beir import load_beir
-
-    data = load_beir(scifact_dir, "train")
-    texts = dict(zip(data.corpus.ids, data.corpus.texts_for_encoding()))
-    rng = random.Random(0)
-    qids = sorted(data.qrels)[:n]
-    wrong = set(rng.sample(range(n), planted))
-    others = list(texts)
-    lines = []
-    for i, qid in enumerate(qids):
-        positives = [texts[d] for d in data.qrels[qid]]
-        if i in wrong:
-            positives = [texts[rng.choice(others)]]
-        negatives = [texts[rng.choice(others)] for _ in range(3)]
-        lines.append(json.dumps({"query": data.queries[qid], "pos": positives, "neg": negatives}))
-    path.write_text("\n".join(lines) + "\n")
-    return {i + 1 for i in wrong}
 
 
 @pytest.mark.slow
@@ -44,8 +20,10 @@ def test_filter_positives_drops_planted_false_positives_before_peg_trains(tmp_pa
     from robustir.training import train
     from robustir.training.arguments import TrainConfig
 
+    from helpers import scifact_with_planted_positives
+
     data = tmp_path / "train.jsonl"
-    planted = _planted(scifact_dir, data)
+    planted = {i + 1 for i in scifact_with_planted_positives(scifact_dir, data, 120, 30)}  # line numbers
     config = TrainConfig(model=minilm_path, train_data=str(data), mine="none", num_negatives=1, loss="peg",
                          filter_positives=True, batch_size=8, max_steps=2, query_max_length=32,
                          passage_max_length=96, output=str(tmp_path / "run"), report=False, seed=1)
