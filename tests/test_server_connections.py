@@ -142,6 +142,10 @@ def test_over_the_cap_the_longest_idle_connection_goes_first(state):
     loop.advance(1)
     third, third_t = _protocol(loop, state, cap=2)
     assert first_t.closed and not busy_t.closed and not third_t.closed
+    # a closed connection leaves the set only when its loss is reported: until then it is not counted twice
+    extra, extra_t = _protocol(loop, state, cap=3)
+    assert not third_t.closed and not extra_t.closed and not busy_t.closed
+    extra.connection_lost(None)
     first.connection_lost(None)
     fourth, fourth_t = _protocol(loop, state, cap=2)  # the oldest idle one now is the third
     assert third_t.closed and not fourth_t.closed and not busy_t.closed

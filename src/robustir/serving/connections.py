@@ -123,7 +123,10 @@ class GuardedH11Protocol(H11Protocol):
 
     def _shed(self) -> None:
         """Close the longest-idle connections until the cap holds; the newest when none is idle."""
-        excess = len(self.connections) - self.max_connections
+        closing = sum(1 for c in self.connections if isinstance(c, GuardedH11Protocol) and c.transport.is_closing())
+        excess = len(self.connections) - closing - self.max_connections  # closed ones leave the set a moment later
+        if excess <= 0:
+            return
         idle = sorted((c for c in self.connections if isinstance(c, GuardedH11Protocol) and c is not self and c._idle()),
                       key=lambda c: c._idle_since)
         victims = idle[:excess] or [self]
