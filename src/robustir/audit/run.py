@@ -484,7 +484,8 @@ class _Audit:
 
     def _measure(self, items: list[tuple[str, Record, str, int]], excluded: list[set[int]]) -> list[dict]:
         """Cosine, random p-value and gap of each ``(kind, record, passage, positive index)``."""
-        k = len(self.random_texts)
+        from ..filtering.teacher import random_p_value
+
         q = self.queries.of([record.query for _, record, _, _ in items])
         p = self.passages.of([text for _, _, text, _ in items])
         inside = [[normalize(t) for t in (record.pos if kind == "pair" else [text])]
@@ -501,8 +502,7 @@ class _Audit:
         out = []
         for n, (kind, record, text, j) in enumerate(items):
             s = float(scores[n])
-            own = self.random_hashes == text_hash(text)
-            u = (1 + int(((rand[n] >= s) & ~own).sum())) / (k + 1 - int(own.sum()))
+            u = random_p_value(s, rand[n], self.random_hashes == text_hash(text))
             top = best[n]
             out.append({"kind": kind, "record": record, "positive": j, "score": s, "u": u,
                         "gap": float(top - s) if np.isfinite(top) else -np.inf,

@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TeacherFilterConfig", "FilterReport", "Decision", "FilterRecord", "EmbeddingTeacher",
            "CrossEncoderTeacher", "load_teacher", "margin_reason", "teacher_filter", "run_filter", "random_like_positives",
-           "suspect_positives", "sample_passages", "ROBUST_FILTER"]
+           "random_p_value", "suspect_positives", "sample_passages", "ROBUST_FILTER"]
 
 REASON_EQUALS_POSITIVE = "equals_positive"
 REASON_SUSPECT_POSITIVE = "suspect_positive"
@@ -455,12 +455,15 @@ def random_like_positives(positive_scores: Sequence[float], random_scores: np.nd
         return None
     random_scores = np.asarray(random_scores, dtype=np.float64).reshape(len(positive_scores), -1)
     own = np.zeros(random_scores.shape, dtype=bool) if own is None else np.asarray(own, dtype=bool)
-    reasons: list[str | None] = []
-    for score, row, mine in zip(positive_scores, random_scores, own):
-        counted = ~mine
-        p_value = (1 + int(((row >= score) & counted).sum())) / (1 + int(counted.sum()))
-        reasons.append(REASON_RANDOM_LIKE_POSITIVE if p_value >= share else None)
-    return reasons
+    return [REASON_RANDOM_LIKE_POSITIVE if random_p_value(score, row, mine) >= share else None
+            for score, row, mine in zip(positive_scores, random_scores, own)]
+
+
+def random_p_value(score: float, random_scores: np.ndarray, own: np.ndarray) -> float:
+    """``(1 + #{r >= score}) / (1 + R)`` over the random passages that are not the scored passage itself (``own``
+    marks those): the random p-value of the audit's estimate and of :func:`random_like_positives`."""
+    counted = ~own
+    return (1 + int(((random_scores >= score) & counted).sum())) / (1 + int(counted.sum()))
 
 
 def sample_passages(path: Path, count: int, seed: int) -> list[str]:
