@@ -523,6 +523,16 @@ def test_a_running_server_follows_add_delete_and_upsert(tmp_path, tiny_model_dir
             assert [(h["id"], h["title"], h["fields"]) for h in okapi] == [("n1", "Okapi", {"lang": "fr"})]
             assert "n1" not in {h["id"] for h in search(query="zebra", top_k=10, mode="lexical")}
             writer.close()
+            # issue 35: a rebuild (--overwrite) under the server: the old index answers until the new one is whole
+            seen = []
+            rebuilt, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir,
+                                           write_corpus(tmp_path / "new.jsonl", n=30, start=300, prefix="r"),
+                                           config=IndexConfig(show_progress=False, chunk_size=7), overwrite=True,
+                                           on_chunk=lambda _: seen.append(client.get("/health").json()["index"]))
+            assert seen and all(s["documents"] == 27 for s in seen), seen
+            assert client.get("/health").json()["index"]["documents"] == 30
+            assert all(h["id"].startswith("r") for h in search(query="study", top_k=10, mode="lexical"))
+            rebuilt.close()
         finally:
             stop.set()
             thread.join(timeout=120)

@@ -98,7 +98,7 @@ def test_build_searches_like_brute_force_and_writes_a_manifest(tmp_path, beir, t
     assert manifest["model"]["path"] == str(Path(tiny_model_dir).resolve())
     assert "model.safetensors" in manifest["model"]["digest"]
     assert manifest["encoder"]["pooling"] == "cls" and manifest["dim"] == 32
-    assert manifest["format"] == "robustir-lance-1" and manifest["job"] is None and manifest["documents"] == 6
+    assert manifest["format"] == "robustir-lance-2" and manifest["job"] is None and manifest["documents"] == 6
     assert manifest["ann"]["kind"] == "exact" and not manifest["ann"]["indexed"] and index.kind == "exact"
     assert manifest["fields"] == ["lang"] and manifest["files"]
     assert all(name.startswith("lance/docs.lance/") and len(f["sha256"]) == 64 for name, f in manifest["files"].items())
@@ -306,13 +306,26 @@ def test_one_writer_at_a_time_and_readers_open_during_a_running_job(built, tmp_p
     ({"version": "one"}, "field 'version' is not a int"),
 ])
 def test_a_tampered_manifest_is_named_never_a_traceback(built, edit, message):
+    """An edit is refused by the manifest's digest; the same edit with the digest made again (a forgery, or a bug
+    of ours) is still refused by the check of that part."""
+    from robustir.serving.index import _manifest_digest
+
     built.close()
     file = built.path / "manifest.json"
-    file.write_text(json.dumps({**json.loads(file.read_text()), **edit}))
-    for writable in (False, True):
+    original = json.loads(file.read_text())
+    edited = {**original, **edit}
+    file.write_text(json.dumps(edited))
+    for writable in (False, True):  # a top-level field of the wrong type is named before the digest is compared
         with pytest.raises(DataError) as exc:
             SearchIndex.open(built.path, writable=writable)
-        assert message in str(exc.value) and str(built.path) in str(exc.value), str(exc.value)
+        assert (message in str(exc.value) or "was edited after robustir wrote it" in str(exc.value)) \
+            and str(built.path) in str(exc.value), str(exc.value)
+    if "format" not in edit:
+        file.write_text(json.dumps({**edited, "digest": _manifest_digest(edited)}))
+        for writable in (False, True):
+            with pytest.raises(DataError) as exc:
+                SearchIndex.open(built.path, writable=writable)
+            assert message in str(exc.value) and str(built.path) in str(exc.value), str(exc.value)
 
 
 def test_damage_is_named_by_open_and_check(built, tmp_path, tiny_model_dir):
@@ -573,3 +586,152 @@ def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tm
     assert main(["index", "--model", tiny_model_dir, "--corpus", str(nul), "--output", str(tmp_path / "n")]) == 2
     err = capsys.readouterr().err
     assert "line 1, field '_id': the document id holds a NUL character" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------ issue 35: integrity
+
+def redigest(path: Path, **edit) -> None:
+    """Edit the manifest and write its digest again, as a forger (or a bug of ours) would."""
+    from robustir.serving.index import _manifest_digest
+
+    file = path / "manifest.json"
+    manifest = {**json.loads(file.read_text()), **edit}
+    file.write_text(json.dumps({**manifest, "digest": _manifest_digest(manifest)}))
+
+
+def test_overwrite_builds_aside_and_swaps_while_a_reader_serves_the_old_index(built, tmp_path, tiny_model_dir):
+    """Issue 35: ``--overwrite`` under a running server removed the old index at once and served the partly built new
+    one (0, 5, 10 ... documents). Now readers keep the old index until the new one is complete, then follow it."""
+    path = built.path
+    built.close()
+    reader = SearchIndex.open(path)
+    old = {h.id for h in reader.search("sleep", 24, mode="lexical")[0]}
+    new_corpus = write_corpus(tmp_path / "new.jsonl", n=12, start=500, prefix="n")
+    seen = []
+
+    def during(position):  # the rebuild is committing chunks: the reader still answers from the whole old index
+        hits = reader.search("sleep", 24, mode="lexical")[0]
+        seen.append((reader.count, {h.id for h in hits} == old))
+
+    index, report = SearchIndex.build(path, tiny_model_dir, new_corpus, config=quiet(chunk_size=5), overwrite=True,
+                                      on_chunk=during)
+    assert seen and all(entry == (24, True) for entry in seen), seen
+    assert report.added == 12 and index.count == 12
+    assert {h.id for h in reader.search("sleep", 24, mode="lexical")[0]} <= {f"n{i}" for i in range(500, 512)}
+    assert reader.count == 12  # followed the swap without a restart
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["data"] == "lance.1" and [r["data"] for r in manifest["retired"]] == ["lance"]
+    assert (path / "lance").is_dir() and not (path / "building.json").exists()  # the old folder kept for a while
+    index.compact(keep=timedelta(0))  # then removed by a later job
+    assert not (path / "lance").exists() and json.loads((path / "manifest.json").read_text())["retired"] == []
+    assert reader.count == 12 and "data files verified" in index.check()
+    reader.close()
+    index.close()
+
+
+def test_a_killed_overwrite_leaves_the_old_index_served_and_its_rerun_resumes(built, tmp_path, tiny_model_dir):
+    path = built.path
+    built.close()
+    new_corpus = write_corpus(tmp_path / "new.jsonl", n=12, start=500, prefix="n")
+
+    def die(position):
+        if position == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        SearchIndex.build(path, tiny_model_dir, new_corpus, config=quiet(chunk_size=5), overwrite=True, on_chunk=die)
+    with SearchIndex.open(path) as reader:  # the old index, whole and checked
+        assert reader.count == 24 and "data files verified" in reader.check()
+    index, report = SearchIndex.build(path, tiny_model_dir, new_corpus, config=quiet(chunk_size=5), overwrite=True)
+    assert report.resumed_from == 10 and index.count == 12
+    index.close()
+    with SearchIndex.open(path) as reader:
+        assert reader.count == 12
+
+
+def test_a_reader_refuses_an_index_rebuilt_with_another_model(built, tmp_path, tiny_model_dir):
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    other = tmp_path / "other-model"
+    config = BertConfig(vocab_size=AutoTokenizer.from_pretrained(tiny_model_dir).vocab_size, hidden_size=32,
+                        num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(1)
+    BertModel(config).save_pretrained(other)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(other)
+    path = built.path
+    built.close()
+    reader = SearchIndex.open(path, model=tiny_model_dir)
+    assert len(reader.search("sleep", 3)[0]) == 3
+    SearchIndex.build(path, str(other), write_corpus(tmp_path / "c2.jsonl", n=6), config=quiet(),
+                      overwrite=True)[0].close()
+    with pytest.raises(DataError, match="(?s)was rebuilt .* with another model .*restart the server"):
+        reader.search("sleep", 3)
+    reader.close()
+
+
+def test_missing_newest_version_files_are_refused_not_served_as_an_older_state(built, tmp_path):
+    """Issue 35: with the newest ``_versions/*.manifest`` gone, check said '704 documents verified' of 1,000."""
+    path = built.path
+    built.add(write_corpus(tmp_path / "more.jsonl", n=6, start=100, prefix="m"), config=quiet())
+    built.close()
+    versions = sorted((path / "lance" / "docs.lance" / "_versions").glob("*.manifest"))
+    newest = max(versions, key=lambda p: p.stat().st_mtime_ns)
+    newest.unlink()
+    for writable in (False, True):
+        with pytest.raises(DataError, match="the newest version files .* are missing"):
+            SearchIndex.open(path, writable=writable)
+
+
+def test_a_forged_manifest_is_refused_by_what_it_forged(built):
+    """Issue 35: ``"files": {}`` let --check bless a truncated data file; a hand-written unfinished job with id 1
+    made --discard-unfinished delete the whole build; edited encoder settings were trusted."""
+    path = built.path
+    built.close()
+    good = (path / "manifest.json").read_text()
+    encoder = {**json.loads(good)["encoder"], "query_max_length": 2, "normalize": False}
+    (path / "manifest.json").write_text(json.dumps({**json.loads(good), "encoder": encoder}))
+    with pytest.raises(DataError, match="was edited after robustir wrote it"):
+        SearchIndex.open(path)
+    for edit, message in (({"files": {}}, "but no data file"),
+                          ({"job": {"id": 1, "kind": "add", "input": "x", "position": 0}}, "next job's id is")):
+        (path / "manifest.json").write_text(good)
+        redigest(path, **edit)
+        for writable in (False, True):
+            with pytest.raises(DataError, match=message):
+                SearchIndex.open(path, writable=writable)
+    (path / "manifest.json").write_text(good)
+    with SearchIndex.open(path) as index:
+        assert index.count == 24
+
+
+def test_a_table_changed_outside_robustir_is_refused(built):
+    built._table.delete("id = 'd3'")  # a Lance commit the manifest does not know of
+    path = built.path
+    built.close()
+    with pytest.raises(DataError, match="changed outside robustir"):
+        SearchIndex.open(path)
+
+
+def test_a_large_delete_is_one_commit(tmp_path, tiny_model_dir):
+    """Issue 35: a delete of more than 500 ids was several commits; killed midway it stayed half-applied."""
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, write_corpus(tmp_path / "c.jsonl", n=1300),
+                                 config=quiet(chunk_size=2000))
+    before = index.version
+    report = index.delete([f"d{i}" for i in range(1200)])
+    assert report.deleted == 1200 and index.count == 100
+    assert index.version == before + 1  # one Lance commit (was three)
+    index.close()
+
+
+def test_an_index_built_with_a_relative_model_path_opens_from_another_folder(tmp_path, tiny_model_dir, monkeypatch):
+    """Issue 35: a manifest keeping a relative model path was refused from another folder as 'not a hub model'."""
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+    corpus = write_corpus(tmp_path / "c.jsonl", n=6)
+    monkeypatch.chdir(tmp_path)
+    SearchIndex.build("idx", "models/tiny", corpus, config=quiet())[0].close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with SearchIndex.open(tmp_path / "idx") as index:
+        assert len(index.search("sleep", 3)[0]) == 3

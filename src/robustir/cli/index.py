@@ -44,7 +44,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     action.add_argument("--discard-unfinished", action="store_true",
                         help="drop the documents of an interrupted --add instead of finishing it")
     parser.add_argument("--output", required=True, help="the index folder")
-    parser.add_argument("--overwrite", action="store_true", help="with --corpus: rebuild from scratch")
+    parser.add_argument("--overwrite", action="store_true", help="with --corpus: rebuild from scratch, beside the index: "
+                        "readers (a running server) keep the old index until the new one is complete, then follow it; "
+                        "a killed rebuild resumes when run again")
     keys = add_config_flags(parser, IndexConfig)
     parser.set_defaults(_flag_keys=keys)
     add_encoder_args(parser)

@@ -73,7 +73,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..index.fusion import FusionConfig
 from .batcher import EncodeFailed, MicroBatcher, Overloaded
 from .config import ServeConfig
@@ -200,10 +200,13 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
     @router.get("/health", tags=["operations"])
     async def health(request: Request):
         s = _server(request)
+        try:
+            index = None if s.index is None else {"documents": s.index.count, "kind": s.index.kind}
+        except DataError as exc:  # e.g. rebuilt with another model: a restart is the fix, so health says so
+            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
         return _answer({"status": "ok", "model": s.name, "dimension": s.dim, "device": s.device,
                         "precision": s.precision, "workers": s.workers, "torch_threads": torch.get_num_threads(),
-                        "queued_texts": s.batcher.queued,
-                        "index": None if s.index is None else {"documents": s.index.count, "kind": s.index.kind},
+                        "queued_texts": s.batcher.queued, "index": index,
                         "batching": {"max_batch_size": s.config.max_batch_size, "max_wait_ms": s.config.max_wait_ms,
                                      "encode_batch_size": s.encode_batch, **s.batcher.stats.to_dict()}})
 
@@ -213,14 +216,18 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
 
         s = _server(request)
         c, ec = s.config, s.encoder.config
+        try:
+            index = None if s.index is None else {"documents": s.index.count, "kind": s.index.kind,
+                                                  "fields": sorted(s.index.manifest.get("fields") or [])}
+        except DataError as exc:
+            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
         return _answer({
             "version": __version__, "model": s.name, "dimension": s.dim, "dimensions": s.allowed_dims,
             "pooling": ec.pooling, "normalized": ec.normalize,
             "max_tokens": {"query": ec.query_max_length, "document": ec.passage_max_length},
             "instructions": {"query": ec.query_instruction, "document": ec.passage_instruction},
             "default_input_type": c.default_input_type, "device": s.device, "precision": s.precision,
-            "index": None if s.index is None else {"documents": s.index.count, "kind": s.index.kind,
-                                                   "fields": sorted(s.index.manifest.get("fields") or [])},
+            "index": index,
             "limits": {"max_inputs_per_request": c.max_inputs_per_request, "max_chars_per_input":
                        c.max_chars_per_input, "max_body_bytes": c.max_body_bytes, "max_top_k": c.max_top_k,
                        "max_hits_per_request": c.max_hits_per_request, "max_response_bytes": c.max_response_bytes,
@@ -305,6 +312,8 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
                                                          body.filter or None, mode=body.mode, fusion=body.fusion))
         except ConfigError as exc:
             raise ApiError(400, str(exc), param="filter") from None
+        except DataError as exc:  # the index on disk cannot be served (rebuilt with another model, damaged)
+            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
         rows, size = [], 0
         for row in hits:  # serialised query by query: an answer over the limit is refused before it is all built
             text = json.dumps([hit.to_dict() for hit in row], ensure_ascii=False, separators=(",", ":"))
