@@ -818,31 +818,53 @@ def cases() -> list[Case]:
         ("manifest-not-json", ["@write", manifest, "{not json"], "cannot be read"),
         ("manifest-empty", ["@write", manifest, ""], "cannot be read"),
         ("manifest-a-list", ["@write", manifest, "[]"], "field 'format' is missing"),
-        ("manifest-dim-string", ["@json", manifest, '{"dim": "32"}'], "field 'dim'"),
-        ("manifest-dim-other", ["@json", manifest, '{"dim": 64}'], "holds 32-d vectors but the manifest says 64"),
+        ("manifest-dim-string", ["@rejson", manifest, '{"dim": "32"}'], "field 'dim'"),
+        ("manifest-dim-other", ["@rejson", manifest, '{"dim": 64}'], "holds 32-d vectors but the manifest says 64"),
         ("manifest-format", ["@json", manifest, '{"format": "robustir-9"}'], "index format 'robustir-9'"),
-        ("manifest-count", ["@json", manifest, '{"documents": 99}'], "but its manifest says 99"),
-        ("manifest-job-malformed", ["@json", manifest, '{"job": {"kind": "x"}}'], "unfinished job is malformed"),
-        ("manifest-job-dead", ["@json", manifest, job], "did not finish"),
-        ("manifest-files-list", ["@json", manifest, '{"files": []}'], "field 'files'"),
-        ("manifest-file-record", ["@json", manifest, '{"files": {"lance/x": 1}}'], "data file 'lance/x' is malformed"),
-        ("manifest-ann", ["@json", manifest, '{"ann": {"kind": "annoy"}}'], "settings are malformed"),
-        ("manifest-ann-list", ["@json", manifest, '{"ann": [1]}'], "field 'ann' is not a dict"),
-        ("manifest-encoder", ["@json", manifest, '{"encoder": {"pooling": 3}}'], "settings are malformed"),
-        ("manifest-model", ["@json", manifest, '{"model": {"path": 1}}'], "field 'model' lacks"),
-        ("manifest-fields", ["@json", manifest, '{"fields": [null]}'], "non-string name"),
+        ("manifest-count", ["@rejson", manifest, '{"documents": 99}'], "but its manifest says 99"),
+        ("manifest-job-malformed", ["@rejson", manifest, '{"job": {"kind": "x"}}'], "unfinished job is malformed"),
+        ("manifest-job-dead", ["@rejson", manifest, job], "did not finish"),
+        ("manifest-files-list", ["@rejson", manifest, '{"files": []}'], "field 'files'"),
+        ("manifest-file-record", ["@rejson", manifest, '{"files": {"lance/x": 1}}'], "data file 'lance/x' is malformed"),
+        ("manifest-ann", ["@rejson", manifest, '{"ann": {"kind": "annoy"}}'], "settings are malformed"),
+        ("manifest-ann-list", ["@rejson", manifest, '{"ann": [1]}'], "field 'ann' is not a dict"),
+        ("manifest-encoder", ["@rejson", manifest, '{"encoder": {"pooling": 3}}'], "settings are malformed"),
+        ("manifest-model", ["@rejson", manifest, '{"model": {"path": 1}}'], "field 'model' lacks"),
+        ("manifest-fields", ["@rejson", manifest, '{"fields": [null]}'], "non-string name"),
+        # issue 35: an edited manifest (settings, file records, a hand-written job) and lost Lance version files
+        ("manifest-edited-encoder", ["@json", manifest, '{"encoder": {"query_max_length": 2, "normalize": false}}'],
+         "was edited after robustir wrote it"),
+        ("manifest-edited-count", ["@json", manifest, '{"documents": 5}'], "was edited after robustir wrote it"),
+        ("manifest-no-digest", ["@json", manifest, '{"digest": null}'], "field 'digest'"),
+        ("manifest-files-emptied", ["@rejson", manifest, '{"files": {}}'], "but no data file"),
+        ("manifest-job-id-of-the-build", ["@rejson", manifest, json.dumps(
+            {"job": {"id": 1, "kind": "add", "input": "x.jsonl", "position": 0, "skipped": 0}})], "next job's id is 2"),
+        ("manifest-data-folder-outside", ["@rejson", manifest, '{"data": "../elsewhere"}'], "not a data folder"),
+        ("newest-version-file-lost", ["@remove-newest", "{out}/idx/lance/docs.lance/_versions/*.manifest"],
+         "newest version files (_versions/) are missing"),
         ("data-truncated", ["@truncate", data_files], "truncated or overwritten"),
         ("data-edited", ["@flip", data_files], "was edited after it was written"),
         ("table-removed", ["@rmtree", "{out}/idx/lance"], "cannot be opened as the index's table"),
         ("versions-removed", ["@rmtree", "{out}/idx/lance/docs.lance/_versions"], "cannot be opened"),
     ]:
         add(E(f"index-check-{name}", n, ["index", "--check", "--output", "{out}/idx"], msg, setup=[*made, step]))
-        if name in ("manifest-removed", "manifest-dim-other", "manifest-job-dead", "data-edited", "manifest-ann"):
+        if name in ("manifest-removed", "manifest-dim-other", "manifest-job-dead", "data-edited", "manifest-ann",
+                    "manifest-edited-encoder", "newest-version-file-lost"):
             add(E(f"serve-{name}", n, ["serve", "--index", "{out}/idx", "--port", "0"], msg, setup=[*made, step]))
             add(E(f"index-add-{name}", n, ["index", "--add", "{out}/new.jsonl", "--output", "{out}/idx"],
                   "has an unfinished add of x.jsonl" if name == "manifest-job-dead" else msg,
                   setup=[*made, step, ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "new"}\n']]))
     new = ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "a new document"}\n']
+    add(E("index-discard-a-hand-written-job-of-the-build", n, ["index", "--discard-unfinished", "--output", "{out}/idx"],
+          "next job's id is 2", setup=[*made, ["@rejson", manifest, json.dumps(
+              {"job": {"id": 1, "kind": "add", "input": "x.jsonl", "position": 0, "skipped": 0}})]]))
+    add(OK("index-overwrite-other-corpus", IDX[:4] + ["{docs}"] + IDX[5:] + ["--overwrite"],
+           lambda out, text: None if "build:" in text and (Path(out) / "idx" / "lance.1").is_dir()
+           and not (Path(out) / "idx" / "building.json").exists() else "not rebuilt aside", setup=made,
+           protect_setup=False))
+    add(OK("index-delete-then-check", ["index", "--check", "--output", "{out}/idx"],
+           lambda out, text: None if "5 documents" in text else "wrong count", protect_setup=False,
+           setup=[*made, ["index", "--delete-id", "d1", "--output", "{out}/idx"]]))
     add(E("index-add-duplicate-id", n, ["index", "--add", "{data}/corpus.jsonl", "--output", "{out}/idx"],
           "already in the index", setup=made))
     add(E("index-add-bad-json", n, ["index", "--add", "{out}/x.jsonl", "--output", "{out}/idx"], "line 2",
@@ -952,10 +974,21 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
             for path in matched:
                 path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
             continue
-        if step[0] == "@json":  # merge a JSON object into a JSON file (a tampered manifest)
+        if step[0] in ("@json", "@rejson"):  # merge a JSON object into a JSON file (a tampered manifest); @rejson
+            # also writes the index manifest's digest again, as a forger would: the check of the part edited must hold
             target = Path(step[1])
-            target.write_text(json.dumps({**json.loads(target.read_text(encoding="utf-8")), **json.loads(step[2])}),
-                              encoding="utf-8")
+            merged = {**json.loads(target.read_text(encoding="utf-8")), **json.loads(step[2])}
+            if step[0] == "@rejson":
+                from robustir.serving.index import _manifest_digest
+
+                merged["digest"] = _manifest_digest(merged)
+            target.write_text(json.dumps(merged), encoding="utf-8")
+            continue
+        if step[0] == "@remove-newest":  # remove the newest file the pattern matches (a lost version file)
+            matched = sorted(Path("/").glob(step[1].lstrip("/")), key=lambda p: p.stat().st_mtime_ns)
+            if not matched:
+                return Result(case, "setup-failed", " ".join(step), tail="no file matches")
+            matched[-1].unlink()
             continue
         if step[0] == "@flip":  # flip one byte in the middle of every file the pattern matches (an edited file)
             matched = sorted(p for p in Path("/").glob(step[1].lstrip("/")) if p.is_file())
