@@ -175,3 +175,75 @@ def test_fingerprint_is_the_same_at_every_load_of_a_folder_without_pooler_weight
     with torch.no_grad():
         changed.transformer.embeddings.word_embeddings.weight[5] += 1.0
     assert changed.fingerprint() != first.fingerprint()
+
+
+def _long_texts() -> list[str]:
+    """Texts far past any cut: prose, whitespace runs and tabs, long 'words' (base64-like, URLs), CJK without spaces,
+    one giant word, accents and emoji, a text just past the untouched length."""
+    import random
+
+    rng = random.Random(0)
+    words = "the retrieval of dense passages naïve café 東京 emoji 😀 chloroplast photosynthesis".split()
+    prose = " ".join(rng.choice(words) for _ in range(6000))
+    return [prose, "  \t".join(rng.choice(words) for _ in range(5000)) + "\n\n",
+            " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789+/") for _ in range(rng.randint(90, 400)))
+                     for _ in range(600)),
+            "東京は日本の首都です" * 3000, "x" * 300_000, "word " * 820, "a" * 4100 + " tail"]
+
+
+def _byte_level_bpe():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.train_from_iterator(_long_texts()[:2], trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<s>")
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram", "byte-bpe"])
+def test_long_texts_are_cut_before_tokenizing_to_the_same_ids(kind, minilm_path):
+    """Issue 35: whole texts were tokenized before the cut (100-120 bytes of RAM per byte of text). The tokenizer now
+    sees a bounded head, and the ids are those of the whole text."""
+    from transformers import AutoTokenizer
+
+    from robustir.models.tokens import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, head_texts
+
+    if kind == "wordpiece":
+        tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    elif kind == "unigram":
+        from test_gur_t5 import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    else:
+        tokenizer = _byte_level_bpe()
+    texts = _long_texts()
+    for max_length in (16, 64, 256):
+        heads = head_texts(tokenizer, texts, max_length)
+        assert all(len(h) <= max(max_length * MAX_CHARS_PER_TOKEN, max_length * CHARS_PER_TOKEN) for h in heads)
+        assert len(heads[0]) <= max_length * CHARS_PER_TOKEN  # prose: one head, no growth
+        whole = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+        cut = tokenizer(heads, truncation=True, max_length=max_length)["input_ids"]
+        assert cut == whole, [i for i, (a, b) in enumerate(zip(cut, whole)) if a != b]
+
+
+def test_the_encoder_tokenizer_never_sees_a_whole_long_text(tiny_model_dir):
+    """The encoder's paths (encode, the server's token_ids, the training forward's tokenize) hand the tokenizer a
+    bounded head: a spy records the longest text it was given (8 MB before)."""
+    encoder = Encoder.from_pretrained(tiny_model_dir, passage_max_length=32, query_max_length=16)
+    seen = []
+    real = encoder.tokenizer.__class__.__call__
+
+    def spy(self, text, *args, **kwargs):
+        seen.append(max(len(t) for t in ([text] if isinstance(text, str) else text)))
+        return real(self, text, *args, **kwargs)
+
+    long = "aspirin " * 1_000_000  # 8 MB
+    import unittest.mock as mock
+
+    with mock.patch.object(encoder.tokenizer.__class__, "__call__", spy):
+        vector = encoder.encode([long, "short"], "passage")
+        encoder.token_ids([long], "query")
+        encoder.tokenize([long], "passage")
+    assert seen and max(seen) <= 32 * 1024, max(seen)
+    np.testing.assert_allclose(vector[0], encoder.encode(["aspirin " * 40], "passage")[0], atol=1e-6)

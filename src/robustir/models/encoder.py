@@ -404,9 +404,11 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ training path
     def tokenize(self, texts: Sequence[str], kind: TextKind, max_length: int | None = None,
                  instruction: str | None = None) -> dict[str, Tensor]:
-        texts = self.config.with_instruction(texts, kind, instruction)
-        return self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt",
-                              max_length=max_length or self.config.max_length(kind))
+        from .tokens import head_texts
+
+        limit = max_length or self.config.max_length(kind)
+        texts = head_texts(self.tokenizer, self.config.with_instruction(texts, kind, instruction), limit)
+        return self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt", max_length=limit)
 
     def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         if self.config.pooling == "cls":
@@ -492,10 +494,13 @@ class Encoder(nn.Module):
         """The token ids :meth:`encode` feeds the model for ``texts``: instruction added, special tokens included,
         cut at ``max_length`` (default: this config's length for ``kind``), unpadded. ``tokenizer``: a copy of this
         encoder's to call instead (a fast tokenizer must not be called from two threads at once)."""
-        texts = self.config.with_instruction(texts, kind, instruction)
-        return (tokenizer or self.tokenizer)(texts, truncation=True,
-                                             max_length=max_length or self.config.max_length(kind), padding=False,
-                                             return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        from .tokens import head_texts  # a long text is cut before it is tokenized (memory): same ids
+
+        limit = max_length or self.config.max_length(kind)
+        tokenizer = tokenizer or self.tokenizer
+        texts = head_texts(tokenizer, self.config.with_instruction(texts, kind, instruction), limit)
+        return tokenizer(texts, truncation=True, max_length=limit, padding=False, return_attention_mask=False,
+                         return_token_type_ids=False)["input_ids"]
 
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 64, precision: str | None = "fp32",

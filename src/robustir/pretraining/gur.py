@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from robustir.pretraining.masking import SpanMasker, maskable_positions, replace_masked_tokens
 from robustir.errors import ConfigError
+from robustir.models.tokens import head_texts
 from robustir.losses.base import SIMILARITIES, AuxLoss, ContrastiveBatch
 from robustir.losses.infonce import InfoNCELoss
 from robustir.pretraining.mlm_encoder import (
@@ -113,7 +114,8 @@ class GURCollator:
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, Tensor]:
         texts = interleaved_texts(examples)
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)
+        encoded = self.tokenizer(head_texts(self.tokenizer, texts, self.max_length), truncation=True,
+                                 max_length=self.max_length, add_special_tokens=True)
         rows = [np.asarray(ids, dtype=np.int64) for ids in encoded["input_ids"]]
         width = max(len(r) for r in rows)
         input_ids = np.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=np.int64)

@@ -39,6 +39,7 @@ from robustir.pretraining.masking import (
     word_groups,
 )
 from robustir.errors import ConfigError
+from robustir.models.tokens import head_texts
 from robustir.pretraining.mlm_encoder import (
     MaskedLMPretrainModel,
     load_masked_lm,
@@ -125,7 +126,8 @@ class RetroMAECollator:
                 # No word_ids for pre-tokenised input: words come from the '##' continuation marks.
                 out.append((np.asarray(ids, dtype=np.int64), None))
         if texts:
-            enc = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)
+            enc = self.tokenizer(head_texts(self.tokenizer, texts, self.max_length), truncation=True,
+                                 max_length=self.max_length, add_special_tokens=True)
             fast = getattr(enc, "is_fast", False)
             encoded = iter(
                 (np.asarray(ids, dtype=np.int64), enc.word_ids(k) if fast else None)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from robustir.errors import ConfigError
+from robustir.models.tokens import head_texts
 from robustir.losses.base import SIMILARITIES, AuxLoss, ContrastiveBatch
 from robustir.losses.infonce import InfoNCELoss
 from robustir.pretraining.gur import (
@@ -182,7 +183,8 @@ class T5GURCollator:
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, Tensor]:
         texts = interleaved_texts(examples)
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, add_special_tokens=True)
+        encoded = self.tokenizer(head_texts(self.tokenizer, texts, self.max_length), truncation=True,
+                                 max_length=self.max_length, add_special_tokens=True)
         rows = [self.corrupt(ids) for ids in encoded["input_ids"]]
         width = max(len(inputs) for inputs, _ in rows)
         target_width = max(len(targets) for _, targets in rows)

@@ -391,10 +391,13 @@ def collate(groups: list[Group], encoder, query_max_length: int,
 
     The reference: the ``transformers`` tokenizer's ``__call__`` on ``encoder.tokenizer``, on the calling thread.
     Training uses :class:`Collator`, which gives the same tensors."""
+    from ..models.tokens import head_texts
+
     queries, passages, prefixed = _batch_texts(groups, encoder.config)
-    q = encoder.tokenizer(queries, padding=True, truncation=True, max_length=query_max_length, return_tensors="pt")
-    p = encoder.tokenizer(prefixed, padding=True, truncation=True, max_length=passage_max_length,
-                          return_tensors="pt")
+    q = encoder.tokenizer(head_texts(encoder.tokenizer, queries, query_max_length), padding=True, truncation=True,
+                          max_length=query_max_length, return_tensors="pt")
+    p = encoder.tokenizer(head_texts(encoder.tokenizer, prefixed, passage_max_length), padding=True,
+                          truncation=True, max_length=passage_max_length, return_tensors="pt")
     return (dict(q), dict(p), *_passage_ids(groups, passages))
 
 
@@ -515,10 +518,16 @@ class Collator:
                                    pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"))
 
     def features(self, texts: list[str], kind: str) -> Features:
-        """Token features of ``texts`` (already prefixed), truncated at the ``kind`` ("query"/"passage") length."""
+        """Token features of ``texts`` (already prefixed), truncated at the ``kind`` ("query"/"passage") length; a
+        long text is cut before it is tokenized (:func:`robustir.models.tokens.head_texts`: same ids, bounded
+        memory)."""
+        from ..models.tokens import head_texts
+
+        length = self.query_max_length if kind == "query" else self.passage_max_length
+        texts = head_texts(self.tokenizer, texts, length)
         if self.fast is not None:
             return self.fast[0 if kind == "query" else 1](texts)
-        return self._reference(texts, self.query_max_length if kind == "query" else self.passage_max_length)
+        return self._reference(texts, length)
 
     def __call__(self, groups: list[Group]) -> CollatedBatch:
         queries, passages, prefixed = _batch_texts(groups, self.instructions)
