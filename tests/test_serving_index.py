@@ -735,3 +735,21 @@ def test_an_index_built_with_a_relative_model_path_opens_from_another_folder(tmp
     monkeypatch.chdir(elsewhere)
     with SearchIndex.open(tmp_path / "idx") as index:
         assert len(index.search("sleep", 3)[0]) == 3
+
+
+def test_a_field_whose_name_begins_with_a_dollar_is_filtered_with_one_more_dollar(tmp_path, tiny_model_dir):
+    """Issue 35 ('unclear'): a field named '$price' could not be filtered (a top-level '$' key is an operator)."""
+    from robustir.serving.filters import matches, parse_filter
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"study {i}", "$price": i, "meta": {"$oid": str(i)}})
+                              + "\n" for i in range(6)))
+    with SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet())[0] as index:
+        for mode in ("dense", "lexical"):
+            hits = index.search("study", 6, {"$$price": {"$gte": 4}}, mode=mode)[0]
+            assert sorted(h.id for h in hits) == ["d4", "d5"], mode
+        assert [h.id for h in index.search("study", 6, {"meta.$oid": "2"})[0]] == ["d2"]
+        with pytest.raises(ConfigError, match="a field named '\\$price' is written '\\$\\$price'"):
+            index.search("study", 6, {"$price": 3})
+    parsed = parse_filter({"$$price": 3}, ["$price"])
+    assert matches(parsed, {"$price": 3}) and not matches(parsed, {"$price": 4})

@@ -13,6 +13,8 @@ column), as :mod:`robustir.serving.index` writes it.
   ``{"$gt" | "$gte" | "$lt" | "$lte": v}``; several operators in one object are ANDed:
   ``{"price": {"$gte": 1, "$lt": 5}}``;
 * ``{"meta.year": {"$gte": 2020}}``: a nested field, ``fields["meta"]["year"]``;
+* ``{"$$price": 3}``: the field named ``$price`` (a top-level key beginning with ``$`` is an operator, so a field
+  name beginning with ``$`` is written with one more ``$``);
 * ``{"$and": [f, ...]}``, ``{"$or": [f, ...]}`` (non-empty lists), ``{"$not": f}``: sub-filters of the same grammar;
 * ``{}``: every document.
 
@@ -154,7 +156,9 @@ class _Parser:
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise _error(at, f"keys are field names or $and/$or/$not, got {_show(key)}")
-            if key.startswith("$"):
+            if key.startswith("$$"):  # a field whose name begins with '$' ("$$price" tests the field "$price")
+                parts.extend(self.field(key[1:], value, at))
+            elif key.startswith("$"):
                 parts.append(self.logical(key, value, f"{at}.{_name(key)}", depth))
             else:
                 parts.extend(self.field(key, value, at))
@@ -165,7 +169,8 @@ class _Parser:
             if key in FIELD_OPERATORS:
                 raise _error(at, f"{key} tests a field: write {{\"price\": {{\"{key}\": ...}}}}")
             raise _error(at, f"unknown operator {_quoted(key)}{_did_you_mean(key, LOGICAL_OPERATORS)}; here a key is a "
-                             f"field name or one of {', '.join(LOGICAL_OPERATORS)}")
+                             f"field name or one of {', '.join(LOGICAL_OPERATORS)} (a field named {_quoted(key)} is "
+                             f"written {_quoted('$' + key)})")
         if depth >= MAX_DEPTH:
             raise _error(at, f"the filter nests more than {MAX_DEPTH} levels of $and/$or/$not; flatten it (an $and "
                              "inside an $and is one $and; {\"$not\": {\"$not\": f}} is f)")
