@@ -339,3 +339,18 @@ def test_bm25s_keeps_the_log_level_set_before_it_is_imported():
             "from robustir.index.bm25 import import_bm25s; import_bm25s(); print(logging.getLogger('bm25s').level)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(30)
+
+
+def test_yaml_merge_keys_are_defaults_that_the_mapping_overrides(tmp_path):
+    """Issue 35 ('unclear'): ``<<: *defaults`` was refused with a parser message. A key given twice among the
+    mapping's own keys is still an error."""
+    from robustir.config import read_config_file
+    from robustir.errors import ConfigError
+
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &base\n  lr: 0.001\n  epochs: 1\ntrain:\n  <<: *base\n  epochs: 2\n")
+    assert read_config_file(merged)["train"] == {"lr": 0.001, "epochs": 2}
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("base: &base\n  lr: 0.001\ntrain:\n  <<: *base\n  epochs: 2\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match="option 'epochs' is given twice \\(line 6\\)"):
+        read_config_file(twice)

@@ -98,11 +98,14 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (PyYAML keeps the last one silently). Merge
+    keys (``<<: *defaults``) work as in YAML 1.1: the merged keys are defaults that the mapping's own keys override."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # merged by the base class (flatten_mapping)
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen
