@@ -498,3 +498,56 @@ def test_zh_template_instruction_echo_is_rejected():
     instruction = render_template(DEFAULT_TEMPLATE_ZH, {"title": "", "text": "", "n": 3})
     assert check_query("每个问题都必须能根据这段文本回答。", instruction=instruction) == "echoes the prompt"
     assert check_query("北京的历史有多长？", instruction=instruction) is None
+
+
+# ------------------------------------------------------------------------ issue 34: no stale output from LLM stages
+
+def test_generate_with_another_model_or_prompt_is_refused_not_kept(tmp_path, capsys):
+    """Issue 34: generate run again over the same output with another --model printed '0 passages done now (6
+    earlier)', sent 0 requests and kept the first model's queries. A setting that matters is now refused naming it;
+    --overwrite redoes; an operational setting (concurrency, timeout) reuses the output."""
+    from robustir.cli.main import main
+
+    passages = write_passages(tmp_path / "corpus.jsonl", 4)
+    out = tmp_path / "q.jsonl"
+    template = tmp_path / "t.txt"
+    template.write_text("Write {n} questions about: {title} {text}")
+    with FakeLLMServer(good_reply) as server:
+        args = ["generate", "--input", str(passages), "--output", str(out), "--base-url", server.url, "--no-progress"]
+        assert main(args + ["--model", "model-a"]) == 0
+        first = out.read_text()
+        capsys.readouterr()
+        for change, named in ((["--model", "model-b"], "llm.model: \"model-a\" -> \"model-b\""),
+                              (["--model", "model-a", "--temperature", "0.1"], "llm.temperature: 0.7 -> 0.1"),
+                              (["--model", "model-a", "--prompt-template", str(template)], "prompt_template")):
+            assert main(args + change) == 2, change
+            err = capsys.readouterr().err
+            assert named in err and "--overwrite" in err and "Traceback" not in err, err
+            assert out.read_text() == first
+        requests = server.count
+        assert main(args + ["--model", "model-a", "--concurrency", "2", "--timeout", "30"]) == 0  # operational
+        assert server.count == requests and out.read_text() == first
+        template_run = args + ["--model", "model-a", "--prompt-template", str(template), "--overwrite"]
+        assert main(template_run) == 0 and server.count == requests + 4
+        template.write_text("Ask {n} questions on: {title} {text}")  # the template's content changed, not its path
+        assert main(template_run[:-1]) == 2
+        assert "prompt_template" in capsys.readouterr().err
+
+
+def test_filter_llm_with_another_judge_is_refused_not_complete(tmp_path, capsys):
+    """Issue 34: filter --method llm with another judge said 'complete; nothing to do'."""
+    from robustir.cli.main import main
+
+    source = judge_input(tmp_path / "mined.jsonl")
+    out = tmp_path / "clean.jsonl"
+    with FakeLLMServer(lambda m: "Yes" if "RELEVANT" in last_user(m) else "No") as server:
+        args = ["filter", "--method", "llm", "--input", str(source), "--output", str(out), "--base-url", server.url,
+                "--no-progress"]
+        assert main(args + ["--model", "judge-a"]) == 0
+        assert main(args + ["--model", "judge-a"]) == 0
+        assert "is complete; nothing to do" in capsys.readouterr().out
+        assert main(args + ["--model", "judge-b"]) == 2
+        err = capsys.readouterr().err
+        assert "llm.model: \"judge-a\" -> \"judge-b\"" in err and "--overwrite" in err
+        count = server.count
+        assert main(args + ["--model", "judge-b", "--overwrite"]) == 0 and server.count > count

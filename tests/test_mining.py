@@ -233,3 +233,34 @@ def test_dense_mining_with_tiny_model(tmp_path, tiny_model_dir):
     rows = read(tmp_path / "d.jsonl")
     assert len(rows) == 4 and all(len(r["neg"]) == 5 and r["pos_ids"][0] not in r["neg_ids"] for r in rows)
     assert list((tmp_path / "cache").glob("*.npy"))
+
+
+def test_a_model_retrained_in_place_is_a_changed_input_for_dense_mining_and_the_teacher(tmp_path, tiny_model_dir,
+                                                                                       capsys):
+    """Issue 34: mine --method dense and filter --method teacher keyed the model by its path, so a model retrained
+    in place (same folder, new weights) reused the old output; an operational change (batch size) still reuses."""
+    import shutil
+
+    import torch
+    from transformers import BertModel
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = beir_folder(tmp_path / "beir", n_queries=4)
+    mine = ["mine", "--data", str(data), "--method", "dense", "--model", str(model), "--num-negatives", "3",
+            "--output", str(tmp_path / "d.jsonl")]
+    teacher = ["filter", "--method", "teacher", "--model", str(model), "--input", str(tmp_path / "d.jsonl"),
+               "--output", str(tmp_path / "f.jsonl"), "--no-progress"]
+    assert main(mine) == 0 and main(teacher) == 0
+    capsys.readouterr()
+    assert main(mine + ["--batch-size", "7"]) == 0 and main(teacher + ["--batch-size", "7"]) == 0  # operational
+    assert capsys.readouterr().out.count("nothing to do") == 2
+    retrained = BertModel.from_pretrained(model)
+    with torch.no_grad():
+        for p in retrained.parameters():
+            p.add_(0.01)
+    retrained.save_pretrained(model)  # same path, new weights
+    for argv in (mine, teacher):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "model" in err and "other settings or inputs" in err and "--overwrite" in err, err

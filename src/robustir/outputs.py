@@ -115,8 +115,13 @@ def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None
     fields marked operational -- batch sizes, caches, devices, progress, ``overwrite``, ``shard`` -- left out),
     ``extra`` settings the CLI adds (``format``, ``split``) and the content of each input
     (:func:`~robustir.io.input_digest`: every file, hashed whole)."""
+    from .runs import digest_inputs
+
     settings = {**settings_of(options), **settings_of(extra or {})}
-    digests = {name: input_digest(item, skip=()) for name, item in inputs.items() if item is not None}
+    # a model (an input named ...model) by its content, as robustir run keys it: a model retrained in place at the
+    # same path is a changed input; a hub id by its name
+    digests = {name: (digest_inputs({name: item})[name] if name.endswith("model") else input_digest(item, skip=()))
+               for name, item in inputs.items() if item is not None and item != ""}
     return Fingerprint(stage, settings, json.loads(json.dumps(digests, default=str)))
 
 
@@ -231,14 +236,8 @@ class StageOutput:
         """
         if overwrite:
             self.clear()
-        elif settings is not None and (self.path.exists() or self.partial.exists()):
-            saved = self.record.fingerprint
-            diffs = settings.differences(saved) if saved is not None else []
-            if diffs:
-                state = "is complete" if self.complete() else "was started (a .partial file)"
-                raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "
-                                  f"{'; '.join(diffs)}. Fix: add --overwrite to redo it with these, or choose "
-                                  "another --output")
+        elif settings is not None:
+            self.refuse_other_settings(settings)
         if not overwrite and self.complete():
             damage = self.record.check().problems
             if not damage:
@@ -249,6 +248,20 @@ class StageOutput:
         if settings is not None:
             self.record.begin(settings, on_change="refuse")
         return False
+
+    def refuse_other_settings(self, settings: Fingerprint) -> None:
+        """A complete output, or an unfinished ``.partial``, made with other settings or inputs than ``settings``
+        is refused (:class:`ConfigError` naming what differs) rather than reused or resumed; one without a record
+        (from an older robustir) is taken as it is."""
+        if not (self.path.exists() or self.partial.exists()):
+            return
+        saved = self.record.fingerprint
+        diffs = settings.differences(saved) if saved is not None else []
+        if diffs:
+            state = "is complete" if self.complete() else "was started (a .partial file)"
+            raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "
+                              f"{'; '.join(diffs)}. Fix: add --overwrite to redo it with these, or choose "
+                              "another --output")
 
     def finished(self) -> None:
         """After the stage ran: record the output complete (its size, and its report) when it is -- a later run

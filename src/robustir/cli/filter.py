@@ -19,6 +19,7 @@ Methods::
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from ..config import load_config
 from ..errors import ConfigError
@@ -65,12 +66,16 @@ def run(args: argparse.Namespace) -> int:
     output = target.path
     refuse_overwriting_inputs(output, args.input, stage="filter")
     report_path = target.report
-    # the LLM judge keeps its own record of what it judged (failed judgements are retried on a re-run)
-    settings = None if args.method == "llm" else stage_settings(f"filter {args.method}", config, {"input": args.input})
+    if args.method == "llm":  # the judge's output is complete only when no judgement failed (those are retried)
+        from ..llm.stages import llm_stage_settings
+
+        if target.nothing_to_do(bool(args.overwrite), "filter", llm_stage_settings("filter llm", config, args.input)):
+            return 0
+        return _run_llm(args, config)
+    # the teacher / sieve model by its content (a model retrained in place is a changed input), not by its path
+    settings = stage_settings(f"filter {args.method}", config, {"input": args.input, "model": config.model})
     if target.nothing_to_do(bool(args.overwrite), "filter", settings):
         return 0
-    if args.method == "llm":
-        return _run_llm(args, config)
     if args.method == "teacher":
         from ..filtering.teacher import teacher_filter
 
@@ -90,7 +95,7 @@ def _run_llm(args: argparse.Namespace, config: JudgeConfig) -> int:
 
     if not config.llm.model:
         raise ConfigError("--method llm needs --model (the model name the server serves) and --base-url")
-    report = run_judge(config, args.input, args.output)
+    report = run_judge(replace(config, overwrite=bool(args.overwrite) or config.overwrite), args.input, args.output)
     print(f"robustir filter: {report.summary()}")
     if report.failed_path:
         print(f"robustir filter: {report.failed_records} record(s) with failed judgements (negatives kept for now), "

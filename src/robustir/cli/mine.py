@@ -67,9 +67,11 @@ def run(args: argparse.Namespace) -> int:
     output, report_path = target.path, target.report
     refuse_overwriting_inputs(output, args.data, args.input, args.corpus, stage="mine")
     extra = {"split": args.split if args.data else None}
-    if config.method == "dense":
-        extra.update(model=args.model, **encoder_options(args))
-    settings = stage_settings("mine", config, {"data": args.data, "input": args.input, "corpus": args.corpus}, extra)
+    inputs = {"data": args.data, "input": args.input, "corpus": args.corpus}
+    if config.method == "dense":  # the model by its content: one retrained in place is a changed input
+        extra.update(encoder_options(args))
+        inputs["model"] = model_or_default(args.model)
+    settings = stage_settings("mine", config, inputs, extra)
     if target.nothing_to_do(args.overwrite, "mine", settings):
         return 0
     encoder = None

@@ -38,8 +38,8 @@ from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
 from ..validation import cli, NonNegativeInt, Range, config_dataclass
-from ..llm import (FailureTally, LLMBackend, LLMConfig, LLMStageConfig, endpoint_of, render_template,
-                   stage_backend, strip_reasoning, write_failed_items)
+from ..llm import (FailureTally, LLMBackend, LLMConfig, LLMStageConfig, begin_llm_output, endpoint_of,
+                   render_template, stage_backend, strip_reasoning, write_failed_items)
 
 logger = logging.getLogger(__name__)
 
@@ -411,12 +411,15 @@ def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
     stage = StageOutput(target, config.shard, reports=True)
     shard, output = stage.shard, stage.path
     template, template_zh = config.templates(("query", "passage"))
+    begin_llm_output("filter llm", config, stage, source)  # another judge / prompt / setting: refused, not reused
     with stage_backend(config, output) as backend:
-        return judge_negatives(source, output, backend, template=template, template_zh=template_zh,
-                               language=config.language, cjk_threshold=config.cjk_threshold,
-                               max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
-                               max_failure_rate=config.max_failure_rate, shard=shard, overwrite=config.overwrite,
-                               progress=config.progress)
+        report = judge_negatives(source, output, backend, template=template, template_zh=template_zh,
+                                 language=config.language, cjk_threshold=config.cjk_threshold,
+                                 max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
+                                 max_failure_rate=config.max_failure_rate, shard=shard, overwrite=False,
+                                 progress=config.progress)
+    stage.finished()
+    return report
 
 
 def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, histogram: Counter) -> dict:

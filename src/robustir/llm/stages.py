@@ -103,9 +103,9 @@ class LLMStageConfig:
     """Start afresh instead of resuming."""
     progress: bool = operational(True)
     """Show a progress bar."""
-    preflight: bool = True
+    preflight: bool = operational(True)
     """Check the endpoint (its model list) before starting, for a fast clear error when it is unreachable."""
-    max_failure_rate: Fraction = 0.5
+    max_failure_rate: Fraction = operational(0.5)
     """The stage fails (and its output is not finished) when more than this share of its items failed: after the
     run, or as soon as 20 items were tried in this run (``MIN_ITEMS_FOR_RATE``). Items finished by earlier runs count in
     the share. 0 = any failure fails the stage; 1 = never."""
@@ -116,6 +116,32 @@ class LLMStageConfig:
         """The prompt templates given as files, loaded and checked for the ``required`` placeholders."""
         return (load_template(self.prompt_template, required) if self.prompt_template else None,
                 load_template(self.prompt_template_zh, required) if self.prompt_template_zh else None)
+
+
+def llm_stage_settings(name: str, config: LLMStageConfig, source: str | Path) -> Any:
+    """What an LLM stage's output is made of (a :class:`~robustir.runs.Fingerprint`): its settings without the
+    operational ones and without where its files are, the content of its input and of its template files."""
+    import dataclasses
+
+    from ..outputs import stage_settings
+
+    options = dataclasses.replace(config, input="", output="")  # where the files are is not what they are made of
+    return stage_settings(name, options, {"input": source, "prompt_template": config.prompt_template,
+                                          "prompt_template_zh": config.prompt_template_zh})
+
+
+def begin_llm_output(name: str, config: LLMStageConfig, stage: Any, source: str | Path) -> None:
+    """Before an LLM stage writes ``stage`` (a :class:`~robustir.outputs.StageOutput`): ``overwrite`` clears it;
+    else an output (complete or started) made with other settings -- another model, temperature, prompt template
+    (by content), input content, judge or stage option; not the operational ones such as concurrency, timeouts or
+    the key -- is refused naming what differs (it used to be kept silently: "0 passages done now"); then the
+    settings are recorded next to it. Identical requests are still answered from the reply cache."""
+    settings = llm_stage_settings(name, config, source)
+    if config.overwrite:
+        stage.clear()
+    else:
+        stage.refuse_other_settings(settings)
+    stage.record.begin(settings, on_change="refuse")
 
 
 @contextmanager

@@ -39,8 +39,8 @@ from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
 from ..outputs import StageOutput
 from ..validation import PositiveInt, config_dataclass
-from ..llm import (FailureTally, LLMBackend, LLMStageConfig, endpoint_of, render_template, stage_backend,
-                   strip_reasoning, write_failed_items)
+from ..llm import (FailureTally, LLMBackend, LLMStageConfig, begin_llm_output, endpoint_of, render_template,
+                   stage_backend, strip_reasoning, write_failed_items)
 
 logger = logging.getLogger(__name__)
 
@@ -593,13 +593,16 @@ def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
     stage = StageOutput(target, config.shard, reports=True)
     shard, output = stage.shard, stage.path
     template, template_zh = config.templates(("text",))
+    begin_llm_output("generate", config, stage, source)  # another model / prompt / setting: refused, not reused
     with stage_backend(config, output) as backend:
-        return generate_queries(
+        report = generate_queries(
             source, output, backend, num_queries=config.num_queries, template=template, template_zh=template_zh,
             language=config.language, cjk_threshold=config.cjk_threshold, max_passage_chars=config.max_passage_chars,
             max_query_chars=config.max_query_chars, max_query_words=config.max_query_words,
             min_query_words=config.min_query_words, max_failure_rate=config.max_failure_rate, shard=shard,
-            beir_dir=config.beir_dir, overwrite=config.overwrite, progress=config.progress)
+            beir_dir=config.beir_dir, overwrite=False, progress=config.progress)
+    stage.finished()
+    return report
 
 
 def _read_failures(path: Path) -> list[dict]:

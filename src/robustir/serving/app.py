@@ -472,6 +472,10 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
+    if config.native_memory_bounds:  # before the model's first forward pass (oneDNN reads its cache size then)
+        from .memory import bound_native_memory
+
+        bound_native_memory()
     api_key = config.resolved_api_key()
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)

@@ -69,6 +69,9 @@ class ServeConfig:
     max_connections: PositiveInt | None = None
     """Open connections at most (more: the longest-idle ones are closed, or the new one if none is idle); default:
     the process's open-file limit (raised to its hard limit) less 256 spare."""
+    native_memory_bounds: bool = True
+    """Bound oneDNN's primitive cache (128) and glibc's heap growth, so memory stays flat over requests of varied sizes
+    (measured: unbounded bf16 grew without end); false keeps the libraries' defaults."""
     cors_allow_origin: Items[str] | None = None
     """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None
