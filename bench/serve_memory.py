@@ -1,11 +1,12 @@
-"""Server memory over many requests of varied sizes (issue 35): ``robustir serve`` with its native-memory bounds (the
-default) against ``--no-native-memory-bounds`` (the libraries' defaults), at each precision.
+"""Server memory over many requests of varied sizes (issue 35): ``robustir serve`` as it is (each forward pass padded to
+a multiple of 16 tokens) against ``--pad-to-multiple-of 1`` (padded to the longest text only, as before), at each
+precision.
 
-Each side is a ``robustir serve`` process on 127.0.0.1 with the bundled MiniLM; one client sends ``--requests``
-``/v1/embeddings`` requests, each of 1-16 texts of 1-120 words (seeded: every side gets the same requests, queries
+Each side is a ``robustir serve`` process on 127.0.0.1 with the bundled MiniLM; ``--clients`` threads send ``--requests``
+``/v1/embeddings`` requests, each of 1-8 texts of 1-60 words (seeded: every side gets the same requests, queries
 and passages alternating), and the server's RSS (``/proc/PID/statm``) is read every tenth of the run. Sides run one
-after the other, bounded and unbounded alternated. Printed: RSS after the first tenth (warm-up), at the half and at
-the end, the growth from warm-up to end, and requests/s (one client: latency-bound).
+after the other, padded and unpadded alternated. Printed: RSS after the first tenth (warm-up), at the half and at
+the end, the growth from warm-up to end, and requests/s.
 
     python bench/serve_memory.py [--requests 10000] [--precisions fp32,bf16]
 """
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 WORDS = ("aspirin statins cholesterol vitamin bone sleep exercise coffee caffeine obesity children heart attack risk "
          "study trial patients reduced increased blood pressure cells protein gene expression cancer tumour therapy "
@@ -37,13 +39,13 @@ def rss_mb(pid: int) -> float:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_side(precision: str, bounded: bool, requests: int, seed: int) -> dict:
+def run_side(precision: str, bounded: bool, requests: int, seed: int, clients: int) -> dict:
     import httpx
 
     port = free_port()
     argv = [sys.executable, "-m", "robustir.cli.main", "serve", "--port", str(port), "--precision", precision]
     if not bounded:
-        argv.append("--no-native-memory-bounds")
+        argv += ["--pad-to-multiple-of", "1"]
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
@@ -58,23 +60,29 @@ def run_side(precision: str, bounded: bool, requests: int, seed: int) -> dict:
             else:
                 raise RuntimeError("the server did not start")
             rng = random.Random(seed)
-            marks = []
-            started = time.perf_counter()
-            for i in range(requests):
-                texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 120)))
-                         for _ in range(rng.randint(1, 16))]
-                reply = client.post("/v1/embeddings", json={"input": texts, "model": "all-MiniLM-L6-v2",
-                                                            "input_type": "query" if i % 2 else "document"})
+            bodies = [{"input": [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
+                                 for _ in range(rng.randint(1, 8))],
+                       "model": "all-MiniLM-L6-v2", "input_type": "query" if i % 2 else "document"}
+                      for i in range(requests)]
+
+            def send(body: dict) -> None:
+                reply = client.post("/v1/embeddings", json=body)
                 if reply.status_code != 200:
-                    raise RuntimeError(f"request {i}: {reply.status_code} {reply.text[:200]}")
-                if (i + 1) % max(1, requests // 10) == 0:
+                    raise RuntimeError(f"{reply.status_code} {reply.text[:200]}")
+
+            marks = []
+            tenth = max(1, requests // 10)
+            started = time.perf_counter()
+            with ThreadPoolExecutor(clients) as pool:
+                for start in range(0, requests, tenth):
+                    list(pool.map(send, bodies[start:start + tenth]))
                     marks.append(round(rss_mb(server.pid)))
             seconds = time.perf_counter() - started
     finally:
         server.terminate()
         server.wait(timeout=60)
     return {"precision": precision, "bounded": bounded, "rss_mb": marks, "requests": requests,
-            "requests_per_s": round(requests / seconds, 1)}
+            "requests_per_s": round(requests / seconds, 1), "clients": clients}
 
 
 def main() -> None:
@@ -82,21 +90,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, default=2, help="concurrent clients (threads)")
     parser.add_argument("--out", help="append each side's row to this JSONL file")
     args = parser.parse_args()
     rows = []
     for precision in args.precisions.split(","):
         for bounded in (True, False):
-            row = run_side(precision, bounded, args.requests, args.seed)
+            row = run_side(precision, bounded, args.requests, args.seed, args.clients)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as handle:
                     handle.write(json.dumps(row) + "\n")
-    print(f"\n{'precision':>9} {'bounds':>9} {'warm-up MB':>10} {'half MB':>8} {'end MB':>7} {'growth MB':>9} {'req/s':>6}")
+    print(f"\n{'precision':>9} {'padding':>9} {'warm-up MB':>10} {'half MB':>8} {'end MB':>7} {'growth MB':>9} {'req/s':>6}")
     for row in rows:
         marks = row["rss_mb"]
-        print(f"{row['precision']:>9} {'on' if row['bounded'] else 'off':>9} {marks[0]:>10} {marks[len(marks) // 2 - 1]:>8} "
+        print(f"{row['precision']:>9} {'16' if row['bounded'] else 'longest':>9} {marks[0]:>10} {marks[len(marks) // 2 - 1]:>8} "
               f"{marks[-1]:>7} {marks[-1] - marks[0]:>9} {row['requests_per_s']:>6}")
 
 

@@ -247,3 +247,17 @@ def test_the_encoder_tokenizer_never_sees_a_whole_long_text(tiny_model_dir):
         encoder.tokenize([long], "passage")
     assert seen and max(seen) <= 32 * 1024, max(seen)
     np.testing.assert_allclose(vector[0], encoder.encode(["aspirin " * 40], "passage")[0], atol=1e-6)
+
+
+def test_encode_ids_pads_to_a_multiple_and_gives_the_same_vectors(tiny_model_dir):
+    """Issue 35: the server pads each forward pass to a multiple of 16 tokens (a bounded set of shapes keeps its
+    memory flat); the vectors are those of padding to the longest text (fp32)."""
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    ids = encoder.token_ids(["a", "a longer text about retrieval", "x " * 40, "mid length text here"], "passage")
+    shapes = []
+    hook = encoder.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    padded = encoder.encode_ids(ids, batch_size=2, pad_to_multiple_of=16)
+    hook.remove()
+    assert shapes and all(length % 16 == 0 for _, length in shapes), shapes
+    np.testing.assert_allclose(padded, encoder.encode_ids(ids, batch_size=2), atol=1e-5)

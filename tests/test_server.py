@@ -371,7 +371,9 @@ def test_real_model_openai_client_matches_sentence_transformers_and_search_match
     for qid, row in zip(qids, hits):
         expected = sorted(run[qid].items(), key=lambda item: -item[1])
         assert [h["id"] for h in row] == [d for d, _ in expected]
-        np.testing.assert_allclose([h["score"] for h in row], [s for _, s in expected], atol=1e-4)
+        # bf16 where native: the server pads each pass to a multiple of 16 tokens, eval to its batch's longest
+        # text, and bf16 sums the same numbers in other blocks -- scores agree to bf16's precision, not fp32's
+        np.testing.assert_allclose([h["score"] for h in row], [s for _, s in expected], atol=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -753,3 +753,23 @@ def test_a_field_whose_name_begins_with_a_dollar_is_filtered_with_one_more_dolla
             index.search("study", 6, {"$price": 3})
     parsed = parse_filter({"$$price": 3}, ["$price"])
     assert matches(parsed, {"$price": 3}) and not matches(parsed, {"$price": 4})
+
+
+def test_a_delete_killed_after_its_commit_leaves_a_servable_index_that_the_next_writer_records(built, monkeypatch):
+    """A delete is recorded as a job before its one commit: killed after the commit (before the manifest), readers
+    still open the index (the table is whole: before or after), and the next writer records it."""
+    path = built.path
+
+    def killed(self, keep=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SearchIndex, "_finish_job", killed)
+    with pytest.raises(KeyboardInterrupt):
+        built.delete(["d1", "d2"])
+    monkeypatch.undo()
+    built.close()
+    with SearchIndex.open(path) as reader:
+        assert reader.count == 22
+    with SearchIndex.open(path, writable=True) as writer:
+        assert writer.manifest["job"] is None and writer.manifest["documents"] == 22
+        assert "data files verified" in writer.check()

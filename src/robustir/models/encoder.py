@@ -504,10 +504,12 @@ class Encoder(nn.Module):
 
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 64, precision: str | None = "fp32",
-                   bf16: bool | None = None, on_batch: Any = None) -> np.ndarray:
+                   bf16: bool | None = None, on_batch: Any = None, pad_to_multiple_of: int | None = None
+                   ) -> np.ndarray:
         """Embed already tokenized texts (:meth:`token_ids`) → float32 ``(n, d)`` in input order: sorted by length,
-        ``batch_size`` per forward pass, each batch padded to its longest row. ``robustir serve`` tokenizes each
-        request once, before it joins a shared batch, and runs the batch through here."""
+        ``batch_size`` per forward pass, each batch padded to its longest row (rounded up to ``pad_to_multiple_of``:
+        fewer distinct shapes, which a long-lived server needs to keep its memory flat). ``robustir serve``
+        tokenizes each request once, before it joins a shared batch, and runs the batch through here."""
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         if not len(ids):
             return out
@@ -519,7 +521,8 @@ class Encoder(nn.Module):
         try:
             for b in range(0, len(order), batch_size):
                 rows = order[b:b + batch_size]
-                batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+                batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt",
+                                           pad_to_multiple_of=pad_to_multiple_of)
                 features = {k: v.to(device) for k, v in batch.items()}
                 hidden = transformer(**features).last_hidden_state
                 emb = self.pool(hidden.float(), features["attention_mask"])

@@ -472,10 +472,6 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
-    if config.native_memory_bounds:  # before the model's first forward pass (oneDNN reads its cache size then)
-        from .memory import bound_native_memory
-
-        bound_native_memory()
     api_key = config.resolved_api_key()
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
@@ -529,7 +525,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
         return mine
 
     def encode(ids: list[list[int]]) -> np.ndarray:
-        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision)
+        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision,
+                                           pad_to_multiple_of=config.pad_to_multiple_of if config.pad_to_multiple_of > 1 else None)
 
     metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
     batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,

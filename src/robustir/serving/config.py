@@ -69,9 +69,10 @@ class ServeConfig:
     max_connections: PositiveInt | None = None
     """Open connections at most (more: the longest-idle ones are closed, or the new one if none is idle); default:
     the process's open-file limit (raised to its hard limit) less 256 spare."""
-    native_memory_bounds: bool = True
-    """Bound oneDNN's primitive cache (128) and glibc's heap growth, so memory stays flat over requests of varied sizes
-    (measured: unbounded bf16 grew without end); false keeps the libraries' defaults."""
+    pad_to_multiple_of: PositiveInt = 16
+    """Each forward pass pads its texts to a multiple of this many tokens: a bounded set of input shapes keeps the
+    native kernel caches and the heap from growing with every new size (measured, bf16: flat instead of +440 MB per
+    1,200 batches); 1: pad to the longest text only."""
     cors_allow_origin: Items[str] | None = None
     """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None

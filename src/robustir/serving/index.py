@@ -313,7 +313,7 @@ def _load_encoder(model: Any, config: IndexConfig, options: dict):
 @dataclass
 class _Job:
     id: int
-    kind: Literal["build", "add", "upsert"]
+    kind: Literal["build", "add", "upsert", "delete", "compact"]  # the last two: one consistent commit each
     input: str
     position: int = 0
     skipped: int = 0
@@ -322,12 +322,15 @@ class _Job:
     def from_json(cls, data: Any, where: Path) -> "_Job":
         try:
             job = cls(**data)
-            if job.kind not in ("build", "add", "upsert") or not isinstance(job.position, int):
+            if job.kind not in ("build", "add", "upsert", *_ATOMIC) or not isinstance(job.position, int):
                 raise TypeError
             return job
         except TypeError:
             raise DataError(where, f"its unfinished job is malformed: {json.dumps(data)[:120]}",
                             fix="rebuild the index (robustir index --corpus ... --overwrite)") from None
+
+
+_ATOMIC = ("delete", "compact")  # jobs whose Lance commits each leave a consistent table: a kill loses nothing
 
 
 class SearchIndex:
@@ -411,6 +414,9 @@ class SearchIndex:
                         manifest_name=BUILDING)
             return index, index._run("build", corpus, config, on_chunk, scanned)
         current = _usable_manifest(path) if live.exists() else None
+        if current is not None and (current.get("job") or {}).get("kind") in _ATOMIC:  # a killed delete / compact
+            cls(path, _open_table(path, current, writable=True), current, writable=True)._finish_job()
+            current = _read_manifest(path)
         if overwrite and current is not None and current.get("job") is None and current.get("version") is not None:
             # build aside and swap: readers keep the finished index until the new one is complete and checked
             manifest = fresh(_free_data_name(path, int(current.get("generation", 0)) + 1),
@@ -458,14 +464,17 @@ class SearchIndex:
         try:
             seen = _stat(path / MANIFEST)  # before the read: a change made while opening is seen by the first query
             manifest = _read_manifest(path)
-            if manifest.get("job") is not None and not writable and not _writer_running(path):
-                job = _Job.from_json(manifest["job"], path / MANIFEST)
+            job = _Job.from_json(manifest["job"], path / MANIFEST) if manifest.get("job") is not None else None
+            if job is not None and job.kind not in _ATOMIC and not writable and not _writer_running(path):
                 flag = "corpus" if job.kind == "build" else job.kind
                 raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input "
                                 "records) and no process is working on it", fix=f"re-run that command to finish it "
                                 f"(robustir index --{flag} {job.input} --output {path})")
             index = cls(path, _open_table(path, manifest, writable=writable), manifest, writable=writable)
             index._lock, index._manifest_stat = lock, seen
+            if writable and job is not None and job.kind in _ATOMIC:  # killed after (or before) its commit: either
+                logger.info("index %s: recording the state an interrupted %s left", path, job.kind)  # is whole
+                index._finish_job()
             index._verify()
         except BaseException:
             _unlock(lock)
@@ -569,6 +578,7 @@ class SearchIndex:
             raise DataError(self.path, f"{len(missing)} of {len(wanted)} id(s) to delete are not in the index: {shown}",
                             fix="check the ids; nothing was deleted")
         before = self.count
+        self._save_job(_Job(int(self.manifest.get("jobs_done", 0)) + 1, "delete", f"{len(wanted)} ids"))
         # one predicate, one commit (measured: 50,000 ids in 0.24 s on the 2-core box; several commits of 500 left a
         # killed delete half-applied)
         self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted)})")
@@ -599,6 +609,7 @@ class SearchIndex:
         fail, so keep it above the longest query."""
         self._need_writable("compact")
         started = time.perf_counter()
+        self._save_job(_Job(int(self.manifest.get("jobs_done", 0)) + 1, "compact", "compact"))
         self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
         self._finish_job(keep)
         return IndexReport("compact", documents=self.count, seconds=time.perf_counter() - started)
