@@ -29,7 +29,12 @@ def run(args: argparse.Namespace) -> int:
     bm25 = evaluate("bm25", data, "test", config, output=out / "bm25")
     rows["BM25"] = bm25.metrics
     print(format_table({"BM25": bm25.metrics}, title=f"BM25 on SciFact test ({bm25.seconds:.0f} s)"), "\n")
-    print("all-MiniLM-L6-v2 (bundled), mean pooling, cosine, FAISS exact search ...", flush=True)
+    from ..device import resolve_device
+    from ..precision import resolve_precision
+
+    device = resolve_device(config.device)
+    print(f"all-MiniLM-L6-v2 (bundled), mean pooling, cosine, FAISS exact search, {device.type} "
+          f"{resolve_precision(config.precision, device)} ...", flush=True)
     dense = evaluate(default_model_path(), data, "test", config, output=out / "minilm")
     rows["all-MiniLM-L6-v2"] = dense.metrics
     print(format_table({"all-MiniLM-L6-v2": dense.metrics},
