@@ -84,6 +84,15 @@ _FULL_HASH_LIMIT = 256 << 20  # model files larger than this are hashed by size 
 _SAMPLED_BLOCKS = 16
 
 
+def text_digest(text: str, size: int = 8) -> bytes:
+    """The BLAKE2b digest (``size`` bytes) of a text's UTF-8 bytes -- a lone surrogate kept as its code unit -- the
+    one text hash every stage derives its ids and duplicate keys from (training's passage ids, the audit's duplicate
+    counts, the Arrow store's distinct passages, mining's passage matching)."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).digest()
+
+
 def _file_digest(path: Path, sample_large: bool) -> str:
     """``sha256:<hex>`` of the whole file, streamed; with ``sample_large``, a file over 256 MiB is digested from
     its size and 16 evenly spaced 1 MiB blocks (first and last included): ``sampled-sha256:<hex>``."""

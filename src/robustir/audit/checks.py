@@ -10,12 +10,13 @@ query" means here; the teacher's cosine catches the paraphrases among the sample
 
 from __future__ import annotations
 
-import hashlib
 import re
 from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..io import text_digest
 
 __all__ = ["normalize", "text_hash", "TextChecks", "degenerate_reasons"]
 
@@ -29,8 +30,7 @@ def normalize(text: str) -> str:
 
 def text_hash(text: str) -> int:
     """A 63-bit hash of the normalised text (collisions: about 1 in 10^19 per pair)."""
-    return int.from_bytes(hashlib.blake2b(normalize(text).encode("utf-8", "surrogatepass"), digest_size=8).digest(),
-                          "little") >> 1
+    return int.from_bytes(text_digest(normalize(text)), "little") >> 1
 
 
 def degenerate_reasons(query: str, pos: list[str], neg: list[str], *, min_query_words: int,

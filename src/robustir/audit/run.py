@@ -319,12 +319,12 @@ class _Pool:
 
 
 def _load_teacher(config: AuditConfig):
-    from ..filtering.teacher import _is_cross_encoder
+    from ..models.encoder import is_cross_encoder
     from ..models.encoder import Encoder, resolve_model_path
     from ..resources import default_model_path
 
     path = resolve_model_path(config.model or default_model_path(), "teacher")
-    if _is_cross_encoder(Path(path)):
+    if is_cross_encoder(path):
         raise ConfigError(f"audit: {config.model} is a cross-encoder; the audit ranks each positive against random "
                           "and corpus passages, which needs an embedding model: give one as --model")
     overrides = {"query_max_length": config.max_length, "passage_max_length": config.max_length} \

@@ -72,7 +72,9 @@ RELEASE_EVERY = 16
 
 def passage_hash(text: str) -> str:
     """A stable 64-bit digest of a passage (hex), for the distinct-passage statistics."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    from ..io import text_digest
+
+    return text_digest(text).hex()
 
 
 def _schema():

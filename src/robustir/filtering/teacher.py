@@ -28,7 +28,6 @@ along with ``neg``; with ``keep_removed`` each record gets a ``removed`` list
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -344,7 +343,9 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
     if kind not in ("auto", "embedding", "cross-encoder"):
         raise ConfigError(f"teacher kind must be auto, embedding or cross-encoder, got {kind!r}")
     if kind == "auto":
-        kind = "cross-encoder" if _is_cross_encoder(Path(path)) else "embedding"
+        from ..models.encoder import is_cross_encoder
+
+        kind = "cross-encoder" if is_cross_encoder(path) else "embedding"
     if kind == "cross-encoder":
         return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, precision=precision,
                                    device=device)
@@ -353,18 +354,6 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
     overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}
     return EmbeddingTeacher(Encoder.from_pretrained(path, device=device, **overrides), batch_size=batch_size,
                             precision=precision)
-
-
-def _is_cross_encoder(path: Path) -> bool:
-    config = path / "config.json"
-    if not config.exists():
-        return False
-    try:
-        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    except json.JSONDecodeError:
-        return False
-    # a sentence-transformers embedding folder has modules.json; a cross-encoder is a classification head
-    return any(a.endswith("ForSequenceClassification") for a in architectures) and not (path / "modules.json").exists()
 
 
 # ----------------------------------------------------------------------------------------------- the filter

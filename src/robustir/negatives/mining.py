@@ -34,7 +34,6 @@ scores are ordered by corpus row, so a tie falls the same way in a chunked and a
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -173,7 +172,9 @@ TEXT_CHUNK = 100_000  # texts read at a time to BM25-index documents from a file
 def text_digest(text: str) -> bytes:
     """128-bit BLAKE2 digest of a stripped text: how the passages of a training file are matched and de-duplicated
     without holding them (two different passages share one with probability 2^-128)."""
-    return hashlib.blake2b(text.strip().encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    from ..io import text_digest as digest
+
+    return digest(text.strip(), 16)
 
 
 class Documents:

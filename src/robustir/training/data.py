@@ -33,7 +33,6 @@ on a private copy. :class:`StepBatches` is ``step -> Collator(sampler.batch(step
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import logging
 import random
@@ -56,7 +55,9 @@ _REJECTION_TRIES = 64  # draws from the whole pool before sampling from the pool
 
 def text_id(text: str) -> int:
     """A stable 63-bit id of a passage text (duplicate passages in a batch share it)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big") >> 1
+    from ..io import text_digest
+
+    return int.from_bytes(text_digest(text), "big") >> 1
 
 
 @dataclass
