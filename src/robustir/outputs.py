@@ -70,7 +70,9 @@ def refuse_overwriting_inputs(output: str | Path, *inputs: str | Path | None, st
                               "input: write to a new file")
         if not source.is_dir() or source not in out.parents:
             continue
-        if (source / "corpus.jsonl").exists() or (source / "corpus.jsonl.gz").exists():
+        from .data.beir import is_beir_folder
+
+        if is_beir_folder(source):
             relative = out.relative_to(source)
             read = (relative.parts[0] == "qrels" or str(relative) in ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl"))
         else:

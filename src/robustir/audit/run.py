@@ -177,7 +177,9 @@ class AuditResult:
 # ------------------------------------------------------------------------------------------------- reading
 
 def _is_beir(path: Path) -> bool:
-    return path.is_dir() and ((path / "corpus.jsonl").exists() or (path / "corpus.jsonl.gz").exists())
+    from ..data.beir import is_beir_folder
+
+    return is_beir_folder(path)
 
 
 def iter_records(data: str | Path, split: str = "train") -> Iterator[Record]:
@@ -209,10 +211,9 @@ def iter_records(data: str | Path, split: str = "train") -> Iterator[Record]:
 
 def _corpus_path(path: Path) -> Path:
     if path.is_dir():
-        for name in ("corpus.jsonl", "corpus.jsonl.gz"):
-            if (path / name).exists():
-                return path / name
-        raise DataError(path, "holds no corpus.jsonl", fix="give a BEIR folder or a corpus JSONL file as corpus")
+        from ..data.beir import corpus_file
+
+        return corpus_file(path)
     return path
 
 

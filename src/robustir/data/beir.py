@@ -399,6 +399,28 @@ def load_beir(path: str | Path, split: str = "test", *, unknown_ids: str = "erro
                        skipped={"documents": skipped_docs, "queries": skipped_queries, "qrels_rows": dropped_rows})
 
 
+CORPUS_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
+
+
+def is_beir_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a BEIR folder: a folder holding ``corpus.jsonl`` (or ``.gz``) or a ``qrels/`` folder -- the
+    one rule every stage uses to tell a BEIR folder from a folder of training JSONL files (a part missing is then
+    named by :func:`load_beir`)."""
+    path = Path(path)
+    return path.is_dir() and (any((path / name).exists() for name in CORPUS_FILES) or (path / "qrels").is_dir())
+
+
+def corpus_file(folder: str | Path) -> Path:
+    """The corpus file of a BEIR folder (``corpus.jsonl``, else ``corpus.jsonl.gz``); a :class:`DataError` naming the
+    folder when it has none."""
+    folder = Path(folder)
+    for name in CORPUS_FILES:
+        if (folder / name).exists():
+            return folder / name
+    raise DataError(folder, "holds no corpus.jsonl(.gz)", fix="give a BEIR folder (corpus.jsonl, queries.jsonl, "
+                    "qrels/) or a corpus JSONL file")
+
+
 def _first_existing(root: Path, names: list[str]) -> Path:
     for name in names:
         if (root / name).exists():

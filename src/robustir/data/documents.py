@@ -49,10 +49,9 @@ def resolve_format(path: str | Path, fmt: str = "auto") -> tuple[Path, str]:
     if path.is_dir():
         if fmt not in ("auto", "beir"):
             raise ConfigError(f"{path} is a folder; only --format beir (or auto) reads folders")
-        for corpus in (path / "corpus.jsonl", path / "corpus.jsonl.gz"):
-            if corpus.exists():
-                return corpus, "jsonl"
-        raise DataError(path, "folder has no corpus.jsonl(.gz)", fix="point the input at a BEIR folder or a file")
+        from .beir import corpus_file
+
+        return corpus_file(path), "jsonl"
     if not path.exists():
         raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
     if fmt == "beir":

@@ -96,14 +96,19 @@ def train_inputs(config: TrainConfig) -> dict[str, dict]:
 
 
 def _is_beir(path: Path) -> bool:
-    return path.is_dir() and (path / "qrels").is_dir()
+    from ..data.beir import is_beir_folder
+
+    return is_beir_folder(path)
 
 
 def _source_files(path: Path, split: str) -> list[Path]:
     """The files a training source reads: its JSONL files, or a BEIR folder's corpus, queries and qrels split."""
     if _is_beir(path):
-        files = [next((path / n for n in names if (path / n).exists()), path / names[0])
-                 for names in (("corpus.jsonl", "corpus.jsonl.gz"), ("queries.jsonl", "queries.jsonl.gz"))]
+        from ..data.beir import corpus_file
+
+        queries = next((path / n for n in ("queries.jsonl", "queries.jsonl.gz") if (path / n).exists()),
+                       path / "queries.jsonl")
+        files = [corpus_file(path), queries]
         return [*files, path / "qrels" / f"{split}.tsv"]
     return training_files(path)
 
@@ -261,8 +266,9 @@ def mine_for_training(examples: Sequence[TrainingExample], beir_root: Path | Non
     from ..negatives.mining import MiningConfig, MiningQuery, mine_negatives
 
     if beir_root is not None:
-        corpus, _ = load_corpus(beir_root / "corpus.jsonl" if (beir_root / "corpus.jsonl").exists()
-                                else beir_root / "corpus.jsonl.gz")
+        from ..data.beir import corpus_file
+
+        corpus, _ = load_corpus(corpus_file(beir_root))
         doc_ids, doc_texts = corpus.ids, corpus.texts_for_encoding()
         queries = [MiningQuery(e.extra["query_id"], e.query, list(e.extra["pos_ids"])) for e in examples]
     else:  # FlagEmbedding convention: the candidate pool is every passage in the file
