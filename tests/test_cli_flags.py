@@ -354,3 +354,17 @@ def test_yaml_merge_keys_are_defaults_that_the_mapping_overrides(tmp_path):
     twice.write_text("base: &base\n  lr: 0.001\ntrain:\n  <<: *base\n  epochs: 2\n  epochs: 3\n")
     with pytest.raises(ConfigError, match="option 'epochs' is given twice \\(line 6\\)"):
         read_config_file(twice)
+
+
+def test_bundled_data_is_a_path_for_every_command(capsys):
+    """Issue 34: ``--data bundled:scifact`` was refused ('not a folder') by every command but run and pretrain."""
+    from robustir.cli.main import _bundled, main
+    from robustir.resources import dataset_path
+
+    folder = str(dataset_path("scifact"))
+    assert _bundled("bundled:scifact") == folder
+    assert _bundled("--data=bundled:scifact") == f"--data={folder}"
+    assert _bundled("eval.data=bundled:scifact") == f"eval.data={folder}"
+    assert _bundled("a bundled:scifact text") == "a bundled:scifact text"
+    assert main(["eval", "--data", "bundled:nope", "--output", "x"]) == 2
+    assert "no bundled dataset 'nope'" in capsys.readouterr().err

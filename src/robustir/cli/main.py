@@ -11,6 +11,7 @@ import errno
 import importlib
 import logging
 import os
+import re
 import sys
 
 from ..errors import RobustIRError
@@ -59,8 +60,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_BUNDLED = re.compile(r"^(?P<head>(?:--?[\w-]+=|[\w.]+=)?)bundled:(?P<name>[\w.-]+)$")
+
+
+def _bundled(token: str) -> str:
+    """``bundled:NAME`` as a whole argument, a ``--flag=`` value or a ``key=`` override value: the bundled data set's
+    folder (``bundled:scifact``), so every command takes it where it takes a path (as ``robustir run`` and
+    ``pretrain`` configs do)."""
+    match = _BUNDLED.match(token)
+    if match is None:
+        return token
+    from ..resources import dataset_path
+
+    return match["head"] + str(dataset_path(match["name"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        argv = [_bundled(a) for a in argv]
+    except RobustIRError as exc:
+        print(f"robustir: error: {exc}", file=sys.stderr)
+        return 2
     stage = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=stage if stage in STAGES else None)
     args, extra = parser.parse_known_args(argv)
