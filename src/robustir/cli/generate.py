@@ -11,7 +11,9 @@ Re-running the same command resumes: finished passages are skipped, failed ones 
 and replies already paid for come from the cache (``OUT.llm-cache.sqlite``). A finished ``OUT`` stays in place
 while failures are retried and is replaced only when the re-run finishes. Generated queries that are refusals,
 chat boilerplate or answers are rejected (counted per reason in the summary); when more than
-``--max-failure-rate`` of the passages fail the command stops with an error (exit 2) instead of finishing.
+``--max-failure-rate`` of the passages fail the command stops with an error (exit 2) instead of finishing. An output
+made with another model, temperature, prompt template (its content) or option is refused, naming what differs
+(``--overwrite`` redoes it); operational options (concurrency, timeouts, retries, the key) reuse it.
 """
 
 from __future__ import annotations
