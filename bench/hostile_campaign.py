@@ -1,7 +1,7 @@
 """Hostile-user campaign (issue 11): every stage of the CLI fed bad input, and valid-but-unusual input, as a user
 would type it -- each case a subprocess with a time limit -- and each outcome classified.
 
-    python bench/hostile_campaign.py                 # all cases (about 10 minutes on 2 busy cores)
+    python bench/hostile_campaign.py                 # all 423 cases (about 17 minutes on 2 cores)
     python bench/hostile_campaign.py --only 'train|mine' --keep   # a subset; keep the temp folder to look at
 
 What a case expects and what counts as a failure:
