@@ -70,9 +70,8 @@ def refuse_overwriting_inputs(output: str | Path, *inputs: str | Path | None, st
                               "input: write to a new file")
         if not source.is_dir() or source not in out.parents:
             continue
-        from .data.beir import is_beir_folder
-
-        if is_beir_folder(source):
+        # a BEIR folder's files (data.beir.is_beir_folder's rule, written here: outputs sits below data/)
+        if (source / "corpus.jsonl").exists() or (source / "corpus.jsonl.gz").exists() or (source / "qrels").is_dir():
             relative = out.relative_to(source)
             read = (relative.parts[0] == "qrels" or str(relative) in ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl"))
         else:
