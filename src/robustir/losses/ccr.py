@@ -30,13 +30,14 @@ Both variants are means of per-row terms (``nce``, ``ccr`` and ``G`` are per row
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from robustir.errors import ConfigError
+from robustir.losses.options import CCROptions, loss_options
 from robustir.losses.base import (
     ContrastiveBatch,
     ContrastiveLoss,
@@ -66,13 +67,12 @@ class CCRLoss(ContrastiveLoss):
 
     name = "ccr"
 
-    def __init__(self, temperature: float = 0.05, beta: float = 0.02, variant: Variant = "paper",
-                 in_batch_negatives: bool | None = None) -> None:
+    def __init__(self, options: CCROptions | None = None, **keywords: Any) -> None:
+        """``options`` (:class:`~robustir.losses.options.CCROptions`: the defaults, types and ranges) or the same
+        as keywords (``CCRLoss(beta=0.02)``)."""
         super().__init__()
-        if temperature <= 0:
-            raise ConfigError(f"ccr: temperature must be > 0, got {temperature}.")
-        if variant not in VARIANTS:
-            raise ConfigError(f"ccr: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}.")
+        self.options = o = loss_options("ccr", options, keywords)
+        temperature, beta, variant, in_batch_negatives = o.temperature, o.beta, o.variant, o.in_batch_negatives
         if variant == "authors_code" and in_batch_negatives:
             raise ConfigError("ccr: variant='authors_code' has no in-batch negatives; drop in_batch_negatives "
                               "or use variant='paper'.")

@@ -17,16 +17,18 @@ Both directions are sums of per-row cross-entropies, evaluated in blocks of ``ba
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from robustir.errors import ConfigError
+from robustir.losses.options import InfoNCEOptions, loss_options
 from robustir.losses.base import (
     ContrastiveBatch,
     ContrastiveLoss,
     LossOutput,
-    SIMILARITIES,
     blocked_sum,
     negative_mask,
     resolve_block_rows,
@@ -51,13 +53,13 @@ class InfoNCELoss(ContrastiveLoss):
 
     name = "infonce"
 
-    def __init__(self, temperature: float = 0.05, in_batch_negatives: bool = True, symmetric: bool = False,
-                 similarity: str = "cosine") -> None:
+    def __init__(self, options: InfoNCEOptions | None = None, **keywords: Any) -> None:
+        """``options`` (:class:`~robustir.losses.options.InfoNCEOptions`: the defaults, types and ranges) or the
+        same as keywords (``InfoNCELoss(temperature=0.02)``)."""
         super().__init__()
-        if similarity not in SIMILARITIES:
-            raise ConfigError(f"infonce: similarity must be one of {', '.join(SIMILARITIES)}, got {similarity!r}.")
-        if temperature <= 0:
-            raise ConfigError(f"infonce: temperature must be > 0, got {temperature}.")
+        self.options = o = loss_options("infonce", options, keywords)
+        temperature, in_batch_negatives, symmetric, similarity = (o.temperature, o.in_batch_negatives, o.symmetric,
+                                                                  o.similarity)
         if symmetric and not in_batch_negatives:
             raise ConfigError("infonce: symmetric=True needs in_batch_negatives=True (the passage->query term "
                               "has no negatives otherwise).")

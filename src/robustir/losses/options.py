@@ -3,8 +3,11 @@
 ``loss: peg`` with ``loss_options: {beta: 0.2}`` is validated as :class:`PEGOptions` through one discriminated
 union (:data:`LossOptions`, discriminator ``loss``): an unknown key fails with its path and the closest valid
 name (``train.loss_options.bta: unknown option (did you mean 'beta'?)``), a value of the wrong type or out of
-range with the field's own rule -- before any data is read or model loaded. The loss classes keep their own checks
-for the Python API (``get_loss("peg", beta=0.2)``); :func:`check_loss_options` is what configs go through.
+range with the field's own rule -- before any data is read or model loaded.
+
+These models are the one declaration of each option (its default, type and range): a loss class is built from its
+model (``PEGLoss(PEGOptions(beta=0.2))``, or ``PEGLoss(beta=0.2)`` / ``get_loss("peg", beta=0.2)``, whose keywords
+go through :func:`loss_options`), and keeps only the rules that tie two options together.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import ConfigError
 
-__all__ = ["CCROptions", "InfoNCEOptions", "LossOptions", "PEGOptions", "check_loss_options"]
+__all__ = ["CCROptions", "InfoNCEOptions", "LossOptions", "PEGOptions", "check_loss_options", "loss_options"]
 
 
 class _Options(BaseModel):
@@ -78,3 +81,16 @@ def check_loss_options(loss: str, options: Any, where: str = "loss_options") -> 
                 problems.append(f"{where}.{key} = {value!r}: {error['msg'].lower()}")
         raise ConfigError("; ".join(problems)) from None
     return dict(options)
+
+
+def loss_options(loss: str, options: Any = None, keywords: dict | None = None) -> Any:
+    """The options model of ``loss``: ``options`` itself (an instance of that model), or one made from ``keywords``
+    (checked by :func:`check_loss_options`: a :class:`ConfigError` naming the key); not both."""
+    model = _MODELS[loss]
+    if options is not None:
+        if keywords:
+            raise ConfigError(f"{loss}: give the options as {model.__name__} or as keywords, not both")
+        if not isinstance(options, model):
+            raise ConfigError(f"{loss}: options must be {model.__name__}, got {type(options).__name__}")
+        return options
+    return model(**check_loss_options(loss, dict(keywords or {}), loss))

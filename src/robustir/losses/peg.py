@@ -27,10 +27,12 @@ Memory-bounded evaluation (:func:`robustir.losses.base.blocked_sum`): the only w
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from robustir.errors import ConfigError
+from robustir.losses.options import PEGOptions, loss_options
 from robustir.losses.base import (
     ContrastiveBatch,
     ContrastiveLoss,
@@ -62,18 +64,13 @@ class PEGLoss(ContrastiveLoss):
 
     name = "peg"
 
-    def __init__(self, temperature: float = 0.05, alpha: float = 0.5, beta: float = 0.1,
-                 detach_negative_scale: bool = True, in_batch_negatives: bool = True) -> None:
+    def __init__(self, options: PEGOptions | None = None, **keywords: Any) -> None:
+        """``options`` (:class:`~robustir.losses.options.PEGOptions`: the defaults, types and ranges) or the same
+        as keywords (``PEGLoss(beta=0.2)``)."""
         super().__init__()
-        if temperature <= 0:
-            raise ConfigError(f"peg: temperature must be > 0, got {temperature}.")
-        if not 0.0 <= alpha <= 1.0:
-            raise ConfigError(f"peg: alpha (momentum) must be in [0, 1], got {alpha}.")
-        self.temperature = temperature
-        self.alpha = alpha
-        self.beta = beta
-        self.detach_negative_scale = detach_negative_scale
-        self.in_batch_negatives = in_batch_negatives
+        self.options = o = loss_options("peg", options, keywords)
+        self.temperature, self.alpha, self.beta = o.temperature, o.alpha, o.beta
+        self.detach_negative_scale, self.in_batch_negatives = o.detach_negative_scale, o.in_batch_negatives
         self.t: Tensor
         self.register_buffer("t", torch.zeros((), dtype=torch.float32))
 

@@ -249,7 +249,7 @@ class GURModel(MaskedLMPretrainModel):
 
     def contrastive_loss(self) -> InfoNCELoss:
         """GUR's contrastive term as a loss of :mod:`robustir.losses`: symmetric InfoNCE, a_k vs b_k."""
-        return InfoNCELoss(self.temperature, symmetric=True, similarity=self.similarity)
+        return InfoNCELoss(temperature=self.temperature, symmetric=True, similarity=self.similarity)
 
     def forward(
         self,

@@ -352,7 +352,7 @@ class T5GURModel(nn.Module):
 
     def contrastive_loss(self) -> InfoNCELoss:
         """GUR's contrastive term as a loss of :mod:`robustir.losses`: symmetric InfoNCE, a_k vs b_k (eq. 2)."""
-        return InfoNCELoss(self.temperature, symmetric=True, similarity=self.similarity)
+        return InfoNCELoss(temperature=self.temperature, symmetric=True, similarity=self.similarity)
 
     def forward(self, features: Mapping[str, Tensor] | None = None, *, input_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, labels: Tensor | None = None
