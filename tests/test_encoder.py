@@ -261,3 +261,31 @@ def test_encode_ids_pads_to_a_multiple_and_gives_the_same_vectors(tiny_model_dir
     hook.remove()
     assert shapes and all(length % 16 == 0 for _, length in shapes), shapes
     np.testing.assert_allclose(padded, encoder.encode_ids(ids, batch_size=2), atol=1e-5)
+
+
+def test_cutting_long_texts_says_nothing_about_sequence_lengths(minilm_path):
+    """Counting a head's tokens must not make transformers warn that a sequence is 'longer than the specified
+    maximum sequence length ... indexing errors' (the head is only counted, never fed to the model)."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from robustir.models.tokens import head_texts
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)  # a fresh one: transformers warns once per tokenizer
+    keep = Keep()
+    logger = logging.getLogger("transformers")  # its own handler, not propagated to the root logger
+    logger.addHandler(keep)
+    try:
+        head_texts(tokenizer, ["word " * 5000], 256)
+    finally:
+        logger.removeHandler(keep)
+    assert not any("longer than the specified maximum" in m for m in keep.messages), keep.messages

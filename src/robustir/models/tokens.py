@@ -42,8 +42,9 @@ def _head(tokenizer: Any, text: str, max_length: int) -> str:
         if cut >= len(text):
             return text
         head, whole_words = _before_whitespace(text, cut)
-        tokens = len(tokenizer(head, add_special_tokens=False, truncation=False, return_attention_mask=False,
-                               return_token_type_ids=False)["input_ids"])
+        # counted up to what the test below needs (truncated: no "longer than the maximum" warning, no wasted ids)
+        tokens = len(tokenizer(head, add_special_tokens=False, truncation=True, max_length=2 * max_length,
+                               return_attention_mask=False, return_token_type_ids=False)["input_ids"])
         # a head cut inside a word (no whitespace in it: one giant word, or CJK without spaces) may tokenize its last
         # word differently: it is kept only with twice the tokens needed, so that word lies far past the limit
         if tokens >= (max_length if whole_words else 2 * max_length) or cut >= cap:
