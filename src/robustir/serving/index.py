@@ -880,8 +880,10 @@ class SearchIndex:
     def _swap(self) -> None:
         """A rebuild beside the live index is complete: check it, then make it the index with one atomic rename of
         the manifest. The folder it replaces is retired: kept for :data:`RETIRED_KEEP` (a reader's query that started
-        before the swap ends on it), then removed by a later job or ``compact``."""
-        self._verify()
+        before the swap ends on it), then removed by a later job or ``compact``. The data files' digests were taken
+        by :meth:`_finish_job` a moment ago from these same files: checked here are their sizes, the version and
+        the count."""
+        self._verify(digests=False)
         retired = []
         try:
             old = _read_manifest(self.path)
@@ -1081,7 +1083,7 @@ def _check_manifest_parts(manifest: dict, file: Path) -> None:
     if not isinstance(manifest["model"].get("path"), str) or not isinstance(manifest["model"].get("name"), str):
         raise DataError(file, "field 'model' lacks its path or name", field="model", fix=damaged)
     data = manifest["data"]
-    if not (data == DATA or (data.startswith(DATA + ".") and data[len(DATA) + 1:].isdigit())):
+    if not _is_data_name(data):
         raise DataError(file, f"field 'data' is {data[:60]!r}, not a data folder of the index", field="data",
                         fix=damaged)
     retired = manifest.get("retired") or []
@@ -1118,6 +1120,11 @@ def _write_manifest(path: Path, manifest: dict, name: str = MANIFEST) -> None:
     """Write ``manifest`` atomically with its digest (the SHA-256 of the rest, keys sorted)."""
     manifest["digest"] = _manifest_digest(manifest)
     write_json(path / name, manifest)
+
+
+def _is_data_name(name: str) -> bool:
+    """A data folder of the index: ``lance``, or ``lance.N`` written by a rebuild."""
+    return name == DATA or (name.startswith(DATA + ".") and name[len(DATA) + 1:].isdigit())
 
 
 def _stat(file: Path) -> tuple | None:
@@ -1238,5 +1245,5 @@ def _remove(path: Path) -> None:
     (path / MANIFEST).unlink(missing_ok=True)
     (path / BUILDING).unlink(missing_ok=True)
     for folder in path.glob(DATA + "*"):
-        if folder.is_dir() and (folder.name == DATA or folder.name[len(DATA) + 1:].isdigit()):
+        if folder.is_dir() and _is_data_name(folder.name):
             shutil.rmtree(folder, ignore_errors=True)
