@@ -324,24 +324,36 @@ def test_measured_loss_follows_the_table():
 
 
 def test_train_loss_auto_takes_the_audit_recommendation(tmp_path, tiny_encoder):
+    """``loss: auto`` is resolved by the train step (resolve_recipe, the first thing train() does), not when the
+    config is built: building a config reads nothing from disk."""
     from robustir.training.arguments import TrainConfig
+    from robustir.training.trainer import resolve_recipe
 
     data, _ = _world(tmp_path)
     result = audit(_config(data, tmp_path / "audit"), encoder=tiny_encoder)
-    config = TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "audit"))
-    assert config.loss == result.recommendation["loss"]
+    unresolved = TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "audit"))
+    assert unresolved.loss == "auto"  # the constructor does not read the audit
+    config = resolve_recipe(unresolved)
+    assert config.loss == result.recommendation["loss"] and resolve_recipe(config) == config
     assert config.filter_positives == result.recommendation["filter_positives"]
     with pytest.raises(ConfigError, match="needs audit"):
-        TrainConfig(train_data=str(data), loss="auto")
+        TrainConfig(train_data=str(data), loss="auto")  # no audit named: refused when the config loads
     with pytest.raises(ConfigError, match="no complete audit"):
-        TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "nothing"))
+        resolve_recipe(TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "nothing")))
     with pytest.raises(ConfigError, match="not the training data"):
-        TrainConfig(train_data=str(tmp_path / "other.jsonl"), loss="auto", audit=str(tmp_path / "audit"))
+        resolve_recipe(TrainConfig(train_data=str(tmp_path / "other.jsonl"), loss="auto",
+                                   audit=str(tmp_path / "audit")))
+    with pytest.raises(ConfigError, match="no complete audit"):  # train() resolves first, before any output
+        from robustir.training.trainer import train
+
+        train(TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "nothing"),
+                          output=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
     assert loss_from_audit(str(tmp_path / "audit"), "auto", str(data))[0] == config.loss
     # the same path with other content: refused (issue 35)
     data.write_text(data.read_text() + json.dumps({"query": "a new query", "pos": ["a new passage"]}) + "\n")
     with pytest.raises(ConfigError, match="before it changed"):
-        TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "audit"))
+        resolve_recipe(TrainConfig(train_data=str(data), loss="auto", audit=str(tmp_path / "audit")))
 
 
 # ------------------------------------------------------------------------------------------ the real model

@@ -266,4 +266,4 @@ def test_cli_output_cut_short_after_it_finished_is_made_again(tmp_path: Path, ca
     with caplog.at_level("WARNING", logger="robustir"):
         assert main(args) == 0
     assert "nothing to do" not in capsys.readouterr().out and out.read_text() == whole
-    assert "no longer matches its record" in caplog.text
+    assert "is damaged (p.jsonl has 238 bytes, 718 were written): making it again" in caplog.text

@@ -41,12 +41,12 @@ from typing import Any
 
 from .errors import ConfigError, DataError
 from .io import Shard, atomic_write, input_digest, write_json
-from .runs import Artifact, Fingerprint, settings_of
+from .runs import RECORD, Artifact, Check, Fingerprint, settings_of
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["StageOutput", "MergeResult", "check_output_file", "refuse_overwriting_inputs", "refuse_run_over_inputs",
-           "stage_settings"]
+           "stage_step"]
 
 PARTIAL, DONE, REPORT, FAILED, LLM_CACHE = ".partial", ".done", ".report.json", ".failed.jsonl", ".llm-cache.sqlite"
 _STATS = {"mean", "min", "max", "median", "p25", "p75"}  # per-shard statistics do not add up: kept per shard
@@ -110,20 +110,25 @@ def refuse_run_over_inputs(output: str | Path, *, models: dict[str, str | Path |
                               "be read as data: choose another output folder")
 
 
-def stage_settings(stage: str, options: Any, inputs: dict[str, str | Path | None], extra: dict | None = None
-                   ) -> Fingerprint:
-    """What a data stage's output depends on, for :meth:`StageOutput.nothing_to_do`: ``options`` (a config; its
-    fields marked operational -- batch sizes, caches, devices, progress, ``overwrite``, ``shard`` -- left out),
-    ``extra`` settings the CLI adds (``format``, ``split``) and the content of each input
-    (:func:`~robustir.io.input_digest`: every file, hashed whole)."""
-    from .runs import digest_inputs
+def stage_step(name: str, config: type, run: Any, *, reports: bool = False, inputs: Any = None,
+               settings: Any = None, check: Any = None) -> Any:
+    """A data stage's :class:`~robustir.runs.Step` (registered): its output is the JSONL file ``job.output`` (the
+    shard's file of it) as a :class:`StageOutput` (``reports``: it writes ``OUT.report.json`` last); before it runs,
+    an output over one of ``job.inputs`` is refused (:func:`refuse_overwriting_inputs`) and ``check`` runs."""
+    from .runs import Step, register
 
-    settings = {**settings_of(options), **settings_of(extra or {})}
-    # a model (an input named ...model) by its content, as robustir run keys it: a model retrained in place at the
-    # same path is a changed input; a hub id by its name
-    digests = {name: (digest_inputs({name: item})[name] if name.endswith("model") else input_digest(item, skip=()))
-               for name, item in inputs.items() if item is not None and item != ""}
-    return Fingerprint(stage, settings, json.loads(json.dumps(digests, default=str)))
+    def output(options: Any, job: Any) -> Artifact:
+        return StageOutput(job.output, job.shard, reports=reports).record
+
+    def refuse(options: Any, job: Any) -> None:
+        target = StageOutput(job.output, job.shard, reports=reports).path
+        refuse_overwriting_inputs(target, *[path for key, path in job.inputs.items() if not key.endswith("model")],
+                                  stage=name)
+        if check is not None:
+            check(options, job)
+
+    extra = {key: value for key, value in (("inputs", inputs), ("settings", settings)) if value is not None}
+    return register(Step(name, config, output=output, run=run, check=refuse, **extra))
 
 
 def check_output_file(output: str | Path, what: str = "output") -> None:
@@ -219,55 +224,30 @@ class StageOutput:
 
     @property
     def record(self) -> Artifact:
-        """The output's record (:class:`robustir.runs.Artifact`): the fingerprint it is made with."""
-        return Artifact(self.path, what="stage output")
+        """The output's record (:class:`robustir.runs.Artifact`, ``OUT.run.json``): the fingerprint it is made with;
+        it is complete only when the record says so *and* no ``.partial`` / ``.done`` / ``.failed.jsonl`` /
+        missing report says otherwise, and clearing it clears every sidecar but the LLM reply cache."""
+        return _StageRecord(self)
 
     def clear(self) -> None:
         """Remove the output, its resume files, report and record (``--overwrite``); the LLM reply cache stays."""
-        for path in (self.path, self.partial, self.done, self.report, self.failed, self.record.record_path):
+        for path in (self.path, self.partial, self.done, self.report, self.failed,
+                     self.path.with_name(self.path.name + RECORD)):
             path.unlink(missing_ok=True)
 
-    def nothing_to_do(self, overwrite: bool, stage: str, settings: Fingerprint | None = None) -> bool:
-        """The CLI's start rule: with ``overwrite`` clear and run; else True (and say so) when already complete.
-
-        ``settings`` (:func:`stage_settings`: the stage's options and the content of its inputs) are recorded next
-        to the output (``OUT.run.json``); a complete output, or an unfinished ``.partial``, made with other
-        settings is refused (:class:`ConfigError` naming what differs) rather than reused or resumed. Outputs
-        without a record (from an older robustir) are taken as they are.
-        """
-        if overwrite:
-            self.clear()
-        elif settings is not None:
-            self.refuse_other_settings(settings)
-        if not overwrite and self.complete():
-            damage = self.record.check().problems
-            if not damage:
-                print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
-                return True
-            logger.warning("%s no longer matches its record (%s): making it again", self.path, "; ".join(damage))
-            self.clear()
-        if settings is not None:
-            self.record.begin(settings, on_change="refuse")
+    def nothing_to_do(self, overwrite: bool, stage: str, settings: Fingerprint) -> bool:
+        """The start rule of every data stage: :meth:`robustir.runs.Artifact.begin` on :attr:`record` -- True (and
+        say so) when the output is complete, as recorded, with ``settings``; an output made (or started) with other
+        ``settings`` is refused naming what differs; ``overwrite`` clears it; a damaged one is made again."""
+        if self.record.begin(settings, on_change="refuse", overwrite=overwrite):
+            print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
+            return True
         return False
-
-    def refuse_other_settings(self, settings: Fingerprint) -> None:
-        """A complete output, or an unfinished ``.partial``, made with other settings or inputs than ``settings``
-        is refused (:class:`ConfigError` naming what differs) rather than reused or resumed; one without a record
-        (from an older robustir) is taken as it is."""
-        if not (self.path.exists() or self.partial.exists()):
-            return
-        saved = self.record.fingerprint
-        diffs = settings.differences(saved) if saved is not None else []
-        if diffs:
-            state = "is complete" if self.complete() else "was started (a .partial file)"
-            raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "
-                              f"{'; '.join(diffs)}. Fix: add --overwrite to redo it with these, or choose "
-                              "another --output")
 
     def finished(self) -> None:
         """After the stage ran: record the output complete (its size, and its report) when it is -- a later run
         then finds a file cut short or replaced instead of taking it as done."""
-        if self.complete() and self.record.record() is not None:
+        if self.complete() and self.record.record() is not None:  # recorded by nothing_to_do / begin
             report = json.loads(self.report.read_text(encoding="utf-8")) if self.report.exists() else {}
             self.record.finish(report)
 
@@ -370,3 +350,36 @@ def _merge_reports(output: StageOutput, shards: list[StageOutput]) -> Path:
             merged[key] = {k: sum(v.get(k, 0) for v in values) for k in keys}
     merged["shard_reports"] = reports
     return output.write_report(merged)
+
+
+class _StageRecord(Artifact):
+    """A :class:`StageOutput`'s record: :class:`~robustir.runs.Artifact` with the stage file's own sidecars folded
+    into "complete" (a recorded-complete output with a ``.partial`` or failures to retry is *started*) and into
+    :meth:`clear`."""
+
+    def __init__(self, stage: StageOutput) -> None:
+        super().__init__(stage.path, what="stage output")
+        self.stage = stage
+
+    def check(self, fp: Fingerprint | None = None) -> Check:
+        check = super().check(fp)
+        if check.state == "missing" and self.stage.partial.exists() and check.recorded:
+            return Check("started", check.differences)
+        if check.state == "complete" and self.stage.problems():
+            return Check("started", check.differences, recorded=check.recorded)
+        return check
+
+    def clear(self) -> None:
+        self.stage.clear()
+
+    def started_where(self) -> str:
+        return " (a .partial file)" if self.stage.partial.exists() else ""
+
+    def finish(self, report: dict | None = None, **kwargs: Any) -> None:
+        """Recorded complete only when the stage file is (no failures left to retry, its report written); the
+        record's report is the stage's ``OUT.report.json`` when it wrote one."""
+        if not self.stage.complete():
+            return
+        if self.stage.report.exists():
+            report = json.loads(self.stage.report.read_text(encoding="utf-8"))
+        super().finish(report, **kwargs)

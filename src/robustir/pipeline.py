@@ -57,7 +57,7 @@ from .data.chunking import ChunkConfig
 from .errors import ConfigError
 from .io import atomic_write, try_lock, write_json
 from .precision import Precision
-from .runs import Artifact, Fingerprint, fingerprint, operational, settings_of
+from .runs import Artifact, Fingerprint, Job, Step, execute, fingerprint, operational, settings_of
 from .queries.generate import GenerateConfig
 from .filtering.llm_judge import JudgeConfig
 from .negatives.mining import MiningConfig
@@ -259,6 +259,18 @@ def _finished(made: Fingerprint, finished: float) -> str:
 
 # ---------------------------------------------------------------------------- stages
 
+def _step(step: Step, options: Any, job: Job) -> Any:
+    """Run a stage's :class:`~robustir.runs.Step` inside its stage folder: the folder's record decides whether the
+    stage runs at all; the step's own record (next to its file) makes an interrupted stage resume, and only with
+    the same settings. Returns the step's report (its recorded one when the file was complete already)."""
+    result = execute(step, options, job, on_change="redo", say=None)
+    if result.skipped:  # killed between the step's record and the folder's (written last): made again, once
+        logger.info("stage file %s is complete but its stage folder was not recorded: making it again",
+                    result.artifact.path)
+        result = execute(step, options, job, overwrite=True, say=None)
+    return result.report
+
+
 def _corpus_stage(config: PipelineConfig, folder: Path) -> dict:
     """Stream the raw documents (the first ``max_documents``) into a BEIR-style ``corpus.jsonl`` (ids kept, or
     line/block numbers for text)."""
@@ -278,11 +290,11 @@ def _corpus_stage(config: PipelineConfig, folder: Path) -> dict:
 
 def _chunk_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
     """Split the documents into passages (``doc_id`` names the document each came from)."""
-    from .data.chunking import chunk_corpus
+    from .data.chunking import CHUNK
 
     assert config.chunk is not None
     target = folder / "passages.jsonl"
-    stats = chunk_corpus(corpus["corpus"], target, config.chunk, fmt="jsonl")
+    stats = _step(CHUNK, config.chunk, Job(str(target), {"input": corpus["corpus"]}, None, {"format": "jsonl"}))
     logger.info("chunk: %d documents -> %d passages", stats.documents, stats.passages)
     return {"corpus": str(target), "documents": stats.documents, "passages": stats.passages}
 
@@ -291,10 +303,10 @@ def _queries_stage(config: PipelineConfig, corpus: dict, folder: Path) -> dict:
     stage = config.queries
     target = folder / "train.jsonl"
     if stage.source == "pairs":
-        from .queries.pairs import mine_pairs
+        from .queries.pairs import PAIRS
 
         raw = folder / "pairs.jsonl"
-        stats = mine_pairs(corpus["corpus"], raw, stage.pairs)
+        stats = _step(PAIRS, stage.pairs, Job(str(raw), {"input": corpus["corpus"]}))
         logger.info("pairs: %d from %d documents", stats.pairs, stats.documents)
     elif stage.source == "generate":
         from dataclasses import replace
@@ -377,22 +389,20 @@ def _gur_pairs(config: PipelineConfig, queries: dict) -> str:
 def _mine_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
     from dataclasses import replace
 
-    from .negatives.mining import mine_jsonl
+    from .negatives.mining import MINE
 
     assert config.mine is not None
     mining = replace(config.mine, device=config.stage_device(config.mine.device))
     pool = config.mine_pool
     if pool == "auto":  # sentence pairs compete with sentences; queries for documents with documents
         pool = "file" if config.queries.source == "pairs" else "corpus"
-    encoder = None
+    inputs = {"input": queries["train"], "corpus": corpus["corpus"] if pool == "corpus" else None}
     if mining.method == "dense":
-        from .models.encoder import Encoder
         from .resources import default_model_path
 
-        encoder = Encoder.from_pretrained(config.model or default_model_path(), device=mining.device)
+        inputs["model"] = config.model or default_model_path()
     target = folder / "train.jsonl"
-    report = mine_jsonl(queries["train"], target, mining, encoder=encoder,
-                        corpus=corpus["corpus"] if pool == "corpus" else None)
+    report = _step(MINE, mining, Job(str(target), inputs))
     logger.info("mining done:\n%s", report.format())
     return {"train": str(target), "pool": pool}
 
@@ -404,17 +414,17 @@ def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
     target = folder / "train.jsonl"
     method = config.filter.method
     if method == "teacher":
-        from .filtering.teacher import teacher_filter
+        from .filtering.teacher import TEACHER
 
         teacher = replace(config.filter.teacher, device=config.stage_device(config.filter.teacher.device))
-        report = teacher_filter(mined["train"], target, teacher)  # model None: the bundled MiniLM
+        report = _step(TEACHER, teacher, Job(str(target), {"input": mined["train"]}))  # model None: bundled MiniLM
     elif method == "sieve":
-        from .filtering.sieve import sieve_negatives
+        from .filtering.sieve import SIEVE
 
         options = replace(config.filter.sieve, model=config.filter.sieve.model or config.model,
                           work_dir=config.filter.sieve.work_dir or str(folder / "sieve-work"),
                           device=config.stage_device(config.filter.sieve.device))
-        report = sieve_negatives(mined["train"], target, options)
+        report = _step(SIEVE, options, Job(str(target), {"input": mined["train"]}))
     else:
         from .filtering.llm_judge import run_judge
 
@@ -568,7 +578,8 @@ def _run_locked(config: PipelineConfig, work: Path, force: list[str] | None, unt
         return {"model": str(result.model_path), "steps": result.steps}
 
     trained = runner.stage("train", train_settings, train_body,
-                           inputs={"model": start_model or base_model} if not pretrained_model else None)
+                           inputs={"model": start_model or base_model if not pretrained_model else None,
+                                   "audit": train_settings.audit})
     if (done := stop_after("train", trained["model"])) is not None:
         return done
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from ..config import load_config
-from ..data.chunking import ChunkConfig, chunk_corpus
-from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
-from ..io import Shard
+from ..data.chunking import ChunkConfig
 from .common import add_config_flags, flags_from_args
 
 
@@ -32,22 +29,14 @@ def build_config(args: argparse.Namespace) -> ChunkConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from ..data.chunking import CHUNK
+    from ..runs import Job, execute
 
     config = build_config(args)
-    shard = Shard.parse(args.shard)
-    target = StageOutput(args.output, shard)
-    output = target.path
-    refuse_overwriting_inputs(output, args.input, stage="chunk")
-    settings = stage_settings("chunk", config, {"input": args.input},
-                              extra={"format": args.format, "text_unit": args.text_unit})
-    if target.nothing_to_do(args.overwrite, "chunk", settings):
-        return 0
+    job = Job(args.output, {"input": args.input}, args.shard, {"format": args.format, "text_unit": args.text_unit})
     started = time.perf_counter()
-    stats = chunk_corpus(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,
-                         progress=lambda docs: tqdm(docs, desc="chunk", unit="doc", file=sys.stderr,
-                                                    disable=None))
-    elapsed = time.perf_counter() - started
-    print(f"robustir chunk: {stats.summary()} in {elapsed:.1f}s; wrote {output}")
-    target.finished()
+    result = execute(CHUNK, config, job, overwrite=args.overwrite)
+    if not result.skipped:
+        print(f"robustir chunk: {result.report.summary()} in {time.perf_counter() - started:.1f}s; wrote "
+              f"{result.artifact.path}")
     return 0

@@ -26,8 +26,6 @@ from ..errors import ConfigError
 from ..filtering.llm_judge import JudgeConfig
 from ..filtering.sieve import SieveConfig
 from ..filtering.teacher import TeacherFilterConfig
-from ..io import Shard
-from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
 from .common import add_method_flags, add_precision_arg, flags_from_args
 
 CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
@@ -60,33 +58,18 @@ def build_config(args: argparse.Namespace) -> JudgeConfig | TeacherFilterConfig 
 
 
 def run(args: argparse.Namespace) -> int:
-    config = build_config(args)  # checked first: a bad option is an error even when the output is complete
-    shard = Shard.parse(args.shard)
-    target = StageOutput(args.output, shard, reports=True)
-    output = target.path
-    refuse_overwriting_inputs(output, args.input, stage="filter")
-    report_path = target.report
-    if args.method == "llm":  # the judge's output is complete only when no judgement failed (those are retried)
-        from ..llm.stages import llm_stage_settings
+    from ..runs import Job, execute
+    from ..steps import get_step
 
-        if target.nothing_to_do(bool(args.overwrite), "filter", llm_stage_settings("filter llm", config, args.input)):
-            return 0
+    config = build_config(args)  # checked first: a bad option is an error even when the output is complete
+    if args.method == "llm":  # the judge's output is complete only when no judgement failed (those are retried)
         return _run_llm(args, config)
     # the teacher / sieve model by its content (a model retrained in place is a changed input), not by its path
-    settings = stage_settings(f"filter {args.method}", config, {"input": args.input, "model": config.model})
-    if target.nothing_to_do(bool(args.overwrite), "filter", settings):
-        return 0
-    if args.method == "teacher":
-        from ..filtering.teacher import teacher_filter
-
-        report = teacher_filter(args.input, output, config)
-    else:
-        from ..filtering.sieve import sieve_negatives
-
-        report = sieve_negatives(args.input, output, config)
-    print(f"robustir filter: {report.summary()}")
-    print(f"robustir filter: report {report_path}")
-    target.finished()
+    result = execute(get_step(f"filter {args.method}"), config, Job(args.output, {"input": args.input}, config.shard),
+                     overwrite=bool(args.overwrite))
+    if not result.skipped:
+        print(f"robustir filter: {result.report.summary()}")
+        print(f"robustir filter: report {result.artifact.path}.report.json")
     return 0
 
 
@@ -95,7 +78,8 @@ def _run_llm(args: argparse.Namespace, config: JudgeConfig) -> int:
 
     if not config.llm.model:
         raise ConfigError("--method llm needs --model (the model name the server serves) and --base-url")
-    report = run_judge(replace(config, overwrite=bool(args.overwrite) or config.overwrite), args.input, args.output)
+    report = run_judge(replace(config, overwrite=bool(args.overwrite) or config.overwrite), args.input, args.output,
+                       say=print)
     print(f"robustir filter: {report.summary()}")
     if report.failed_path:
         print(f"robustir filter: {report.failed_records} record(s) with failed judgements (negatives kept for now), "

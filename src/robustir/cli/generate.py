@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     if not config.input or not config.output:
         raise ConfigError("give --input PASSAGES.jsonl and --output OUT.jsonl (or input:/output: in --config)")
-    report = run_generate(config)
+    report = run_generate(config, say=print)
     print(f"robustir generate: {report.summary()}")
     if report.failed:
         print(f"robustir generate: {report.failed} passage(s) failed, listed in {report.failed_path}; "

@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
-from ..errors import ConfigError
-from ..io import Shard
-from ..negatives.mining import MiningConfig, mine_beir, mine_jsonl
+from ..negatives.mining import MiningConfig
 from .common import (add_config_flags, add_encoder_args, config_from_flags, encoder_options,
                      model_or_default)
 
@@ -54,39 +51,20 @@ def mining_config(args: argparse.Namespace) -> MiningConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.data) == bool(args.input):
-        raise ConfigError("give exactly one of --data BEIR_DIR (with --split) or --input train.jsonl")
-    if args.corpus and not args.input:
-        raise ConfigError("--corpus goes with --input (a BEIR folder brings its own corpus)")
-    config = mining_config(args)
-    from ..device import resolve_device
+    from ..negatives.mining import MINE
+    from ..runs import Job, execute
 
-    device = resolve_device(config.device)  # checked before anything runs
-    shard = Shard.parse(args.shard)
-    target = StageOutput(args.output, shard, reports=True)
-    output, report_path = target.path, target.report
-    refuse_overwriting_inputs(output, args.data, args.input, args.corpus, stage="mine")
-    extra = {"split": args.split if args.data else None}
+    config = mining_config(args)
+    settings: dict = {"split": args.split if args.data else None}
     inputs = {"data": args.data, "input": args.input, "corpus": args.corpus}
     if config.method == "dense":  # the model by its content: one retrained in place is a changed input
-        extra.update(encoder_options(args))
+        settings.update(encoder_options(args))
         inputs["model"] = model_or_default(args.model)
-    settings = stage_settings("mine", config, inputs, extra)
-    if target.nothing_to_do(args.overwrite, "mine", settings):
-        return 0
-    encoder = None
-    if config.method == "dense":
-        from ..models.encoder import Encoder
-
-        encoder = Encoder.from_pretrained(model_or_default(args.model), device=device, **encoder_options(args))
     started = time.perf_counter()
-    if args.data:
-        report = mine_beir(args.data, args.split, output, config, encoder, shard)
-    else:
-        report = mine_jsonl(args.input, output, config, encoder, shard, corpus=args.corpus)
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    print(report.format())
-    print(f"robustir mine: {report.queries} queries in {elapsed:.1f}s ({report.queries / elapsed:.1f} queries/s); "
-          f"wrote {output} and {report_path.name}")
-    target.finished()
+    result = execute(MINE, config, Job(args.output, inputs, args.shard, settings), overwrite=args.overwrite)
+    if not result.skipped:
+        report, elapsed = result.report, max(time.perf_counter() - started, 1e-9)
+        print(report.format())
+        print(f"robustir mine: {report.queries} queries in {elapsed:.1f}s ({report.queries / elapsed:.1f} "
+              f"queries/s); wrote {result.artifact.path} and {result.artifact.path.name}.report.json")
     return 0

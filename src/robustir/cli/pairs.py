@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from ..config import load_config
-from ..outputs import StageOutput, refuse_overwriting_inputs, stage_settings
-from ..io import Shard
-from ..queries.pairs import PairMiningConfig, mine_pairs
+from ..queries.pairs import PairMiningConfig
 from .common import add_config_flags, flags_from_args
 
 # PairMiningConfig fields with a flag (help from the dataclass); the others via --config or key=value
@@ -35,22 +32,15 @@ def build_config(args: argparse.Namespace) -> PairMiningConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from ..queries.pairs import PAIRS
+    from ..runs import Job, execute
 
     config = build_config(args)
-    shard = Shard.parse(args.shard)
-    target = StageOutput(args.output, shard)
-    output = target.path
-    refuse_overwriting_inputs(output, args.input, stage="pairs")
-    settings = stage_settings("pairs", config, {"input": args.input},
-                              extra={"format": args.format, "text_unit": args.text_unit})
-    if target.nothing_to_do(args.overwrite, "pairs", settings):
-        return 0
+    job = Job(args.output, {"input": args.input}, args.shard, {"format": args.format, "text_unit": args.text_unit})
     started = time.perf_counter()
-    stats = mine_pairs(args.input, output, config, fmt=args.format, text_unit=args.text_unit, shard=shard,
-                       progress=lambda docs: tqdm(docs, desc="pairs", unit="doc", file=sys.stderr, disable=None))
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    print(f"robustir pairs: {stats.summary()} in {elapsed:.1f}s = {stats.pairs / elapsed:.0f} pairs/s, "
-          f"{stats.documents / elapsed:.0f} documents/s; wrote {output}")
-    target.finished()
+    result = execute(PAIRS, config, job, overwrite=args.overwrite)
+    if not result.skipped:
+        stats, elapsed = result.report, max(time.perf_counter() - started, 1e-9)
+        print(f"robustir pairs: {stats.summary()} in {elapsed:.1f}s = {stats.pairs / elapsed:.0f} pairs/s, "
+              f"{stats.documents / elapsed:.0f} documents/s; wrote {result.artifact.path}")
     return 0

@@ -33,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
 
     import os
 
-    config = build_config(args)
+    from ..training.trainer import resolve_recipe
+
+    config = resolve_recipe(build_config(args))
     if config.audit:  # loss auto takes the audit's recipe: say which
         print(f"audit {config.audit}: training with loss {config.loss}"
               + (" and filter_positives" if config.filter_positives else ""), flush=True)

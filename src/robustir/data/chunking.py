@@ -23,7 +23,7 @@ from .cjk import CJK_CHAR_CLASS
 from .sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
-from ..outputs import refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from ..validation import config_dataclass, NonNegativeInt, PositiveInt
 
 __all__ = ["ChunkConfig", "Passage", "TokenCounter", "WordCounter", "HFTokenCounter", "make_counter",
@@ -290,3 +290,18 @@ def iter_passages(documents: Iterable[Document], **kwargs: Any) -> Iterator[Pass
     """Passages of each document in turn (``kwargs`` as for :func:`chunk_document`)."""
     for doc in documents:
         yield from chunk_document(doc.id, doc.title, doc.text, **kwargs)
+
+
+def _chunk_step(config: ChunkConfig, job: Any) -> ChunkStats:
+    import sys
+
+    from tqdm.auto import tqdm
+
+    stage = StageOutput(job.output, job.shard)
+    return chunk_corpus(job.inputs["input"], stage.path, config, fmt=job.settings.get("format", "auto"),
+                        text_unit=job.settings.get("text_unit", "block"), shard=stage.shard,
+                        progress=lambda docs: tqdm(docs, desc="chunk", unit="doc", file=sys.stderr, disable=None))
+
+
+CHUNK = stage_step("chunk", ChunkConfig, _chunk_step)
+"""Documents -> passages as a :class:`~robustir.runs.Step` (job settings ``format``, ``text_unit``)."""

@@ -28,7 +28,7 @@ import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated, Any, Iterator
 
 from tqdm.auto import tqdm
 
@@ -38,7 +38,7 @@ from ..outputs import StageOutput
 from ..data.cjk import cjk_share
 from ..data.training_data import check_record
 from ..validation import cli, NonNegativeInt, Range, config_dataclass
-from ..llm import (FailureTally, LLMBackend, LLMConfig, LLMStageConfig, begin_llm_output, endpoint_of,
+from ..llm import (FailureTally, LLMBackend, LLMConfig, LLMStageConfig, endpoint_of, llm_step, run_llm_step,
                    render_template, stage_backend, strip_reasoning, write_failed_items)
 
 logger = logging.getLogger(__name__)
@@ -394,32 +394,33 @@ def _failed_entry(item: _Pending) -> dict:
 
 
 def run_judge(config: JudgeConfig, input_path: str | Path | None = None,
-              output_path: str | Path | None = None) -> JudgeReport:
-    """The LLM-judge stage from its config: ``(config, input, output) -> report``.
+              output_path: str | Path | None = None, *, say: Any = None) -> JudgeReport:
+    """The LLM-judge stage from its config: ``(config, input, output) -> report``, run as the step
+    :data:`JUDGE` (:func:`robustir.runs.execute`).
 
     ``input_path`` / ``output_path`` override ``config.input`` / ``config.output``; the output gets the shard
     suffix of ``config.shard``. Templates (``{query}``, ``{passage}``) are loaded and checked, the backend is
     built with its reply cache and, for an HTTP endpoint with ``preflight``, checked before the first request.
     ``robustir filter --method llm`` and ``robustir run`` both call this.
     """
-    source = input_path if input_path is not None else config.input
-    target = output_path if output_path is not None else config.output
-    if not source or not target:
-        raise ConfigError("llm judge: give the input training JSONL and the output file (input: / output:)")
     if not config.llm.model:
         raise ConfigError("llm judge: llm.model is empty; give the model name the server serves (and llm.base_url)")
-    stage = StageOutput(target, config.shard, reports=True)
-    shard, output = stage.shard, stage.path
+    return run_llm_step(JUDGE, config, input_path, output_path, JudgeReport, say=say)
+
+
+def _judge_step(config: JudgeConfig, job: Any) -> JudgeReport:
+    stage = StageOutput(job.output, job.shard, reports=True)
     template, template_zh = config.templates(("query", "passage"))
-    begin_llm_output("filter llm", config, stage, source)  # another judge / prompt / setting: refused, not reused
-    with stage_backend(config, output) as backend:
-        report = judge_negatives(source, output, backend, template=template, template_zh=template_zh,
-                                 language=config.language, cjk_threshold=config.cjk_threshold,
-                                 max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
-                                 max_failure_rate=config.max_failure_rate, shard=shard, overwrite=False,
-                                 progress=config.progress)
-    stage.finished()
-    return report
+    with stage_backend(config, stage.path) as backend:
+        return judge_negatives(job.inputs["input"], stage.path, backend, template=template, template_zh=template_zh,
+                               language=config.language, cjk_threshold=config.cjk_threshold,
+                               max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
+                               max_failure_rate=config.max_failure_rate, shard=stage.shard, overwrite=False,
+                               progress=config.progress)
+
+
+JUDGE = llm_step("filter llm", JudgeConfig, _judge_step)
+"""PEG's LLM removal of false negatives as a :class:`~robustir.runs.Step`."""
 
 
 def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, histogram: Counter) -> dict:

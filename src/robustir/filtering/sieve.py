@@ -43,6 +43,7 @@ import numpy as np
 from ..runs import operational
 from ..errors import ConfigError
 from ..io import Shard
+from ..outputs import StageOutput, stage_step
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 from ..precision import Precision
 from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
@@ -296,3 +297,10 @@ def plot_similarities(similarities: dict[str, list[float]], path: str | Path, ti
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+SIEVE = stage_step("filter sieve", SieveConfig,
+                   lambda config, job: sieve_negatives(job.inputs["input"],
+                                                       StageOutput(job.output, job.shard, reports=True).path, config),
+                   reports=True, inputs=lambda config, job: {"model": config.model})
+"""CCR's passage sieve as a :class:`~robustir.runs.Step`: its work model (``model``) by its content."""

@@ -41,7 +41,7 @@ from ..data.training_data import check_record, positives_removed_by_filter
 from ..runs import operational
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, read_jsonl
-from ..outputs import StageOutput, refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from ..negatives.margins import margin_reason
 from ..negatives.score_stats import ScoreStats
 from ..precision import Precision
@@ -565,3 +565,10 @@ def teacher_filter(input_path: str | Path, output_path: str | Path, config: Teac
     return run_filter(input_path, output_path, decide, method="teacher", config=asdict(config),
                       batch_records=config.batch_records, keep_removed=config.keep_removed,
                       shard=Shard.parse(config.shard), overwrite=False, progress=config.progress)
+
+
+TEACHER = stage_step("filter teacher", TeacherFilterConfig,
+                     lambda config, job: teacher_filter(job.inputs["input"],
+                                                        StageOutput(job.output, job.shard, reports=True).path, config),
+                     reports=True, inputs=lambda config, job: {"model": config.model})
+"""NV-Retriever's teacher filter as a :class:`~robustir.runs.Step`: the teacher (``model``) by its content."""

@@ -32,10 +32,10 @@ from .cache import LLMCache
 from .client import LLMClient, RateLimiter, normalize_base_url
 from .config import LLMConfig
 from .hf import HFGenerator
-from .stages import (MIN_ITEMS_FOR_RATE, FailureTally, LLMStageConfig, begin_llm_output, build_backend,
+from .stages import (MIN_ITEMS_FOR_RATE, FailureTally, LLMStageConfig, build_backend, llm_step, run_llm_step,
                      check_failure_rate, endpoint_of, load_template, render_template, stage_backend, write_failed_items)
 
 __all__ = ["Completion", "Conversation", "FailureTally", "HFGenerator", "LLMBackend", "LLMCache", "LLMClient",
            "LLMConfig", "LLMStageConfig", "LLMStats", "MIN_ITEMS_FOR_RATE", "Message", "RateLimiter", "as_messages",
-           "begin_llm_output", "build_backend", "cache_key", "check_failure_rate", "endpoint_of", "load_template",
-           "normalize_base_url", "render_template", "stage_backend", "strip_reasoning", "write_failed_items"]
+           "build_backend", "cache_key", "check_failure_rate", "endpoint_of", "llm_step", "load_template",
+           "normalize_base_url", "render_template", "run_llm_step", "stage_backend", "strip_reasoning", "write_failed_items"]

@@ -118,30 +118,43 @@ class LLMStageConfig:
                 load_template(self.prompt_template_zh, required) if self.prompt_template_zh else None)
 
 
-def llm_stage_settings(name: str, config: LLMStageConfig, source: str | Path) -> Any:
-    """What an LLM stage's output is made of (a :class:`~robustir.runs.Fingerprint`): its settings without the
-    operational ones and without where its files are, the content of its input and of its template files."""
+def llm_step(name: str, config: type, run: Any) -> Any:
+    """An LLM stage's :class:`~robustir.runs.Step` (``generate``, ``filter llm``): its fingerprint is the stage's
+    settings without the operational ones (concurrency, timeouts, retries, the key) and without where its files
+    are, the content of its input and of its template files; so another model, temperature, prompt template (by
+    content), input, judge or stage option redoes the work (it used to be kept silently: "0 passages done now"),
+    while identical requests are still answered from the reply cache. ``run(config, job)`` writes the output."""
     import dataclasses
 
-    from ..outputs import stage_settings
+    from ..outputs import stage_step
+    from ..runs import settings_of
 
-    options = dataclasses.replace(config, input="", output="")  # where the files are is not what they are made of
-    return stage_settings(name, options, {"input": source, "prompt_template": config.prompt_template,
-                                          "prompt_template_zh": config.prompt_template_zh})
+    return stage_step(name, config, run, reports=True,
+                      settings=lambda options, job: settings_of(dataclasses.replace(options, input="", output="")),
+                      inputs=lambda options, job: {"prompt_template": options.prompt_template,
+                                                   "prompt_template_zh": options.prompt_template_zh})
 
 
-def begin_llm_output(name: str, config: LLMStageConfig, stage: Any, source: str | Path) -> None:
-    """Before an LLM stage writes ``stage`` (a :class:`~robustir.outputs.StageOutput`): ``overwrite`` clears it;
-    else an output (complete or started) made with other settings -- another model, temperature, prompt template
-    (by content), input content, judge or stage option; not the operational ones such as concurrency, timeouts or
-    the key -- is refused naming what differs (it used to be kept silently: "0 passages done now"); then the
-    settings are recorded next to it. Identical requests are still answered from the reply cache."""
-    settings = llm_stage_settings(name, config, source)
-    if config.overwrite:
-        stage.clear()
-    else:
-        stage.refuse_other_settings(settings)
-    stage.record.begin(settings, on_change="refuse")
+def run_llm_step(step: Any, config: LLMStageConfig, input_path: str | Path | None, output_path: str | Path | None,
+                 report_type: type, *, say: Any = None) -> Any:
+    """Run an LLM step (:func:`robustir.runs.execute`) on ``input_path`` -> ``output_path`` (default: the
+    config's ``input`` / ``output``); ``overwrite`` redoes a complete output. Returns the stage's report (a
+    complete output's recorded one, as ``report_type``, when there was nothing to do)."""
+    import dataclasses
+
+    from ..runs import Job, execute
+
+    source = input_path if input_path is not None else config.input
+    target = output_path if output_path is not None else config.output
+    if not source or not target:
+        raise ConfigError(f"{step.name}: give the input and the output file (input: / output:)")
+    config = dataclasses.replace(config, input=str(source), output=str(target))
+    result = execute(step, config, Job(str(target), {"input": source}, config.shard), overwrite=config.overwrite,
+                     say=say)
+    if not result.skipped:
+        return result.report
+    known = {f.name for f in dataclasses.fields(report_type)}
+    return report_type(**{key: value for key, value in result.report.items() if key in known})
 
 
 @contextmanager

@@ -45,7 +45,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -56,7 +56,7 @@ from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import TIE_MARGIN, ChunkedFlatIndex, DenseIndex, DenseIndexConfig, EmbeddingFile, sort_hits
 from ..io import ResumableJsonlWriter, Shard
-from ..outputs import StageOutput, refuse_overwriting_inputs
+from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from .margins import margin_reason
 from .score_stats import ScoreStats
 from ..precision import Precision
@@ -813,3 +813,38 @@ def mine_beir(path: str | Path, split: str, output: str | Path, config: MiningCo
                               total=len(range(shard.index, len(dataset.qrels), shard.count)))
     finally:
         documents.close()
+
+
+def _mine_step(config: MiningConfig, job: Any) -> MiningReport:
+    """Mine for the queries of a BEIR split (input ``data``, job setting ``split``) or of a training JSONL (input
+    ``input``, optional ``corpus``); dense mining encodes with the input ``model`` and the job's other settings
+    (encoder overrides such as ``query_instruction``)."""
+    stage = StageOutput(job.output, job.shard, reports=True)
+    encoder = None
+    if config.method == "dense":
+        from ..device import resolve_device
+        from ..models.encoder import Encoder
+
+        options = {key: value for key, value in job.settings.items() if key != "split"}
+        encoder = Encoder.from_pretrained(job.inputs["model"], device=resolve_device(config.device), **options)
+    if job.inputs.get("data"):
+        return mine_beir(job.inputs["data"], job.settings.get("split") or "train", stage.path, config, encoder,
+                         stage.shard)
+    return mine_jsonl(job.inputs["input"], stage.path, config, encoder, stage.shard, corpus=job.inputs.get("corpus"))
+
+
+def _check_mine(config: MiningConfig, job: Any) -> None:
+    config.validate()
+    if bool(job.inputs.get("data")) == bool(job.inputs.get("input")):
+        raise ConfigError("give exactly one of --data BEIR_DIR (with --split) or --input train.jsonl")
+    if job.inputs.get("corpus") and not job.inputs.get("input"):
+        raise ConfigError("--corpus goes with --input (a BEIR folder brings its own corpus)")
+    if config.method == "dense":
+        from ..device import resolve_device
+
+        resolve_device(config.device)  # checked before anything runs
+
+
+MINE = stage_step("mine", MiningConfig, _mine_step, reports=True, check=_check_mine)
+"""Hard-negative mining as a :class:`~robustir.runs.Step` (inputs ``data`` | ``input`` [+ ``corpus``], ``model``
+for dense mining, read by content: a model retrained in place is a changed input)."""

@@ -29,7 +29,7 @@ import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from tqdm.auto import tqdm
 
@@ -39,7 +39,7 @@ from ..data.documents import checked_fields
 from ..io import ResumableJsonlWriter, Shard, atomic_write, read_jsonl
 from ..outputs import StageOutput
 from ..validation import PositiveInt, config_dataclass
-from ..llm import (FailureTally, LLMBackend, LLMStageConfig, begin_llm_output, endpoint_of, render_template,
+from ..llm import (FailureTally, LLMBackend, LLMStageConfig, endpoint_of, llm_step, run_llm_step, render_template,
                    stage_backend, strip_reasoning, write_failed_items)
 
 logger = logging.getLogger(__name__)
@@ -577,8 +577,10 @@ def generate_queries(input_path: str | Path, output_path: str | Path, backend: L
 
 
 def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
-                 output_path: str | Path | None = None) -> GenerateReport:
-    """The generation stage from its config: ``(config, input, output) -> report``.
+                 output_path: str | Path | None = None, *, say: Any = None) -> GenerateReport:
+    """The generation stage from its config: ``(config, input, output) -> report``, run as the step
+    :data:`GENERATE` (:func:`robustir.runs.execute`: an output complete with the same settings and inputs is not
+    redone; one made with others is refused, ``overwrite`` redoes it).
 
     ``input_path`` / ``output_path`` override ``config.input`` / ``config.output`` (the pipeline runner sets
     them); the output gets the shard suffix of ``config.shard``. Templates are loaded and checked, the
@@ -586,23 +588,24 @@ def run_generate(config: GenerateConfig, input_path: str | Path | None = None,
     and, for an HTTP endpoint with ``preflight``, checked before the first passage. The CLI (``robustir
     generate``) and the runner (``robustir run``) both call this, so they cannot drift apart.
     """
-    source = input_path if input_path is not None else config.input
-    target = output_path if output_path is not None else config.output
-    if not source or not target:
-        raise ConfigError("generate: give the input passages and the output file (input: / output:)")
-    stage = StageOutput(target, config.shard, reports=True)
-    shard, output = stage.shard, stage.path
+    return run_llm_step(GENERATE, config, input_path, output_path, GenerateReport, say=say)
+
+
+def _generate_step(config: GenerateConfig, job: Any) -> GenerateReport:
+    stage = StageOutput(job.output, job.shard, reports=True)
     template, template_zh = config.templates(("text",))
-    begin_llm_output("generate", config, stage, source)  # another model / prompt / setting: refused, not reused
-    with stage_backend(config, output) as backend:
-        report = generate_queries(
-            source, output, backend, num_queries=config.num_queries, template=template, template_zh=template_zh,
-            language=config.language, cjk_threshold=config.cjk_threshold, max_passage_chars=config.max_passage_chars,
-            max_query_chars=config.max_query_chars, max_query_words=config.max_query_words,
-            min_query_words=config.min_query_words, max_failure_rate=config.max_failure_rate, shard=shard,
-            beir_dir=config.beir_dir, overwrite=False, progress=config.progress)
-    stage.finished()
-    return report
+    with stage_backend(config, stage.path) as backend:
+        return generate_queries(
+            job.inputs["input"], stage.path, backend, num_queries=config.num_queries, template=template,
+            template_zh=template_zh, language=config.language, cjk_threshold=config.cjk_threshold,
+            max_passage_chars=config.max_passage_chars, max_query_chars=config.max_query_chars,
+            max_query_words=config.max_query_words, min_query_words=config.min_query_words,
+            max_failure_rate=config.max_failure_rate, shard=stage.shard, beir_dir=config.beir_dir, overwrite=False,
+            progress=config.progress)
+
+
+GENERATE = llm_step("generate", GenerateConfig, _generate_step)
+"""PEG's query generation as a :class:`~robustir.runs.Step`."""
 
 
 def _read_failures(path: Path) -> list[dict]:

@@ -3,9 +3,11 @@ those settings and inputs (:mod:`~robustir.runs.artifact`). Every stage, the run
 Arrow cache, the sieve's work model and the noise bench's cells ask here; nothing else names a completion
 sidecar or computes a fingerprint."""
 
-from .artifact import RECORD, Artifact, Check, file_sha256
+from .artifact import RECORD, Artifact, Check, Decision, file_sha256
 from .fingerprint import (OPERATIONAL, Fingerprint, digest_inputs, fingerprint, is_operational, operational,
                           settings_of)
+from .step import STEPS, Job, Step, StepResult, execute, register
 
-__all__ = ["Artifact", "Check", "Fingerprint", "OPERATIONAL", "RECORD", "digest_inputs", "file_sha256",
-           "fingerprint", "is_operational", "operational", "settings_of"]
+__all__ = ["Artifact", "Check", "Decision", "Fingerprint", "OPERATIONAL", "RECORD", "digest_inputs", "file_sha256",
+           "fingerprint", "is_operational", "operational", "settings_of", "STEPS", "Job", "Step", "StepResult",
+           "execute", "register"]

@@ -6,8 +6,8 @@ a folder that travels with its record, a training run)::
     {"fingerprint": {...}, "digest": "...", "complete": true, "report": {...},
      "files": {"data.arrow": {"size": 123, "sha256": "..."}}, "finished": 1732470000.0}
 
-* :meth:`Artifact.begin` is the start rule every producer calls: ``True`` (nothing to do) when the output is
-  complete, verified and made with the same fingerprint; otherwise it clears what cannot be reused (a different
+* :meth:`Artifact.decide` is the one rule for "done?", :meth:`Artifact.begin` the start every producer calls:
+  ``True`` (nothing to do) when the output is complete, verified and made with the same fingerprint; otherwise it clears what cannot be reused (a different
   fingerprint: refused with the difference named, or redone, as the caller chooses; a damaged output: redone
   with one warning) and records the new fingerprint as *started*, so an interrupted run resumes only with the
   same settings.
@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..io import write_json
 from .fingerprint import Fingerprint
 
-__all__ = ["Artifact", "Check", "INSIDE_RECORD", "RECORD", "file_sha256"]
+__all__ = ["Artifact", "Check", "Decision", "INSIDE_RECORD", "RECORD", "file_sha256"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,17 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 
 @dataclass
+class Decision:
+    """What :meth:`Artifact.decide` found: ``reuse`` (nothing to do), ``resume`` (same settings, unfinished: go on
+    from what is there) or ``fresh`` (clear and make it again); why, when the settings differ or the output is
+    damaged."""
+
+    state: Literal["reuse", "resume", "fresh"]
+    differences: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Check:
     """What is on disk: ``state`` missing | started | complete; ``differences`` from the fingerprint asked
     about (empty = same); ``problems``: why a complete-looking output cannot be trusted (damaged files)."""
@@ -55,6 +66,7 @@ class Check:
     state: Literal["missing", "started", "complete"]
     differences: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    recorded: bool = True  #: False: there is no (readable) record
 
     @property
     def reusable(self) -> bool:
@@ -119,7 +131,7 @@ class Artifact:
     def check(self, fp: Fingerprint | None = None) -> Check:
         record = self.record()
         if record is None:  # an output from an older robustir (no record) is resumed as it is, never reused
-            return Check("started" if self.path.exists() else "missing")
+            return Check("started" if self.path.exists() else "missing", recorded=False)
         saved = Fingerprint.from_json(record.get("fingerprint"))
         diffs = [] if fp is None else (fp.differences(saved) if saved is not None else ["no fingerprint recorded"])
         if not record.get("complete") or not self.path.exists():
@@ -132,33 +144,69 @@ class Artifact:
         return self.check(fp).reusable
 
     # ------------------------------------------------------------------ writing
-    def begin(self, fp: Fingerprint, *, on_change: Literal["refuse", "redo"] = "redo", overwrite: bool = False,
-              resume: bool = True) -> bool:
-        """Start making this output with ``fp``; True when there is nothing to do (complete with ``fp``).
+    def decide(self, fp: Fingerprint, *, on_change: Literal["refuse", "redo"] = "redo", overwrite: bool = False,
+               resume: bool = True, work: list[str] | None = None, fix: str | None = None) -> Decision:
+        """The one rule for "is this output done, with these settings and inputs?" (nothing is changed on disk).
 
-        A complete or started output with another fingerprint is cleared and redone (``on_change="redo"``) or
-        refused with a :class:`ConfigError` naming the differences (``"refuse"``); ``overwrite`` clears it
-        regardless. A complete output whose files do not match their record is redone with one warning. A
-        started one with the same fingerprint is kept for the producer to resume (``resume=False`` clears it).
+        * ``overwrite``: ``fresh`` (clear it, make it again);
+        * complete, its files as recorded, made with ``fp``: ``reuse`` (nothing to do);
+        * complete with ``fp`` but damaged (a file cut short or edited): ``fresh``, with one warning;
+        * made (complete or started) with another fingerprint: refused with a :class:`ConfigError` naming the
+          differences (``on_change="refuse"``) or ``fresh`` (``"redo"``, one warning). ``work`` -- what a producer
+          that keeps its output inside a folder found there (a training run's checkpoints) -- narrows this: with
+          ``work`` empty nothing made with the other settings is left, so it is ``fresh`` either way;
+        * started with ``fp``: ``resume`` (``resume=False``: ``fresh``);
+        * no record but ``work`` found: refused -- nothing shows what that work was made with. An output without a
+          record and without ``work`` to protect (a stage file from an older robustir) is resumed as it is.
+
+        ``fix``: the refusal's last sentence (default: add --overwrite, or choose another output).
         """
-        check = Check("missing") if overwrite else self.check(fp)
         if overwrite:
-            self.clear()
-        elif check.reusable:
-            return True
-        elif check.state == "complete" and check.problems and not check.differences:
+            return Decision("fresh")
+        check = self.check(fp)
+        fix = fix or "Fix: add --overwrite to redo it with these, or choose another output"
+        if check.reusable:
+            return Decision("reuse")
+        if check.state == "complete" and check.problems and not check.differences:
             logger.warning("%s: %s is damaged (%s): making it again", self.what, self.path, "; ".join(check.problems))
-            self.clear()
-        elif check.state != "missing" and check.differences:
+            return Decision("fresh", problems=check.problems)
+        if not check.recorded and work:
+            raise ConfigError(f"{self.path} holds {' and '.join(work)} but no {self.record_path.name}: it was written "
+                              "by an older robustir (or by hand), so nothing shows what it was made with. " + fix)
+        if not check.recorded and work is not None:
+            return Decision("fresh")  # the producer found nothing of its own in the folder
+        if check.state != "missing" and check.differences:
+            if work is not None and not work:
+                logger.info("%s: %s was started with other settings and left nothing: starting afresh", self.what,
+                            self.path)
+                return Decision("fresh", differences=check.differences)
             if on_change == "refuse":
-                state = "is complete" if check.state == "complete" else "was started"
-                raise ConfigError(f"{self.path} {state} with other settings or inputs than this run: "
-                                  f"{'; '.join(check.differences)}. Fix: add --overwrite to redo it with these, or "
-                                  "choose another output")
+                state = "is complete" if check.state == "complete" else f"was started{self.started_where()}"
+                held = f" (it holds {' and '.join(work)})" if work else ""
+                raise ConfigError(f"{self.path} {state} with other settings or inputs than this run{held}: "
+                                  f"{'; '.join(check.differences)}. {fix}")
             logger.warning("%s: %s was made with other settings or inputs (%s): making it again", self.what,
                            self.path, "; ".join(check.differences[:5]))
-            self.clear()
-        elif check.state == "started" and not resume:
+            return Decision("fresh", differences=check.differences)
+        if check.state == "started":
+            return Decision("resume" if resume else "fresh")
+        return Decision("fresh")
+
+    def started_where(self) -> str:
+        """Where an unfinished output's work lies, for messages (``" (a .partial file)"``); a subclass says."""
+        return ""
+
+    def begin(self, fp: Fingerprint, *, on_change: Literal["refuse", "redo"] = "redo", overwrite: bool = False,
+              resume: bool = True) -> bool:
+        """Start making this output with ``fp``; True when there is nothing to do (:meth:`decide` said ``reuse``).
+
+        Otherwise what cannot be reused is cleared (``fresh``) or kept for the producer to resume (``resume``), and
+        ``fp`` is recorded as started, so an interrupted run resumes only with the same settings.
+        """
+        decision = self.decide(fp, on_change=on_change, overwrite=overwrite, resume=resume)
+        if decision.state == "reuse":
+            return True
+        if decision.state == "fresh":
             self.clear()
         self.start(fp)
         return False

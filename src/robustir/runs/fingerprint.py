@@ -75,7 +75,8 @@ def digest_inputs(inputs: Mapping[str, Any], cache: dict | None = None) -> dict[
             target = item if isinstance(item, (list, tuple)) else Path(str(item)).expanduser()
             key = (str(target), name.endswith("model"))
             if cache is None or key not in cache:
-                digest = input_digest(target, model=key[1])
+                # a model folder's card (README.md) is not the model; a data folder's every file is data
+                digest = input_digest(target, model=key[1], skip=("README.md",) if key[1] else ())
                 if cache is None:
                     out[name] = digest
                     continue
@@ -151,10 +152,17 @@ _MISSING = object()
 
 def fingerprint(stage: str, settings: Any, inputs: Mapping[str, Any] | None = None,
                 upstream: Mapping[str, "Fingerprint | str | None"] | None = None, *,
-                skip: tuple[str, ...] = (), cache: dict | None = None) -> Fingerprint:
-    """The fingerprint of ``stage`` run with ``settings`` (a config: operational fields and ``skip`` left out) on
-    ``inputs`` (name -> path, digested by content; ``cache``: see :func:`digest_inputs`) after ``upstream`` outputs
-    (name -> their fingerprint)."""
+                skip: tuple[str, ...] = (), cache: dict | None = None,
+                digested: Mapping[str, Any] | None = None) -> Fingerprint:
+    """The fingerprint of ``stage`` run with ``settings`` (a config: operational fields and ``skip`` left out; a
+    mapping of several) on ``inputs`` (name -> path, digested by content; ``cache``: see :func:`digest_inputs`)
+    after ``upstream`` outputs (name -> their fingerprint). ``digested``: inputs the caller digested already
+    (name -> :func:`robustir.io.input_digest`), for a producer that reuses the digest (the training data's Arrow
+    cache is keyed by it).
+
+    This is the only fingerprint builder: every stage, the runner, the training and pre-training runs, the index
+    and the noise bench's cells call it."""
     ups = {name: (value.digest if isinstance(value, Fingerprint) else str(value))
            for name, value in (upstream or {}).items() if value is not None}
-    return Fingerprint(stage, settings_of(settings, skip=skip), digest_inputs(inputs or {}, cache), ups)
+    made = {**digest_inputs(inputs or {}, cache), **dict(digested or {})}
+    return Fingerprint(stage, settings_of(settings, skip=skip), json.loads(json.dumps(made, default=str)), ups)

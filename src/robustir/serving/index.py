@@ -76,6 +76,7 @@ from ..errors import ConfigError, DataError
 from ..index.fusion import FusionConfig
 from ..io import input_digest, read_jsonl, write_json
 from ..precision import Precision
+from ..runs import Artifact, Fingerprint, fingerprint
 from ..runs.artifact import file_sha256
 from ..validation import PositiveInt, cli, config_dataclass
 
@@ -391,12 +392,10 @@ class SearchIndex:
                     "encoder": dataclasses.asdict(encoder.config)}
         build = {"input": str(corpus), "digest": _corpus_digest(corpus, config.format)}
         live = path / MANIFEST
+        made = _index_fingerprint({**identity, "build": build})
 
         def changes(manifest: dict) -> list[str]:
-            changed = sorted(k for k in ("dim", "model", "encoder") if manifest.get(k) != identity[k])
-            if (manifest.get("build") or {}).get("digest") != build["digest"]:
-                changed.append(f"corpus ({(manifest.get('build') or {}).get('input')} -> {corpus}, or its content)")
-            return changed
+            return made.differences(_index_fingerprint(manifest))
 
         def fresh(data: str, generation: int) -> dict:
             return {**identity, "build": build, "data": data, "generation": generation, "fields": [], "job": None,
@@ -430,15 +429,12 @@ class SearchIndex:
             _remove(path)
         if live.exists():
             manifest = _read_manifest(path)
-            changed = changes(manifest)
-            finished = manifest.get("job") is None and manifest.get("version") is not None
-            if changed:
-                raise ConfigError(f"{path} holds {'an index' if finished else 'an unfinished build'} of another "
-                                  f"corpus or model ({', '.join(changed)} differs): "
-                                  + ("add documents with --add / --upsert, or rebuild with --overwrite (the index "
-                                     "is served as it is until the new one is complete)" if finished
-                                     else "re-run the first command to finish it, or add --overwrite to start afresh"))
-            if finished:
+            finished = _finished(manifest)
+            fix = ("Fix: add documents with --add / --upsert, or rebuild with --overwrite (the index is served as it "
+                   "is until the new one is complete)" if finished else
+                   "Fix: re-run the first command to finish it, or add --overwrite to start afresh")
+            # the one "done?" rule, on the manifest (robustir.runs.Artifact.decide): reuse, resume, or refuse
+            if _IndexRecord(path, manifest).decide(made, on_change="refuse", fix=fix).state == "reuse":
                 index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True,
                             encoder=encoder)
                 index._verify()
@@ -1139,6 +1135,40 @@ def _stat(file: Path) -> tuple | None:
 def _model_key(model: dict) -> Any:
     """A model's identity for a swap: its file digest where recorded, else its path."""
     return model.get("digest") if model.get("digest") is not None else model.get("path")
+
+
+def _finished(manifest: dict) -> bool:
+    return manifest.get("job") is None and manifest.get("version") is not None
+
+
+def _index_fingerprint(manifest: dict) -> Fingerprint:
+    """What an index is made of (:func:`robustir.runs.fingerprint`), from its manifest: the format, the vectors'
+    size, the model (its path and name; its files' digest as an input), the encoder settings and the corpus (its
+    path; its file's digest as an input)."""
+    model, build = manifest.get("model") or {}, manifest.get("build") or {}
+    settings = {"format": manifest.get("format"), "dim": manifest.get("dim"),
+                "model": {"path": model.get("path"), "name": model.get("name")}, "encoder": manifest.get("encoder"),
+                "corpus": build.get("input")}
+    digested = {"model": {"paths": [model.get("path")], "files": model.get("digest")} if model.get("digest") else None,
+                "corpus": {"paths": [build.get("input")], "files": build.get("digest")}}
+    return fingerprint("index", settings, digested={k: v for k, v in digested.items() if v is not None})
+
+
+class _IndexRecord(Artifact):
+    """An index's manifest seen as its :class:`~robustir.runs.Artifact` record, so "done?" is answered by the one
+    rule (:meth:`~robustir.runs.Artifact.decide`). The manifest itself stays where it is -- inside the index, the
+    one file readers follow and a rebuild swaps atomically (a ``run.json`` beside it could not be swapped with it);
+    its files are verified when the index opens (:meth:`SearchIndex._verify`)."""
+
+    def __init__(self, path: Path, manifest: dict) -> None:
+        super().__init__(path, what="search index", inside=True)
+        self.manifest = manifest
+
+    def record(self) -> dict | None:
+        return {"fingerprint": _index_fingerprint(self.manifest).to_json(), "complete": _finished(self.manifest)}
+
+    def verify(self, record: dict | None = None) -> list[str]:
+        return []
 
 
 def _usable_manifest(path: Path) -> dict | None:

@@ -161,15 +161,13 @@ class TrainConfig(LoopConfig):
     def __post_init__(self) -> None:
         from ..losses.options import check_loss_options
 
-        if self.loss == "auto" or self.audit:
-            from ..audit.recommend import loss_from_audit
-
-            chosen, options, recipe = loss_from_audit(self.audit, self.loss, self.train_data)
-            if self.loss == "auto":
-                self.loss, self.loss_options = chosen, {**options, **self.loss_options}
-                self.filter_positives = self.filter_positives or bool(recipe.get("filter_positives"))
-        # typed per loss: a typo (loss_options.bta) fails when the config loads, not after mining
-        self.loss_options = check_loss_options(self.loss, self.loss_options, "loss_options")
+        if self.loss == "auto" and not self.audit:  # the audit itself is read by the train step (resolve_recipe)
+            raise ConfigError("loss: auto needs audit: the folder of a robustir audit of the training data (robustir "
+                              "audit --data TRAIN --output FOLDER), or name the loss (infonce, peg, ccr)")
+        # typed per loss: a typo (loss_options.bta) fails when the config loads, not after mining (with loss auto,
+        # when the train step has read the audit's choice: resolve_recipe)
+        if self.loss != "auto":
+            self.loss_options = check_loss_options(self.loss, self.loss_options, "loss_options")
         if isinstance(self.train_data, (list, tuple)):  # the Python API may pass mappings
             from ..config import from_dict
 

@@ -240,13 +240,13 @@ def resume_latest(accelerator, root: Path, log_path: Path, total_steps: int, *, 
 # ---------------------------------------------------------------------------- run fingerprint
 
 def run_fingerprint(config: Any, *, processes: int, inputs: Mapping[str, Any] | None = None) -> "Fingerprint":
-    """The fingerprint of a run: ``settings`` (``config`` without the fields marked operational on the config
-    itself, :func:`robustir.runs.settings_of`; ``epochs`` dropped when ``max_steps`` is set; ``processes`` added)
-    and ``inputs`` (name -> :func:`input_digest`)."""
-    from ..runs import Fingerprint, settings_of
+    """The fingerprint of a run (:func:`robustir.runs.fingerprint`): ``config`` without the fields marked
+    operational on the config itself (``epochs`` dropped when ``max_steps`` is set), the number of ``processes``,
+    and ``inputs`` (name -> :func:`input_digest`, digested by the stage, which reuses them)."""
+    from ..runs import fingerprint, settings_of
 
     settings = settings_of(config)
     if settings.get("max_steps") is not None:
         settings.pop("epochs", None)
     settings["processes"] = int(processes)
-    return Fingerprint(type(config).__name__, settings, json.loads(json.dumps(dict(inputs or {}), default=str)))
+    return fingerprint(type(config).__name__, settings, digested=inputs)

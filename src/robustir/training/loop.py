@@ -298,40 +298,24 @@ class TrainingLoop:
         config, accelerator = self.config, self.accelerator
         made = run_fingerprint(config, processes=accelerator.num_processes, inputs=inputs)
         record = self._read_record()
-        saved = Fingerprint.from_json(record.get("fingerprint")) if record is not None else None
         checkpoints = list_checkpoints(self.checkpoint_root)
         present = [name for name in finished if (self.out / name).exists()]
         earlier = ([f"{len(checkpoints)} checkpoint(s) (latest step {checkpoints[-1][0]})"] if checkpoints else []) \
             + [f"a finished {name}/" for name in present]
         accelerator.wait_for_everyone()  # every process has looked at the folder before the main one changes it
-        state = "fresh"
         fix = (f"Fix: give this run a new --output, or start over in {self.out} by adding resume=false to the "
                "command (or resume: false to the config file), which deletes the earlier run's checkpoints, log and "
                "outputs there.")
-        if config.resume and saved is not None:
-            diffs = made.differences(saved)
-            if not diffs:
-                complete = bool(record.get("complete")) and bool(finished) and len(present) == len(finished)
-                state = "complete" if complete else "resume"
-            elif earlier and config.on_change == "redo":
-                logger.info("%s: the earlier run there had other settings or inputs (%s): starting afresh", self.out,
-                            "; ".join(diffs))
-            elif earlier:
-                raise ConfigError(
-                    f"output folder {self.out} holds another run ({' and '.join(earlier)}) made with other settings or "
-                    "inputs than this one, so it can be neither resumed nor reused. What differs (earlier -> now):\n  "
-                    + "\n  ".join(diffs) + "\n" + fix)
-            else:
-                logger.info("%s: the earlier run there had other settings and left no checkpoint: starting afresh",
-                            self.out)
-        elif config.resume and earlier:
-            raise ConfigError(
-                f"output folder {self.out} holds {' and '.join(earlier)} but no {FINGERPRINT_FILE}: it was written by "
-                "an older robustir (or by hand), so nothing shows that it is this run, and older checkpoints are "
-                "pickle files, which are never loaded (they can run code). " + fix)
-        elif not config.resume and (earlier or record is not None):
+        if not config.resume and (earlier or record is not None):
             logger.warning("resume=false: starting over in %s (deleting the earlier run's checkpoints, log and "
                            "outputs)", self.out)
+        # the one "done?" rule (robustir.runs.Artifact.decide); what the run left in the folder (checkpoints, a
+        # finished model) is the work another fingerprint must not silently take over
+        decision = self.run_record.decide(made, on_change=config.on_change, overwrite=not config.resume,
+                                          work=earlier, fix=fix)
+        state = {"reuse": "complete", "resume": "resume", "fresh": "fresh"}[decision.state]
+        if state == "complete" and not (finished and len(present) == len(finished)):
+            state = "resume"  # recorded complete, but a finished output is gone: rebuilt from the last checkpoint
         if state == "fresh" and self.is_main:
             self._clear(outputs)
             self.run_record.start(made)

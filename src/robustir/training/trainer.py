@@ -369,6 +369,23 @@ Full configuration: see `training_config.json`.
 
 # ---------------------------------------------------------------------------- the stage
 
+def resolve_recipe(config: TrainConfig) -> TrainConfig:
+    """The train step's first act: with ``audit``, check it audited this training data (the same content) and,
+    with ``loss: auto``, take its recommended loss, loss options (the config's own win) and ``filter_positives``.
+    Returns the config to train with (``config`` itself when there is no audit); resolving twice is harmless."""
+    if not config.audit:
+        return config
+    import dataclasses
+
+    from ..audit.recommend import loss_from_audit
+
+    chosen, options, recipe = loss_from_audit(config.audit, config.loss, config.train_data)
+    if config.loss != "auto":
+        return config
+    return dataclasses.replace(config, loss=chosen, loss_options={**options, **config.loss_options},
+                               filter_positives=config.filter_positives or bool(recipe.get("filter_positives")))
+
+
 def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     """Fine-tune ``config.model`` on ``config.train_data``; resumes from the latest checkpoint in ``output``.
 
@@ -381,6 +398,7 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     over; a finished run re-run with the same settings and inputs returns its result without training
     (``already_complete``).
     """
+    config = resolve_recipe(config)  # loss auto: the audit's choice, recorded in the run's fingerprint
     refuse_run_over_inputs(config.output, models={"model": config.model},
                            data={f"training data {s.label}": s.path for s in config.sources},
                            stage="train")  # before the loop makes the folder

@@ -1,0 +1,30 @@
+"""Every stage of robustir as a :class:`~robustir.runs.Step`, by name: each step is defined next to the stage it
+runs (``CHUNK`` in :mod:`robustir.data.chunking`, ``MINE`` in :mod:`robustir.negatives.mining`, ...) and registered
+when its module is imported; importing this module imports them all.
+
+The CLI's data commands (chunk, pairs, generate, mine, filter) run these steps through
+:func:`robustir.runs.execute`, the one start rule; the pipeline runner and the noise bench call the same stage
+functions. ``get_step("mine")`` is the step of ``robustir mine``.
+"""
+
+from __future__ import annotations
+
+from .data.chunking import CHUNK
+from .errors import ConfigError
+from .filtering.llm_judge import JUDGE
+from .filtering.sieve import SIEVE
+from .filtering.teacher import TEACHER
+from .negatives.mining import MINE
+from .queries.generate import GENERATE
+from .queries.pairs import PAIRS
+from .runs import STEPS, Step
+
+__all__ = ["CHUNK", "GENERATE", "JUDGE", "MINE", "PAIRS", "SIEVE", "STEPS", "TEACHER", "get_step"]
+
+
+def get_step(name: str) -> Step:
+    """The registered step ``name`` (``chunk``, ``pairs``, ``generate``, ``mine``, ``filter teacher``, ...)."""
+    try:
+        return STEPS[name]
+    except KeyError:
+        raise ConfigError(f"unknown step {name!r}; steps: {', '.join(sorted(STEPS))}") from None
