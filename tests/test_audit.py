@@ -144,6 +144,7 @@ def tiny_encoder(tiny_model_dir):
 def test_streamed_in_small_blocks_equals_all_at_once(tmp_path, tiny_encoder, monkeypatch):
     """Blocks of 3 records, pool chunks of 2 queries and a folder of 3 files give the report of one block over one
     file: the streaming changes nothing."""
+    import robustir.audit.pool as pool
     import robustir.audit.run as run
 
     data, _ = _world(tmp_path)
@@ -154,8 +155,8 @@ def test_streamed_in_small_blocks_equals_all_at_once(tmp_path, tiny_encoder, mon
     for i, start in enumerate((0, 13, 27)):
         (folder / f"part{i}.jsonl").write_text("".join(lines[start:[13, 27, 40][i]]))
     monkeypatch.setattr(run._Audit, "block", 3)
-    monkeypatch.setattr(run._Pool, "chunk", 2)
-    monkeypatch.setattr(run._Pool, "depth", 2)  # the fallback past the top-k is taken too
+    monkeypatch.setattr(pool._Pool, "chunk", 2)
+    monkeypatch.setattr(pool._Pool, "depth", 2)  # the fallback past the top-k is taken too
     parts = audit(_config(folder, tmp_path / "blocks"), encoder=tiny_encoder).report
     for key in ("records", "pairs", "negatives", "scored_pairs", "false_negatives", "distributions", "flagged_share"):
         assert parts[key] == whole[key], key

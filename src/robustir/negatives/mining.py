@@ -848,3 +848,42 @@ def _check_mine(config: MiningConfig, job: Any) -> None:
 MINE = stage_step("mine", MiningConfig, _mine_step, reports=True, check=_check_mine)
 """Hard-negative mining as a :class:`~robustir.runs.Step` (inputs ``data`` | ``input`` [+ ``corpus``], ``model``
 for dense mining, read by content: a model retrained in place is a changed input)."""
+
+
+def mine_training_examples(examples: "Iterable", output: str | Path, config: MiningConfig, *, encoder=None,
+                           model: str | None = None, beir_root: str | Path | None = None, split: str = "train",
+                           source: dict | None = None) -> Path:
+    """Mine hard negatives for training examples that came without any (``robustir train --mine``) into
+    ``output``, reused while the source's content (``source``: its :func:`~robustir.io.input_digest`), these
+    settings and -- dense -- the ``model`` are the same (:meth:`robustir.runs.Artifact.begin`; a file from another
+    run or an interrupted one is mined again).
+
+    A BEIR source (``beir_root``) is mined against its corpus by the examples' query and positive ids; a JSONL
+    source against every positive passage in it (the FlagEmbedding convention), ids made up in file order."""
+    from ..data.beir import corpus_file, load_corpus
+    from ..runs import Artifact, fingerprint
+
+    output = Path(output)
+    step = Artifact(output, what="mined hard negatives")
+    made = fingerprint("train-mine", {"method": config.method, "negatives": config.num_negatives,
+                                      "range_min": config.range_min, "split": split, "precision": config.precision,
+                                      "source": source},
+                       {"model": model if config.method == "dense" else None})
+    if step.begin(made, resume=False):
+        return output
+    examples = list(examples)
+    if beir_root is not None:
+        corpus, _ = load_corpus(corpus_file(Path(beir_root)))
+        doc_ids, doc_texts = corpus.ids, corpus.texts_for_encoding()
+        queries = [MiningQuery(e.extra["query_id"], e.query, list(e.extra["pos_ids"])) for e in examples]
+    else:  # FlagEmbedding convention: the candidate pool is every passage in the file
+        pool = list(dict.fromkeys(p for e in examples for p in e.pos))
+        row = {text: f"p{i}" for i, text in enumerate(pool)}
+        doc_ids, doc_texts = [row[t] for t in pool], pool
+        queries = [MiningQuery(f"q{i}", e.query, [row[p] for p in e.pos]) for i, e in enumerate(examples)]
+    logger.info("mining %d hard negatives per query with %s", config.num_negatives, config.method)
+    report = mine_negatives(queries, doc_ids, doc_texts, output, config,
+                            encoder=encoder if config.method == "dense" else None)
+    logger.info("mining done:\n%s", report.format())
+    step.finish()
+    return output

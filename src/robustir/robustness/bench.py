@@ -42,7 +42,7 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -61,15 +61,33 @@ from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, trai
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NoiseBenchConfig", "run_noise_bench", "METHODS", "BENCH_PRESETS", "filter_scores", "write_table",
+__all__ = ["NoiseBenchConfig", "run_noise_bench", "BenchMethod", "METHOD_TABLE", "METHODS", "BENCH_PRESETS", "filter_scores", "write_table",
            "plot_results"]
 
-METHODS = ("infonce", "peg", "ccr", "sieve", "teacher", "llm", "teacher-peg", "robust", "oracle", "st")
-#: methods that train on a filtered copy of the noisy data, and the filter each uses
-FILTERS = {"sieve": "sieve", "teacher": "teacher", "llm": "llm", "teacher-peg": "teacher", "robust": "teacher",
-           "oracle": "oracle"}
-#: the loss each method trains with (the rest: infonce; st trains through sentence-transformers)
-LOSS_OF = {"peg": "peg", "ccr": "ccr", "teacher-peg": "peg", "robust": "peg"}
+@dataclass(frozen=True)
+class BenchMethod:
+    """What a method of the benchmark is: the ``loss`` it trains with, through ``trainer`` (robustir's, or
+    sentence-transformers' as the anchor), after the ``filter`` it runs over the noisy data first (teacher, sieve,
+    llm, oracle; None: the data as it is), configured by the :class:`NoiseBenchConfig` field ``options``."""
+
+    name: str
+    loss: str = "infonce"
+    filter: str | None = None
+    options: str | None = None
+    trainer: Literal["robustir", "st"] = "robustir"
+
+
+#: the one place a method name is interpreted; every other use reads this table
+METHOD_TABLE: dict[str, BenchMethod] = {m.name: m for m in (
+    BenchMethod("infonce"), BenchMethod("peg", loss="peg"), BenchMethod("ccr", loss="ccr"),
+    BenchMethod("sieve", filter="sieve", options="sieve"), BenchMethod("teacher", filter="teacher", options="teacher"),
+    BenchMethod("llm", filter="llm", options="llm"),
+    BenchMethod("teacher-peg", loss="peg", filter="teacher", options="teacher_peg"),
+    BenchMethod("robust", loss="peg", filter="teacher", options="robust"), BenchMethod("oracle", filter="oracle"),
+    BenchMethod("st", loss="mnrl", trainer="st"))}
+METHODS = tuple(METHOD_TABLE)
+#: methods that train on a filtered copy of the noisy data, and the filter each uses (from :data:`METHOD_TABLE`)
+FILTERS = {m.name: m.filter for m in METHOD_TABLE.values() if m.filter}
 Method = Literal[METHODS]  # type: ignore[valid-type]
 
 
@@ -204,23 +222,21 @@ class NoiseBenchConfig:
 
     def method_options(self, method: str) -> dict:
         """The options that change what ``method`` trains on (its filter's settings); {} for plain losses."""
-        if method == "teacher":
-            return dict(self.teacher)
-        if method == "teacher-peg":
-            return dict(self.teacher_peg)
-        if method == "robust":
-            return dict(self.robust)
-        if method == "sieve":
-            return dict(self.sieve)
-        if method == "llm":
-            return {k: v for k, v in self.llm.items() if k not in ("api_key", "api_key_env", "concurrency")}
-        return {}
+        spec = METHOD_TABLE[method]
+        if spec.options is None:
+            return {}
+        options = dict(getattr(self, spec.options))
+        if spec.filter == "llm":  # the key and the concurrency do not change the judgements
+            options = {k: v for k, v in options.items() if k not in ("api_key", "api_key_env", "concurrency")}
+        return options
 
     def variant(self, method: str) -> str:
-        """A short fingerprint of the options of a filtering method ('' for the plain losses).
+        """A short name for the options of a filtering method ('' for the plain losses).
 
-        Part of every result's key and of filtered files' and run folders' names: changing a filter's
-        options reruns the methods that use it, and only those.
+        Part of filtered files' and run folders' names (and of a result row, for the table): the same filter with
+        the same options shares one filtered file. It is a name, not a "done?" answer -- each file and run is
+        decided by its record's fingerprint (:func:`robustir.runs.fingerprint`, :meth:`Artifact.begin`); the
+        hash is kept as it was so existing benchmark folders and recorded rows keep their names.
         """
         if method not in FILTERS:
             return ""
@@ -494,10 +510,11 @@ class _Bench:
         started = time.perf_counter()
         noisy, filter_stats, run_dir, rows = self.prepare(kind, rate, seed, method)
         rows_path, variant = rows.path, self.config.variant(method)
-        if method == "st":
+        spec = METHOD_TABLE[method]
+        if spec.trainer == "st":
             outcome = train_sentence_transformers(rows_path, run_dir / "train", self.budget, seed, model=self.config.model)
         else:
-            loss = LOSS_OF.get(method, "infonce")
+            loss = spec.loss
             train_run = Artifact(run_dir / "train", what="noise-bench training run")
             train_run.begin(fingerprint("bench-train", {"loss": loss, "budget": self.budget, "seed": seed,
                                                         "model": self.config.model},
@@ -506,7 +523,8 @@ class _Bench:
             train_run.finish({"steps": outcome.steps}, files=[])
         metrics = self.evaluate(outcome.model_path)
         return {"kind": "clean" if rate == 0 else kind, "rate": rate, "method": method, "seed": seed,
-                "variant": variant, "cell": self.cell(kind, rate, seed, method).digest, "options": self.config.method_options(method), "metrics": metrics,
+                "variant": variant, "cell": self.cell(kind, rate, seed, method).digest,
+                "options": self.config.method_options(method), "metrics": metrics,
                 "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
                 "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
                 "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
@@ -720,7 +738,8 @@ def plot_results(rows: list[dict], path: Path, kinds: list[str] | None = None) -
                     xs.append(100 * rate)
                     ys.append(statistics.mean(values))
             if xs:
-                ax.plot(xs, ys, marker="o", label=method, linestyle="--" if method == "st" else "-")
+                anchor = METHOD_TABLE[method].trainer == "st"
+                ax.plot(xs, ys, marker="o", label=method, linestyle="--" if anchor else "-")
         ax.set_title(kind)
         ax.set_xlabel("noisy training queries (%)")
         ax.grid(alpha=0.3)

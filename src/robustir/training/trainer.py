@@ -160,17 +160,15 @@ def prepare_examples(config: TrainConfig, encoder: Encoder, is_main: bool, wait,
             mined = Path(config.output) / (f"mined-{config.mine}-{spec.label}.jsonl" if mixture
                                            else f"mined-{config.mine}.jsonl")
             if is_main:
-                # the mined file is reused only for this source's content and these mining settings (dense: this
-                # model); a file from another run or an interrupted one is mined again
-                step = Artifact(mined, what="mined hard negatives")
-                source = digest or input_digest(training_files(path))  # the run fingerprint's: not hashed twice
-                made = fingerprint("train-mine", {"method": config.mine, "negatives": config.mine_negatives,
-                                                  "range_min": config.mine_range_min, "split": config.train_split,
-                                                  "precision": config.eval_precision, "source": source},
-                                   {"model": config.model if config.mine == "dense" else None})
-                if not step.begin(made, resume=False):
-                    mine_for_training(rows, path if _is_beir(path) else None, config, encoder, mined)
-                    step.finish()
+                from ..device import device_string
+                from ..negatives.mining import MiningConfig, mine_training_examples
+
+                mining = MiningConfig(method=config.mine, num_negatives=config.mine_negatives,
+                                      range_min=config.mine_range_min, precision=config.eval_precision,
+                                      device=device_string(encoder.device))  # the training device
+                mine_training_examples(rows, mined, mining, encoder=encoder, model=config.model,
+                                       beir_root=path if _is_beir(path) else None, split=config.train_split,
+                                       source=digest or input_digest(training_files(path)))
             wait()
             rows = _on_main(is_main, wait, lambda convert: convert_training_files(mined, cache, convert=convert))
         budget_items = None
@@ -258,32 +256,6 @@ class _AllRows(Sequence):
     def __getitem__(self, index: int) -> TrainingExample:  # type: ignore[override]
         part = int(np.searchsorted(self.starts, index, side="right")) - 1
         return self.parts[part][index - int(self.starts[part])]
-
-
-def mine_for_training(examples: Sequence[TrainingExample], beir_root: Path | None, config: TrainConfig,
-                      encoder: Encoder, output: Path) -> None:
-    from ..data.beir import load_corpus
-    from ..negatives.mining import MiningConfig, MiningQuery, mine_negatives
-
-    if beir_root is not None:
-        from ..data.beir import corpus_file
-
-        corpus, _ = load_corpus(corpus_file(beir_root))
-        doc_ids, doc_texts = corpus.ids, corpus.texts_for_encoding()
-        queries = [MiningQuery(e.extra["query_id"], e.query, list(e.extra["pos_ids"])) for e in examples]
-    else:  # FlagEmbedding convention: the candidate pool is every passage in the file
-        pool = list(dict.fromkeys(p for e in examples for p in e.pos))
-        row = {text: f"p{i}" for i, text in enumerate(pool)}
-        doc_ids, doc_texts = [row[t] for t in pool], pool
-        queries = [MiningQuery(f"q{i}", e.query, [row[p] for p in e.pos]) for i, e in enumerate(examples)]
-    from ..device import device_string
-
-    mining = MiningConfig(method=config.mine, num_negatives=config.mine_negatives, range_min=config.mine_range_min,
-                          precision=config.eval_precision, device=device_string(encoder.device))  # the training device
-    logger.info("mining %d hard negatives per query with %s", config.mine_negatives, config.mine)
-    report = mine_negatives(queries, doc_ids, doc_texts, output, mining,
-                            encoder=encoder if config.mine == "dense" else None)
-    logger.info("mining done:\n%s", report.format())
 
 
 # ---------------------------------------------------------------------------- probe for the report
