@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataError
-from .io import Shard, atomic_write, input_digest, write_json
-from .runs import RECORD, Artifact, Check, Fingerprint, settings_of
+from .io import Shard, atomic_write, write_json
+from .runs import RECORD, Artifact, Check, Fingerprint
 
 logger = logging.getLogger(__name__)
 

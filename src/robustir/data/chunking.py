@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
-from .documents import Document, DocumentOutput, read_documents
+from .documents import Document, DocumentOutput, document_step, read_documents
 from .cjk import CJK_CHAR_CLASS
 from .sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
-from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
+from ..outputs import refuse_overwriting_inputs
 from ..validation import config_dataclass, NonNegativeInt, PositiveInt
 
 __all__ = ["ChunkConfig", "Passage", "TokenCounter", "WordCounter", "HFTokenCounter", "make_counter",
@@ -292,16 +292,5 @@ def iter_passages(documents: Iterable[Document], **kwargs: Any) -> Iterator[Pass
         yield from chunk_document(doc.id, doc.title, doc.text, **kwargs)
 
 
-def _chunk_step(config: ChunkConfig, job: Any) -> ChunkStats:
-    import sys
-
-    from tqdm.auto import tqdm
-
-    stage = StageOutput(job.output, job.shard)
-    return chunk_corpus(job.inputs["input"], stage.path, config, fmt=job.settings.get("format", "auto"),
-                        text_unit=job.settings.get("text_unit", "block"), shard=stage.shard,
-                        progress=lambda docs: tqdm(docs, desc="chunk", unit="doc", file=sys.stderr, disable=None))
-
-
-CHUNK = stage_step("chunk", ChunkConfig, _chunk_step)
+CHUNK = document_step("chunk", ChunkConfig, chunk_corpus)
 """Documents -> passages as a :class:`~robustir.runs.Step` (job settings ``format``, ``text_unit``)."""

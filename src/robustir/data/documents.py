@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal
 
 from ..errors import ConfigError, DataError
 from ..io import ResumableJsonlWriter, Shard, atomic_write, open_binary, read_jsonl, read_lines
@@ -242,3 +242,22 @@ def _drop_unfinished(partial: Path, doc_field: str, done: set[str]) -> None:
     if dropped:
         with atomic_write(partial) as handle:
             handle.writelines(keep)
+
+
+def document_step(name: str, config: type, produce: Any) -> Any:
+    """The :class:`~robustir.runs.Step` of a stage over raw documents (``chunk``, ``pairs``): ``produce(input,
+    output, config, fmt=, text_unit=, shard=, progress=)`` writes the shard's file of ``job.output`` from the
+    documents of ``job.inputs["input"]`` (job settings ``format``, ``text_unit``), with a progress bar."""
+    from ..outputs import StageOutput, stage_step
+
+    def run(options: Any, job: Any) -> Any:
+        import sys
+
+        from tqdm.auto import tqdm
+
+        stage = StageOutput(job.output, job.shard)
+        return produce(job.inputs["input"], stage.path, options, fmt=job.settings.get("format", "auto"),
+                       text_unit=job.settings.get("text_unit", "block"), shard=stage.shard,
+                       progress=lambda docs: tqdm(docs, desc=name, unit="doc", file=sys.stderr, disable=None))
+
+    return stage_step(name, config, run)

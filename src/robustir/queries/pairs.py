@@ -54,11 +54,11 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal
 
 from ..data.cjk import is_cjk
-from ..data.documents import Document, DocumentOutput, read_documents
+from ..data.documents import Document, DocumentOutput, document_step, read_documents
 from ..data.sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
-from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
+from ..outputs import refuse_overwriting_inputs
 from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
 
 __all__ = ["PairMiningConfig", "Pair", "char_weight", "text_weight", "SuffixAutomaton",
@@ -444,16 +444,5 @@ def mine_pairs(input_path: str | Path, output_path: str | Path, config: PairMini
     return stats
 
 
-def _pairs_step(config: PairMiningConfig, job: Any) -> PairStats:
-    import sys
-
-    from tqdm.auto import tqdm
-
-    stage = StageOutput(job.output, job.shard)
-    return mine_pairs(job.inputs["input"], stage.path, config, fmt=job.settings.get("format", "auto"),
-                      text_unit=job.settings.get("text_unit", "block"), shard=stage.shard,
-                      progress=lambda docs: tqdm(docs, desc="pairs", unit="doc", file=sys.stderr, disable=None))
-
-
-PAIRS = stage_step("pairs", PairMiningConfig, _pairs_step)
+PAIRS = document_step("pairs", PairMiningConfig, mine_pairs)
 """GUR's LCS pair mining as a :class:`~robustir.runs.Step` (job settings ``format``, ``text_unit``)."""

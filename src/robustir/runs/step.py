@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Literal, Mapping, TypeVar
 
-from ..errors import ConfigError
 from .artifact import Artifact
 from .fingerprint import Fingerprint, fingerprint, settings_of
 

@@ -57,7 +57,7 @@ from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
 from ..validation import config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
-from .checkpoints import (FINGERPRINT_FILE, list_checkpoints, resume_latest,
+from .checkpoints import (list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
 from .input_pipeline import InputPipeline
 from .optim import adamw_with_linear_schedule
