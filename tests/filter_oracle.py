@@ -111,6 +111,9 @@ SEMANTIC_CASES: list[tuple[dict, list[str]]] = [
     ({"v": {"$gte": "1"}}, ["str1", "str2"]),                         # strings only
     ({"v": {"$gt": 1, "$lte": 2}}, ["two"]),
     ({"v": {"$nin": [1, None]}}, ["true", "str1", "list", "obj", "str2", "two"]),
+    ({"v": {"$exists": True}}, ["int1", "float1", "true", "str1", "list", "obj", "str2", "two"]),  # = $ne null
+    ({"v": {"$exists": False}}, ["null", "missing"]),                  # = null (missing or null)
+    ({"v.w": {"$exists": True}}, ["obj"]),
     ({"v.w": 1}, ["obj"]),                                            # a nested field
     ({"v.w": None}, [r["id"] for r in SEMANTIC_RECORDS if r["id"] != "obj"]),  # through a non-object: null
     ({"$or": [{"v": True}, {"v": "2"}]}, ["true", "str2"]),

@@ -126,15 +126,19 @@ FIELDS = ["id", "title", "lang", "price", "meta"]
                         "meta"),
     ({"lnag": "en"}, "filter.lnag: 'lnag' is in no document of this index (did you mean 'lang'?); fields: id, "),
     ({"price": {"$gtt": 1}}, "filter.price.$gtt: unknown operator '$gtt' (did you mean '$gt'?); operators: $eq, $ne, "
-                             "$in, $nin, $gt, $gte, $lt, $lte"),
+                             "$in, $nin, $gt, $gte, $lt, $lte, $exists"),
     ({"$or": [{"lang": "en"}, {"price": {"$gt": {"a": 1}}}]},
      "filter.$or[1].price.$gt: expected a number or a string, got {\"a\": 1}; a range compares numbers with numbers"),
     ({"$nor": []}, "filter.$nor: unknown operator '$nor' (did you mean '$or'?); here a key is a field name or one of "
                    "$and, $or, $not"),
     ({"$gte": 3}, "filter.$gte: $gte tests a field: write {\"price\": {\"$gte\": ...}}"),
+    # issue 36: another language's operator is named as such, not "did you mean '$gte'?"
+    ({"title": {"$regex": "^Aspirin"}}, "filter.title.$regex: $regex is not supported: robustir filters compare whole "
+                                        "values, with no pattern matching; operators: $eq, "),
+    ({"lang": {"$exists": "yes"}}, "filter.lang.$exists: expected true or false, got \"yes\""),
     ({"price": {"$not": {"$gt": 3}}}, "filter.price.$not: $not combines filters, not values: write"),
     ({"meta": {"year": 2020}}, "filter.meta: expected a value or an object of operators ($eq, $ne, $in, $nin, $gt, "
-                               "$gte, $lt, $lte), got the key 'year'; a nested field is written \"meta.year\""),
+                               "$gte, $lt, $lte, $exists), got the key 'year'; a nested field is written \"meta.year\""),
     ({"text": "aspirin"}, "filter.text: filtering on 'text' is not supported: filter on id, title or a metadata "
                           "field"),
     ({"title.x": "a"}, "filter.title.x: 'title' is a string and has no nested fields"),
@@ -219,3 +223,18 @@ def test_filters_through_post_search(tmp_path, rich_beir, tiny_model_dir):
         assert error["param"] == "filter"
         assert error["message"].startswith("filter.$or[1].meta.cites.$gtt: unknown operator '$gtt' (did you mean "
                                            "'$gt'?); operators: $eq, ")
+
+
+def test_exists_is_has_a_value_and_its_negation():
+    """``$exists: true`` is ``$ne: null`` (a value, not missing, not null), ``false`` is ``$eq: null`` -- parsed into
+    those tests, so the Python and the LanceDB semantics agree by construction."""
+    from robustir.serving.filters import Condition, matches, parse_filter
+
+    assert parse_filter({"lang": {"$exists": True}}, FIELDS) == parse_filter({"lang": {"$ne": None}}, FIELDS)
+    assert parse_filter({"lang": {"$exists": False}}, FIELDS) == parse_filter({"lang": None}, FIELDS)
+    has = parse_filter({"meta.year": {"$exists": True}}, FIELDS)
+    records = [{"id": "a", "meta": {"year": 2020}}, {"id": "b", "meta": {"year": None}}, {"id": "c", "meta": {}},
+               {"id": "d"}, {"id": "e", "meta": "not an object"}]
+    assert [r["id"] for r in records if matches(has, r)] == ["a"]
+    assert all(c.op in ("$ne", "$eq") for c in has.parts if isinstance(c, Condition)) if hasattr(has, "parts") \
+        else has.op == "$ne"  # the parsed tree holds only the operators every store compiles

@@ -279,7 +279,7 @@ def test_a_full_queue_refuses_at_once_and_a_timed_out_request_is_dropped():
     fake = FakeEncoder(gate)
 
     async def scenario():
-        batcher = MicroBatcher(fake, max_batch_size=1, max_queued=3)
+        batcher = MicroBatcher(fake, max_batch_size=2, max_queued=3)
         await batcher.start()
         try:
             first = asyncio.ensure_future(batcher.embed(["running"]))
@@ -301,6 +301,147 @@ def test_a_full_queue_refuses_at_once_and_a_timed_out_request_is_dropped():
     assert first.vectors.shape == (1, 2) and waiting.vectors.shape == (2, 2)
     assert stats.overloaded == 1 and stats.timed_out == 1
     assert ["late"] not in fake.calls  # dropped from the queue, never encoded
+
+
+class SteppedEncoder:
+    """encode(rows) that waits for the test to let each call through (``step()``), recording the rows of every call
+    as it starts: the test decides when each micro-batch finishes, no clock involved."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.started: list[list[str]] = []
+        self._go = threading.Semaphore(0)
+
+    def step(self) -> None:
+        self._go.release()
+
+    def __call__(self, rows: list[str]):
+        self.started.append(list(rows))
+        assert self._go.acquire(timeout=60)
+        return np.array([[len(t)] * 2 for t in rows], dtype=np.float32)
+
+
+def test_a_large_request_is_cut_into_micro_batches_and_others_are_served_between_them():
+    """Issue 36: a 10-text request with max_batch_size 3 runs as 4 micro-batches, the next queued only when one is
+    done, so a request that arrives meanwhile is served after the first, not after all four."""
+    model = SteppedEncoder()
+    big = [f"text {i}" for i in range(10)]
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=3, workers=1)
+        await batcher.start()
+        try:
+            large = asyncio.ensure_future(batcher.embed(big))
+            await _until(lambda: len(model.started) == 1)  # its first micro-batch runs
+            small = asyncio.ensure_future(batcher.embed(["small"]))
+            await _until(lambda: batcher.queued == 1)
+            for _ in range(5):
+                model.step()
+            return await large, await small
+        finally:
+            for _ in range(10):
+                model.step()
+            await batcher.stop()
+
+    large, small = asyncio.run(scenario())
+    assert model.started == [big[:3], ["small"], big[3:6], big[6:9], big[9:]]  # served between, in order
+    assert large.vectors[:, 0].tolist() == [float(len(t)) for t in big] and small.vectors.shape == (1, 2)
+
+
+def test_the_timeout_counts_waiting_for_a_worker_not_encoding():
+    """A micro-batch being encoded is never cut off, however long the model takes; one that waits in the queue for
+    longer than the timeout is dropped. The loop's own clock is run past the timeout while the model holds the
+    batch (no sleep): the request still gets its vectors."""
+    model = SteppedEncoder()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        batcher = MicroBatcher(model, max_batch_size=2, workers=1)
+        await batcher.start()
+        try:
+            timeout = 0.002
+            running = asyncio.ensure_future(batcher.embed(["a", "b", "c"], timeout=timeout))
+            await _until(lambda: len(model.started) == 1)
+            deadline = loop.time() + 5 * timeout
+            while loop.time() < deadline:  # the model holds the first micro-batch past the timeout
+                await asyncio.sleep(0)
+            waiting = asyncio.ensure_future(batcher.embed(["queued"], timeout=timeout))
+            with pytest.raises(asyncio.TimeoutError):  # it waits behind the held batch longer than the timeout
+                await waiting
+            model.step()
+            await _until(lambda: len(model.started) == 2)  # the request's second micro-batch, straight after
+            model.step()
+            return await running, batcher.stats
+        finally:
+            for _ in range(4):
+                model.step()
+            await batcher.stop()
+
+    result, stats = asyncio.run(scenario())
+    assert result.vectors.shape == (3, 2) and stats.timed_out == 1
+    assert ["queued"] not in model.started  # dropped from the queue, never encoded
+
+
+def test_a_cancelled_request_frees_the_model_within_one_micro_batch():
+    """A client that goes away (its request task cancelled) while its first micro-batch runs: the rest of its 30
+    texts are never encoded, and the next request is served as soon as that micro-batch ends."""
+    model = SteppedEncoder()
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=3, workers=1)
+        await batcher.start()
+        try:
+            gone = asyncio.ensure_future(batcher.embed([f"t{i}" for i in range(30)]))
+            await _until(lambda: len(model.started) == 1)
+            gone.cancel()
+            nxt = asyncio.ensure_future(batcher.embed(["next"]))
+            await _until(lambda: batcher.queued == 1)
+            model.step()
+            await _until(lambda: len(model.started) == 2)
+            model.step()
+            return await nxt
+        finally:
+            for _ in range(4):
+                model.step()
+            await batcher.stop()
+
+    nxt = asyncio.run(scenario())
+    assert model.started == [["t0", "t1", "t2"], ["next"]] and nxt.vectors.shape == (1, 2)
+
+
+def test_a_client_that_disconnects_cancels_its_work():
+    """The route's guard: the ASGI server's http.disconnect cancels the model's part of the request (no polling)."""
+    from robustir.serving.app import ClientGone, _unless_client_leaves
+
+    class Request:  # receive() as an ASGI server gives it once the body is read: waits for the disconnect
+        def __init__(self) -> None:
+            self.gone = asyncio.Event()
+
+        async def receive(self) -> dict:
+            await self.gone.wait()
+            return {"type": "http.disconnect"}
+
+    async def scenario():
+        request, cancelled = Request(), asyncio.Event()
+
+        async def work():
+            try:
+                await asyncio.Event().wait()  # the model's part: never finishes by itself
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        guarded = asyncio.ensure_future(_unless_client_leaves(request, work()))
+        await asyncio.sleep(0)
+        request.gone.set()
+        with pytest.raises(ClientGone):
+            await guarded
+        assert cancelled.is_set()
+        done = Request()
+        return await _unless_client_leaves(done, asyncio.sleep(0, result="vectors"))  # finished first: its result
+
+    assert asyncio.run(scenario()) == "vectors"
 
 
 def test_workers_encode_batches_side_by_side():

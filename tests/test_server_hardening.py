@@ -229,21 +229,31 @@ def test_a_server_bug_is_a_json_500_with_the_request_id(client, server, monkeypa
 
 
 def test_a_request_that_waits_too_long_gets_503(tiny_model_dir):
-    gate = threading.Event()
-    app = create_app(tiny_model_dir, None, ServeConfig(request_timeout_s=0.001))
+    """Issue 36: the timeout counts waiting for a model worker, not encoding. While the model holds one request
+    (encoding "forever" here), that request is not cut off; one queued behind it for longer than the timeout gets a
+    503 saying what happened; the held one then gets its 200."""
+    import concurrent.futures
+
+    gate, entered = threading.Event(), threading.Event()
+    app = create_app(tiny_model_dir, None, ServeConfig(request_timeout_s=0.001, workers=1))
     real = app.state.server.batcher.encode
 
     def held(rows):
+        entered.set()
         assert gate.wait(60)
         return real(rows)
 
     app.state.server.batcher.encode = held
     try:
-        with running_server(app) as url:
+        with running_server(app) as url, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, f"{url}/v1/embeddings", json={"input": "held"}, timeout=60)
+            assert entered.wait(60)  # the model holds the first request
             reply = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60)
-            gate.set()
             error = assert_openai_error(reply, 503, "timeout")
             assert int(reply.headers["retry-after"]) >= 1 and "--request-timeout-s" in error["message"]
+            assert "in the queue" in error["message"] and "encoding does not count" in error["message"]
+            gate.set()
+            assert first.result().status_code == 200  # held far past the timeout while encoding: still answered
             app.state.server.batcher.encode = real
             app.state.server.config.request_timeout_s = 60.0
             assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60).status_code == 200

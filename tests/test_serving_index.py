@@ -774,3 +774,29 @@ def test_a_delete_killed_after_its_commit_leaves_a_servable_index_that_the_next_
     with SearchIndex.open(path, writable=True) as writer:
         assert writer.manifest["job"] is None and writer.manifest["documents"] == 22
         assert "data files verified" in writer.check()
+
+
+def test_the_index_records_its_precision_and_the_server_encodes_queries_in_it(tmp_path, tiny_model_dir, caplog):
+    """Issue 36: documents encoded in one precision, queries in another, gave 37/50 exact top-10. The manifest says
+    what the documents were encoded in; a later job keeps it (auto) or is refused (another, explicitly); the server
+    encodes queries in it (auto), or says what --precision costs."""
+    import logging
+
+    from robustir.serving.app import create_app
+    from robustir.serving.config import ServeConfig
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet(precision="fp32"))
+    assert index.manifest["precision"] == "fp32"
+    more = write_corpus(tmp_path / "more.jsonl", n=3, start=100, prefix="m")
+    with pytest.raises(ConfigError, match="encoded in fp32; adding others in bf16 would mix two precisions.*"
+                                          "--precision fp32"):
+        index.add(more, config=quiet(precision="bf16"))
+    index.add(more, config=quiet())  # auto: the recorded one
+    assert index.manifest["precision"] == "fp32" and index.count == 27
+    index.close()
+    app = create_app(None, tmp_path / "idx", ServeConfig(precision="auto"))
+    assert app.state.server.precision == "fp32"  # whatever auto means on this CPU: the documents' precision
+    with caplog.at_level(logging.WARNING, logger="robustir"):
+        app = create_app(None, tmp_path / "idx", ServeConfig(precision="bf16"))
+    assert app.state.server.precision == "bf16" and "was encoded in fp32; queries are encoded in bf16" in caplog.text

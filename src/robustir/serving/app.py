@@ -37,7 +37,9 @@ Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, f
 * 413 for a body over ``--max-body-bytes`` and for a search over ``--max-hits-per-request`` (queries x ``top_k``) or
   whose answer would be over ``--max-response-bytes``;
 * 429 with ``Retry-After`` when ``--max-queued-texts`` texts already wait for the model;
-* 503 with ``Retry-After`` for a request that waited ``--request-timeout-s`` for the model;
+* 503 with ``Retry-After`` for a request one of whose micro-batches waited ``--request-timeout-s`` in the queue for a
+  model worker (encoding time does not count: a 1,500-text request on an idle CPU finishes);
+* a client that disconnects cancels its micro-batches that have not started (logged as 499);
 * 500 when the model fails on a request -- that request only: a failing batch is re-run request by request.
 
 Answers carry ``X-Request-ID`` (the client's, or a new one), ``X-Total-Time``, and on model routes
@@ -142,9 +144,12 @@ class Server:
         except Exception as exc:
             raise ApiError(400, f"'{param}' could not be tokenized ({type(exc).__name__}: {exc})", param=param) from None
 
-    async def embed(self, ids: list[list[int]]) -> Any:
+    async def embed(self, ids: list[list[int]], request: Request | None = None) -> Any:
+        """The vectors of ``ids`` from the batcher (micro-batches of ``--max-batch-size``, interleaved with other
+        requests). With ``request``, a client that disconnects cancels what has not started."""
         try:
-            return await self.batcher.embed(ids, timeout=self.config.request_timeout_s)
+            work = self.batcher.embed(ids, timeout=self.config.request_timeout_s)
+            return await (work if request is None else _unless_client_leaves(request, work, self.metrics))
         except Overloaded as exc:
             self.metrics.reject("overloaded")
             raise ApiError(429, f"{exc} (or raise --max-queued-texts)", kind="rate_limit_error", code="overloaded",
@@ -152,15 +157,57 @@ class Server:
         except asyncio.TimeoutError:
             self.metrics.reject("timeout")
             retry = self.batcher.retry_after(self.batcher.queued)
-            raise ApiError(503, f"the request waited {self.config.request_timeout_s:g} s for the model and was "
-                           f"dropped; the server is overloaded: retry in {retry} s (or raise --request-timeout-s)",
-                           kind="server_error", code="timeout", headers={"Retry-After": str(retry)}) from None
+            raise ApiError(503, f"part of this request waited {self.config.request_timeout_s:g} s in the queue "
+                           "without reaching a model worker (time spent encoding does not count), so it was "
+                           f"dropped: the server is overloaded; retry in {retry} s, send smaller requests, or raise "
+                           "--request-timeout-s", kind="server_error", code="timeout",
+                           headers={"Retry-After": str(retry)}) from None
         except EncodeFailed as exc:
             raise ApiError(500, str(exc), kind="server_error", code="internal_error") from None
+        except ClientGone:  # nobody reads this answer; 499 is what proxies log for it
+            raise ApiError(499, "the client disconnected before the answer was ready; its queued work was dropped",
+                           code="client_closed_request") from None
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (its queued micro-batches were dropped)."""
+
+
+async def _unless_client_leaves(request: Request, work: Any, metrics: Any = None) -> Any:
+    """Await ``work`` (the model's part of a request) unless the client disconnects first: then ``work`` is cancelled
+    -- its micro-batches that have not started are dropped, so a client that gives up frees the model within the
+    micro-batch already running -- and :class:`ClientGone` is raised. The disconnect is the ASGI server's
+    ``http.disconnect`` message (the body has been read by then), no polling."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - cancelled, or failed meanwhile: nobody is waiting for it
+        pass
+    if metrics is not None:
+        metrics.reject("disconnected")
+    raise ClientGone
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
 
 
 def _server(request: Request) -> Server:
@@ -257,7 +304,7 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
             raise ApiError(400, f"'dimensions' = {dims} is not supported: {hint}", param="dimensions")
         kind = body.input_type or s.config.default_input_type
         ids = await s.tokenize(body.input, "query" if kind == "query" else "passage", "input")
-        result = await s.embed(ids)
+        result = await s.embed(ids, request)
         vectors = result.vectors
         if dims is not None and dims != s.dim:
             vectors = vectors[:, :dims]
@@ -304,7 +351,7 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
         vectors = None
         if body.mode != "lexical":
             ids = await s.tokenize(queries, "query", "query")
-            result = await s.embed(ids)
+            result = await s.embed(ids, request)
             vectors, headers = result.vectors, _timing(result)
             s.metrics.embedded("query", len(ids), sum(map(len, ids)))
         try:
@@ -496,6 +543,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                 search_index.close()
             raise
         encoder = search_index.encoder
+        precision = _query_precision(search_index, config, device, precision)
+        workers, encode_batch = _workers(config, device, precision)
     elif isinstance(model, Encoder):
         encoder = model.to(device)
         given = model.source or "model"
@@ -563,6 +612,33 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                            expose_headers=["X-Request-ID", "X-Total-Time", "X-Queue-Time", "X-Inference-Time"])
     app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
     return app
+
+
+def _query_precision(index: Any, config: ServeConfig, device: Any, precision: str) -> str:
+    """The precision queries are encoded in when an index is served: the one its documents were encoded in (recorded
+    in its manifest), so ``/search`` finds the exact top-k -- unless ``--precision`` says otherwise (then a warning
+    says what that costs) or the device lacks native support for it (bf16 emulated on a CPU is ~10x slower; fp32
+    then, with a warning)."""
+    from ..precision import resolve_precision
+
+    recorded = index.manifest.get("precision")
+    if not recorded or recorded == precision:
+        if not recorded:
+            logger.info("index %s does not record the precision of its documents (built by an older robustir): "
+                        "queries are encoded in %s", index.path, precision)
+        return precision
+    if str(config.precision).lower() != "auto":
+        logger.warning("index %s was encoded in %s; queries are encoded in %s (--precision %s): the top-k may "
+                       "differ slightly from an exact search; leave --precision out to use %s", index.path, recorded,
+                       precision, config.precision, recorded)
+        return precision
+    native = resolve_precision("auto", device)
+    if recorded != "fp32" and recorded != native:
+        logger.warning("index %s was encoded in %s, which %s does not compute natively: queries are encoded in %s, "
+                       "so the top-k may differ slightly from an exact search", index.path, recorded, device, precision)
+        return precision
+    logger.info("index %s was encoded in %s: queries are encoded in %s too", index.path, recorded, recorded)
+    return recorded
 
 
 def _workers(config: ServeConfig, device, precision: str = "fp32") -> tuple[int, int]:

@@ -1,10 +1,13 @@
 """Dynamic batching of concurrent requests: worker threads run the model on everything that is waiting.
 
 A request puts its rows (token-id lists, tokenized and checked before they get here, so a malformed text never
-joins a shared batch) on an asyncio queue and awaits a future. When a worker is free, a batching task takes the
-first waiting request and every request already waiting behind it, up to ``max_batch_size`` rows (a request that
-would overflow the batch waits for the next one; a request larger than a batch goes alone), optionally waiting up
-to ``max_wait_ms`` for more. With the default ``max_wait_ms=0`` a lone request starts at once: while the workers are
+joins a shared batch) on an asyncio queue and awaits a future. A request larger than ``max_batch_size`` rows is cut
+into micro-batches of at most that many, of which at most ``workers`` wait or run at a time: the next is queued when
+one is done, so requests that arrive meanwhile are served between them (a 1,500-text request no longer holds every
+worker until it is done), and a request whose client went away (its task cancelled) leaves no more than that behind.
+When a worker is free, a batching task takes the first waiting micro-batch and every one already waiting behind it,
+up to ``max_batch_size`` rows (one that would overflow the batch waits for the next), optionally waiting up to
+``max_wait_ms`` for more. With the default ``max_wait_ms=0`` a lone request starts at once: while the workers are
 busy, requests pile up on the queue, so under load the next batch is already full when a worker is free and no time
 is spent waiting. The batch runs on a worker thread and each request gets its own rows back.
 
@@ -14,8 +17,9 @@ Isolation and bounds:
 * at most ``max_queued`` rows wait; a request that would go over is refused at once with :class:`Overloaded`
   (``robustir serve`` answers 429 with ``Retry-After``) -- unless nothing waits, so any request within the per-request
   limits is served on an idle server;
-* ``embed(..., timeout=)`` bounds the wait: a request that times out is dropped from the queue, or its rows are
-  discarded if its batch already runs.
+* ``embed(..., timeout=)`` bounds how long each micro-batch *waits* for a worker, not how long the model takes on
+  it: a request whose micro-batch waited that long is dropped (its queued rows with it); one that is being encoded is
+  never cut off, however long it is.
 
 ``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
 :func:`robustir.serving.app._workers`. Other work for the model's threads (an index search) goes through :meth:`run`.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -65,6 +70,7 @@ class _Item:
     rows: list[Any]
     future: asyncio.Future
     enqueued: float
+    started: asyncio.Future  # done when its batch starts on a worker: the wait is over, the timeout no longer runs
 
 
 @dataclass
@@ -155,24 +161,50 @@ class MicroBatcher:
         return self._task is not None and not self._task.done()
 
     async def embed(self, rows: Sequence[Any], *, timeout: float | None = None) -> Embedded:
-        """The vectors of ``rows``, batched with other callers'. Raises :class:`Overloaded` at once when the queue is
-        full, :class:`asyncio.TimeoutError` after ``timeout`` seconds, :class:`EncodeFailed` when the model fails on
-        these rows."""
+        """The vectors of ``rows``, batched with other callers' (in micro-batches of at most ``max_batch_size``).
+        Raises :class:`Overloaded` at once when the queue is full, :class:`asyncio.TimeoutError` when a
+        micro-batch waited ``timeout`` seconds for a worker (encoding time does not count), :class:`EncodeFailed`
+        when the model fails on these rows. Cancelling the call drops its micro-batches that have not started."""
         if not self.running:
             raise RuntimeError("the batcher is not running (start() it inside the serving event loop)")
-        n = len(rows)
-        if self.queued and self.queued + n > self.max_queued:
+        rows = list(rows)
+        size = self.max_batch_size
+        chunks = [rows[i:i + size] for i in range(0, len(rows), size)] or [rows]
+        ahead = min(len(rows), size * self.workers)  # what the request puts on the queue at once
+        if self.queued and self.queued + ahead > self.max_queued:
             self.stats.overloaded += 1
-            raise Overloaded(self.queued, self.max_queued, self.retry_after(self.queued + n))
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.queued += n
-        self._queue.put_nowait(_Item(list(rows), future, loop.time()))
+            raise Overloaded(self.queued, self.max_queued, self.retry_after(self.queued + len(rows)))
+        pending: deque[_Item] = deque()
+        parts: list[Embedded] = []
         try:
-            return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
-            self.stats.timed_out += 1
-            raise
+            following = 0
+            while following < len(chunks) or pending:
+                while following < len(chunks) and len(pending) < self.workers:
+                    pending.append(self._put(chunks[following]))
+                    following += 1
+                item = pending[0]
+                done, _ = await asyncio.wait({item.started, item.future}, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    self.stats.timed_out += 1
+                    raise asyncio.TimeoutError
+                parts.append(await item.future)
+                pending.popleft()
+        finally:  # timed out, failed, or cancelled (the client went away): what has not started is dropped
+            for item in pending:
+                if not item.future.done():
+                    item.future.cancel()
+        if len(parts) == 1:
+            return parts[0]
+        return Embedded(np.concatenate([p.vectors for p in parts]), sum(p.queue_s for p in parts),
+                        sum(p.inference_s for p in parts))
+
+    def _put(self, rows: list[Any]) -> _Item:
+        loop = asyncio.get_running_loop()
+        item = _Item(rows, loop.create_future(), loop.time(), loop.create_future())
+        self.queued += len(rows)
+        self._queue.put_nowait(item)
+        return item
 
     def retry_after(self, rows: int) -> int:
         """Seconds until ``rows`` queued rows are likely done, from the recent rate (at least 1)."""
@@ -239,6 +271,9 @@ class MicroBatcher:
             return
         loop = asyncio.get_running_loop()
         started = loop.time()
+        for item in live:
+            if not item.started.done():
+                item.started.set_result(started)
         rows = [row for item in live for row in item.rows]
         try:
             vectors = await self.run(self.encode, rows)

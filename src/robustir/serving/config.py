@@ -61,7 +61,8 @@ class ServeConfig:
     max_queued_texts: PositiveInt = 4096
     """Texts waiting for the model; a request that would go over gets 429 with Retry-After"""
     request_timeout_s: PositiveFloat = 60.0
-    """Longest a request may wait for the model (then 503 with Retry-After)"""
+    """Longest one micro-batch of a request (max_batch_size texts) may wait in the queue for a model worker, then 503
+    with Retry-After; time spent encoding does not count, so a large request on an idle server always finishes"""
     receive_timeout_s: PositiveFloat = 30.0
     """Longest a connection may take to send a whole request (headers and body), from when it opens or starts the
     request; an idle connection, a slow-header or a slow-body client is closed then. Between requests uvicorn's own

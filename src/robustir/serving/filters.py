@@ -13,6 +13,7 @@ column), as :mod:`robustir.serving.index` writes it.
   ``{"$gt" | "$gte" | "$lt" | "$lte": v}``; several operators in one object are ANDed:
   ``{"price": {"$gte": 1, "$lt": 5}}``;
 * ``{"meta.year": {"$gte": 2020}}``: a nested field, ``fields["meta"]["year"]``;
+* ``{"url": {"$exists": true}}``: the field has a value (``{"$ne": null}``); ``false``: it is missing or null;
 * ``{"$$price": 3}``: the field named ``$price`` (a top-level key beginning with ``$`` is an operator, so a field
   name beginning with ``$`` is written with one more ``$``);
 * ``{"$and": [f, ...]}``, ``{"$or": [f, ...]}`` (non-empty lists), ``{"$not": f}``: sub-filters of the same grammar;
@@ -83,7 +84,12 @@ MAX_LIST_ITEMS = 1000
 
 Scalar = str | int | float | bool | None
 Operator = Literal["$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte"]
-FIELD_OPERATORS: tuple[str, ...] = get_args(Operator)
+#: what a field test may say: the operators above and ``$exists`` (read as ``$ne`` / ``$eq`` null)
+FIELD_OPERATORS: tuple[str, ...] = (*get_args(Operator), "$exists")
+#: operators of other filter languages (MongoDB, Chroma, Qdrant) that this one has not, and what to do instead
+_FOREIGN = {"$regex": "pattern matching", "$like": "pattern matching", "$contains": "substring tests",
+            "$text": "full-text search", "$all": "array tests", "$size": "array tests", "$elemMatch": "array tests",
+            "$mod": "arithmetic", "$type": "type tests", "$where": "code", "$expr": "expressions"}
 LOGICAL_OPERATORS: tuple[str, ...] = ("$and", "$or", "$not")
 _LISTS = ("$in", "$nin")
 _RANGES: dict[str, Callable[[Any, Any], bool]] = {"$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt,
@@ -235,9 +241,18 @@ class _Parser:
             if op in LOGICAL_OPERATORS:
                 raise _error(at, f"{op} combines filters, not values: write {{\"{op}\": ...}} around whole filters, "
                                  f"e.g. {{\"$not\": {{\"{'.'.join(path)}\": ...}}}}")
+            if op in _FOREIGN:
+                raise _error(at, f"{op} is not supported: robustir filters compare whole values, with no "
+                                 f"{_FOREIGN[op]}; operators: {', '.join(FIELD_OPERATORS)} (for text, search with "
+                                 "mode lexical or hybrid)")
             raise _error(at, f"unknown operator {_quoted(op)}{_did_you_mean(op, FIELD_OPERATORS)}; operators: "
                              f"{', '.join(FIELD_OPERATORS)}")
         self.count(at)
+        if op == "$exists":  # has a value (not missing, not null) / has none: the $ne / $eq null tests
+            if not isinstance(operand, bool):
+                raise _error(at, f"expected true or false, got {_show(operand)}: {{\"$exists\": true}} matches documents "
+                                 "where the field has a value (not missing, not null)")
+            return Condition(path, "$ne" if operand else "$eq", None)
         if op in _LISTS:
             if not isinstance(operand, list) or not operand:
                 raise _error(at, f"expected a non-empty list of values such as [\"en\", \"de\"], got {_show(operand)}")
@@ -449,8 +464,8 @@ class _LanceField:
         self.string = f"json_get_string({parent}, {key})"
 
     def test(self, c: Condition) -> str:
-        if c.op not in FIELD_OPERATORS:
-            raise _error(self.at, f"unknown operator {_quoted(c.op)}; operators: {', '.join(FIELD_OPERATORS)}")
+        if c.op not in get_args(Operator):  # a Condition built by hand ($exists is parsed into $ne / $eq null)
+            raise _error(self.at, f"unknown operator {_quoted(c.op)}; operators: {', '.join(get_args(Operator))}")
         values = c.value if c.op in _LISTS else (c.value,)
         if not isinstance(values, tuple) or not values:
             raise _error(f"{self.at}.{c.op}", "expected a non-empty tuple of values")

@@ -820,6 +820,22 @@ class SearchIndex:
         report.seconds = time.perf_counter() - started
         return report
 
+    def _same_precision(self, config: IndexConfig) -> IndexConfig:
+        """``config`` with its precision resolved on this index's device, and the same as the documents already in
+        the index were encoded in (recorded in the manifest): one index, one precision, so a query encoded in it
+        finds the exact top-k. ``auto`` takes the recorded one; another, given explicitly, is refused."""
+        from ..precision import resolve_precision
+
+        recorded = self.manifest.get("precision")
+        wanted = resolve_precision(config.precision, self.encoder.device)
+        if recorded and self.count and wanted != recorded:
+            if str(config.precision).lower() != "auto":
+                raise ConfigError(f"index {self.path} holds documents encoded in {recorded}; adding others in "
+                                  f"{wanted} would mix two precisions in one index: use --precision {recorded} (or "
+                                  "rebuild it with --overwrite)")
+            wanted = recorded
+        return dataclasses.replace(config, precision=wanted)
+
     def _run(self, kind: str, corpus: str | os.PathLike, config: IndexConfig, on_chunk: Any,
              scanned: tuple[int, dict[str, int]] | None = None) -> IndexReport:
         from tqdm.auto import tqdm
@@ -834,8 +850,10 @@ class SearchIndex:
         if kind == "add":
             self._refuse_present(ids, corpus, job.id if job is not None else None)
         del ids
+        config = self._same_precision(config)
         if job is None:
             job = _Job(int(self.manifest.get("jobs_done", 0)) + 1, kind, str(corpus))  # type: ignore[arg-type]
+            self.manifest["precision"] = config.precision  # what the documents are encoded in, for the readers
             self._save_job(job)
         else:  # rows a killed run committed after its last recorded position are written again below
             self._table.delete(f"job = {job.id} AND line > {job.position}")
