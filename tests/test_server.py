@@ -680,3 +680,75 @@ def test_a_running_server_follows_add_delete_and_upsert(tmp_path, tiny_model_dir
             stop.set()
             thread.join(timeout=120)
     assert not failures, failures[:3]
+
+
+# ------------------------------------------------------------------------------------------------ rerank (issue 36)
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory, tiny_model_dir) -> str:
+    """A 2-layer random BERT with a one-label sequence-classification head and MiniLM's tokenizer: a cross-encoder
+    folder (as sentence-transformers' CrossEncoder loads one)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    out = tmp_path_factory.mktemp("tiny-cross")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=1)
+    torch.manual_seed(1)
+    BertForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def test_rerank_with_the_served_model_orders_by_cosine(client, tiny_server):
+    _, app = tiny_server
+    encoder = app.state.server.encoder
+    documents = ["coffee is a drink", "bones need calcium", "the heart pumps blood", "sleep helps memory"]
+    reply = client.post("/v1/rerank", json={"query": "what does the heart do", "documents": documents,
+                                             "return_documents": True, "top_n": 3})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    q = encoder.encode(["what does the heart do"], "query", precision=app.state.server.precision)[0]
+    d = encoder.encode(documents, "passage", precision=app.state.server.precision)
+    cos = (d / np.linalg.norm(d, axis=1, keepdims=True)) @ (q / np.linalg.norm(q))
+    expected = sorted(range(4), key=lambda i: -cos[i])[:3]
+    assert [r["index"] for r in body["results"]] == expected and len(body["results"]) == 3
+    assert [r["relevance_score"] for r in body["results"]] == pytest.approx([float(cos[i]) for i in expected],
+                                                                           abs=2e-2)
+    assert [r["document"] for r in body["results"]] == [documents[i] for i in expected]
+    assert body["object"] == "rerank" and body["model"] == app.state.server.name
+    for bad, field in (({"query": "q", "documents": []}, "documents"), ({"query": " ", "documents": ["a"]}, "query"),
+                       ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+                       ({"documents": ["a"]}, "query")):
+        error = client.post("/v1/rerank", json=bad)
+        assert error.status_code == 400 and error.json()["error"]["param"] == field, error.text
+
+
+def test_rerank_with_a_cross_encoder_and_search_as_a_second_stage(tiny_index, tiny_cross_encoder, tiny_model_dir):
+    """``--rerank-model`` (a cross-encoder folder): /v1/rerank returns its scores, highest first; /search with
+    rerank: true re-scores each query's candidates with it and returns the top_k of that order, the first stage's
+    score kept beside it. A folder that is not a cross-encoder is refused when the server starts."""
+    from sentence_transformers import CrossEncoder
+
+    app = create_app(None, tiny_index, ServeConfig(rerank_model=tiny_cross_encoder, precision="fp32",
+                                                   rerank_candidates=6))
+    model = CrossEncoder(tiny_cross_encoder, device="cpu")
+    documents = ["coffee is a drink", "bones need calcium", "the heart pumps blood"]
+    with running_server(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        reply = client.post("/v1/rerank", json={"query": "heart", "documents": documents})
+        assert reply.status_code == 200, reply.text
+        expected = model.predict([("heart", d) for d in documents])
+        results = reply.json()["results"]
+        assert [r["index"] for r in results] == sorted(range(3), key=lambda i: -expected[i])
+        assert [r["relevance_score"] for r in results] == pytest.approx(sorted(expected, reverse=True), abs=1e-5)
+        plain = client.post("/search", json={"query": "coffee", "top_k": 6}).json()["hits"]
+        reranked = client.post("/search", json={"query": "coffee", "top_k": 3, "rerank": True}).json()["hits"]
+        pairs = [("coffee", f"{h['title']} {h['text']}".strip() if h["title"] else h["text"]) for h in plain]
+        scores = model.predict(pairs)
+        best = sorted(range(len(plain)), key=lambda i: -scores[i])[:3]
+        assert [h["id"] for h in reranked] == [plain[i]["id"] for i in best]
+        assert [h["rerank_score"] for h in reranked] == pytest.approx([float(scores[i]) for i in best], abs=1e-5)
+        assert [h["score"] for h in reranked] == [plain[i]["score"] for i in best]  # the first stage's score, kept
+    with pytest.raises(ConfigError, match="is not a cross-encoder"):
+        create_app(None, tiny_index, ServeConfig(rerank_model=tiny_model_dir))

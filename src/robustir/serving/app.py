@@ -75,6 +75,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..data.beir import encoding_text
 from ..errors import ConfigError, DataError
 from ..index.fusion import FusionConfig
 from .batcher import EncodeFailed, MicroBatcher, Overloaded
@@ -128,6 +129,27 @@ class Server:
     _loop_tokenizer: Any = None
     _pool: Any = None  # one thread, its own tokenizer: long requests are tokenized off the event loop
     _pool_tokenizer: Any = None
+    reranker: Any = None  # a cross-encoder (robustir.filtering.teacher.CrossEncoderTeacher) for /v1/rerank, or None
+    reranker_name: str | None = None
+    write_lock: Any = field(default_factory=asyncio.Lock)  # HTTP writes of this server, one at a time
+
+    async def rerank_scores(self, query: str, documents: list[str], request: Request | None = None) -> np.ndarray:
+        """Relevance of each document to ``query``: the cross-encoder's score (``--rerank-model``, run on a model
+        worker thread), else the served embedding model's cosine (query and documents embedded through the
+        batcher, as /v1/embeddings does)."""
+        if not documents:
+            return np.zeros(0, dtype=np.float32)
+        if self.reranker is not None:
+            try:
+                return await self.batcher.run(self.reranker.score, [query] * len(documents), list(documents))
+            except Exception as exc:
+                logger.exception("the reranker failed on a request of %d documents", len(documents))
+                raise ApiError(500, f"the reranker failed on this request's {len(documents)} document(s) "
+                               f"({type(exc).__name__})", kind="server_error", code="internal_error") from None
+        ids = await self.tokenize([query], "query", "query") + await self.tokenize(documents, "passage", "documents")
+        vectors = (await self.embed(ids, request)).vectors.astype(np.float32)
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors[1:] @ vectors[0]
 
     def check_model(self, value: str | None) -> None:
         if value is not None and value not in self.aliases:
@@ -239,8 +261,9 @@ def _timing(result: Any) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the routes
 
-def _router(embedding_request: type, search_request: type, max_body_bytes: int) -> APIRouter:
-    """The routes, with ``embedding_request`` / ``search_request`` (:func:`request_models`) as their bodies."""
+def _router(embedding_request: type, search_request: type, rerank_request: type, documents_request: type,
+            delete_request: type, max_body_bytes: int) -> APIRouter:
+    """The routes, with the request models of :func:`request_models` as their bodies."""
     router = APIRouter(max_body_size=max_body_bytes)
     keyed = [Depends(authorize)]
 
@@ -334,6 +357,8 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
             raise ApiError(400, f"fusion.candidates must be at most {c.max_top_k}, got {body.fusion.candidates}",
                            param="fusion.candidates")
         depth, what = body.top_k, f"top_k {body.top_k}"
+        if body.rerank and c.rerank_candidates > depth:  # each query's best rerank_candidates are re-scored
+            depth, what = c.rerank_candidates, f"--rerank-candidates {c.rerank_candidates} (rerank re-scores that many)"
         if body.mode == "hybrid":  # each list is read fusion.candidates deep (at least top_k) before fusing
             candidates = (body.fusion or FusionConfig()).candidates
             if candidates > depth:
@@ -354,16 +379,25 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
             result = await s.embed(ids, request)
             vectors, headers = result.vectors, _timing(result)
             s.metrics.embedded("query", len(ids), sum(map(len, ids)))
+        fetched = max(body.top_k, c.rerank_candidates) if body.rerank else body.top_k
         try:
-            hits = await s.batcher.run(functools.partial(s.index.search_encoded, queries, vectors, body.top_k,
+            hits = await s.batcher.run(functools.partial(s.index.search_encoded, queries, vectors, fetched,
                                                          body.filter or None, mode=body.mode, fusion=body.fusion))
         except ConfigError as exc:
             raise ApiError(400, str(exc), param="filter") from None
         except DataError as exc:  # the index on disk cannot be served (rebuilt with another model, damaged)
             raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
+        found = [[hit.to_dict() for hit in row] for row in hits]
+        if body.rerank:  # second stage: the reranker's order of each query's candidates, its score beside the first
+            for query, row in zip(queries, found):
+                scores = await s.rerank_scores(query, [encoding_text(h["title"], h["text"]) for h in row], request)
+                for hit, score in zip(row, scores):
+                    hit["rerank_score"] = float(score)
+                row.sort(key=lambda h: -h["rerank_score"])  # stable: ties keep the first stage's order
+                del row[body.top_k:]
         rows, size = [], 0
-        for row in hits:  # serialised query by query: an answer over the limit is refused before it is all built
-            text = json.dumps([hit.to_dict() for hit in row], ensure_ascii=False, separators=(",", ":"))
+        for row in found:  # serialised query by query: an answer over the limit is refused before it is all built
+            text = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
             size += len(text)
             if size > c.max_response_bytes:
                 raise ApiError(413, f"the answer would be over {c.max_response_bytes} bytes (--max-response-bytes): "
@@ -373,7 +407,101 @@ def _router(embedding_request: type, search_request: type, max_body_bytes: int) 
         payload = rows[0] if body.single else "[" + ",".join(rows) + "]"
         return Response('{"hits":' + payload + "}", media_type="application/json", headers=headers)
 
+    @router.post("/v1/rerank", dependencies=keyed, tags=["rerank"])
+    async def rerank(body: rerank_request, request: Request):  # type: ignore[valid-type]
+        """Order ``documents`` by relevance to ``query`` (Infinity's and Cohere's shape): the cross-encoder of
+        --rerank-model, else the served embedding model's cosine."""
+        s = _server(request)
+        s.check_model(body.model)
+        scores = await s.rerank_scores(body.query, list(body.documents), request)
+        order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:body.top_n]
+        results = [{"relevance_score": float(scores[i]), "index": i,
+                    **({"document": body.documents[i]} if body.return_documents else {})} for i in order]
+        return _answer({"object": "rerank", "results": results, "model": s.reranker_name or s.name})
+
+    @router.post("/documents", dependencies=keyed, tags=["documents"])
+    async def add_documents(body: documents_request, request: Request):  # type: ignore[valid-type]
+        """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
+        ``/search`` finds them on its next query."""
+        from .ingest import DocumentError, upsert_documents
+
+        s = _writable_index(request)
+        c = s.config
+        for i, document in enumerate(body.documents):
+            _check_document(document, i, c.max_chars_per_input)
+        async with s.write_lock:
+            try:
+                report = await s.batcher.run(upsert_documents, s.index.path, s.encoder, body.documents)
+            except DocumentError as exc:
+                raise ApiError(400, str(exc), param=exc.param) from None
+            except ConfigError as exc:  # another process holds the index's writer lock
+                raise ApiError(409, str(exc), code="index_busy") from None
+        return _answer({"object": "documents", "upserted": report.added, "documents": report.documents})
+
+    @router.delete("/documents", dependencies=keyed, tags=["documents"])
+    async def delete_documents_route(body: delete_request, request: Request):  # type: ignore[valid-type]
+        """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
+        from .ingest import delete_documents
+
+        s = _writable_index(request)
+        if body.filter:
+            try:
+                s.index.check_filter(body.filter)
+            except ConfigError as exc:
+                raise ApiError(400, str(exc), param="filter") from None
+        async with s.write_lock:
+            try:
+                report = await s.batcher.run(delete_documents, s.index.path, body.ids, body.filter,
+                                             s.config.max_inputs_per_request)
+            except DataError as exc:  # an id not in the index: nothing deleted
+                raise ApiError(404, exc.problem + (f" ({exc.fix})" if exc.fix else ""), param="ids",
+                               code="document_not_found") from None
+            except ConfigError as exc:
+                busy = "being changed by another process" in str(exc)
+                raise ApiError(409 if busy else 400, str(exc), param=None if busy else "filter",
+                               code="index_busy" if busy else None) from None
+        return _answer({"object": "documents", "deleted": report.deleted, "documents": report.documents})
+
+    @router.get("/documents/{document_id}", dependencies=keyed, tags=["documents"])
+    async def get_document(document_id: str, request: Request):
+        s = _server(request)
+        if s.index is None:
+            raise ApiError(404, "this server has no index: start it with --index IDX", code="no_index")
+        found = await s.batcher.run(s.index.get, [document_id])
+        if not found:
+            raise ApiError(404, f"no document with id {document_id!r} in the index", param="document_id",
+                           code="document_not_found")
+        hit = found[0].to_dict()
+        hit.pop("score", None)
+        return _answer(hit)
+
     return router
+
+
+def _writable_index(request: Request) -> "Server":
+    s = _server(request)
+    if s.index is None:
+        raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
+                       code="no_index")
+    return s
+
+
+def _check_document(document: dict, i: int, max_chars: int) -> None:
+    """What the index's reader would refuse about a request's document, named as ``documents[i]`` (the reader checks
+    the rest -- finite numbers, NUL in ids -- and is answered the same way)."""
+    where = f"documents[{i}]"
+    ids = [key for key in ("_id", "id") if key in document]
+    if not ids or not isinstance(document[ids[0]], str) or not document[ids[0]].strip():
+        raise ApiError(400, f"'{where}' needs an id: \"_id\" (or \"id\") as a non-empty string", param=where)
+    for key in ("title", "text"):
+        value = document.get(key, "")
+        if not isinstance(value, str):
+            raise ApiError(400, f"'{where}.{key}' must be a string, got {_type(value)}", param=f"{where}.{key}")
+        if len(value) > max_chars:
+            raise ApiError(400, f"'{where}.{key}' has {len(value)} characters; at most {max_chars} per text (split it "
+                           "into passages)", param=f"{where}.{key}", code="input_too_long")
+    if not str(document.get("text", "")).strip() and not str(document.get("title", "")).strip():
+        raise ApiError(400, f"'{where}' has neither text nor title", param=where)
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -413,6 +541,8 @@ def _validation_error(exc: RequestValidationError, fields: tuple[str, ...]) -> A
         return ApiError(400, f"unrecognized request argument '{param}'{takes}", param=param)
     if kind == "missing":
         return ApiError(400, f"'{param}' is required{more}", param=param)
+    if kind == "ids_or_filter":
+        return ApiError(400, first["msg"])
     if kind == "token_ids_not_supported":
         where = f"{param}[{ctx.get('index', 0)}]"
         return ApiError(400, f"'{where}' {first['msg']}", param=where, code=kind)
@@ -459,7 +589,8 @@ def _parse_failure(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
 
 
-ROUTES = "POST /v1/embeddings, POST /search, GET /v1/models, GET /info, GET /health, GET /metrics"
+ROUTES = ("POST /v1/embeddings, POST /search, POST /v1/rerank, POST|DELETE /documents, GET /documents/{id}, "
+          "GET /v1/models, GET /info, GET /health, GET /metrics")
 
 
 async def _error_response(request: Request, exc: Exception) -> JSONResponse:
@@ -530,6 +661,10 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
         if options:
             raise ConfigError(f"encoder options ({', '.join(sorted(options))}) come from the index's manifest when an "
                               "index is served: leave them out")
+        if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
+            from .ingest import finish_incoming
+
+            finish_incoming(Path(index), model if isinstance(model, Encoder) else None, str(device))
         search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index)
         try:
             if isinstance(model, Encoder):
@@ -580,12 +715,26 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
     batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
                            workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
+    reranker, reranker_name = None, None
+    if config.rerank_model:  # loaded here: a bad folder fails before any port opens
+        from ..filtering.teacher import CrossEncoderTeacher
+        from ..models.encoder import is_cross_encoder, resolve_model_path
+
+        folder = resolve_model_path(config.rerank_model, "rerank model")
+        if not is_cross_encoder(folder):
+            raise ConfigError(f"--rerank-model {config.rerank_model} is not a cross-encoder (its config.json names no "
+                              "...ForSequenceClassification architecture, or it is a sentence-transformers embedding "
+                              "folder); leave --rerank-model out to rerank with the served model's cosine")
+        reranker = CrossEncoderTeacher(str(folder), batch_size=encode_batch, precision=precision,
+                                       device=str(device))
+        reranker_name = _model_label(str(folder))
     server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
                     allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
                     api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
                     workers=workers, encode_batch=encode_batch,
                     _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
-                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"))
+                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
+                    reranker=reranker, reranker_name=reranker_name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -599,9 +748,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     handlers = {cls: _error_response for cls in (ApiError, RequestValidationError, StarletteHTTPException, Exception)}
     app = FastAPI(title="robustir serve", version=__version__, lifespan=lifespan, exception_handlers=handlers,
                   description="OpenAI-compatible embeddings and search with a robustir retriever")
-    embedding_request, search_request = request_models(
-        Limits(config.max_inputs_per_request, config.max_chars_per_input, config.max_top_k))
-    app.include_router(_router(embedding_request, search_request, config.max_body_bytes))
+    models = request_models(Limits(config.max_inputs_per_request, config.max_chars_per_input, config.max_top_k))
+    app.include_router(_router(*models, config.max_body_bytes))
     app.state.server = server
     metrics.instrument(app)
     if config.cors_allow_origin:

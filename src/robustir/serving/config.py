@@ -78,6 +78,11 @@ class ServeConfig:
     """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None
     """Dimensions the model was trained to be cut to (enables "dimensions")"""
+    rerank_model: str | None = None
+    """A cross-encoder folder (a ...ForSequenceClassification model) for POST /v1/rerank and /search with rerank:
+    true; default: rerank by the served embedding model's cosine"""
+    rerank_candidates: PositiveInt = 100
+    """Hits per query /search re-scores when it reranks (the top_k returned are the best of these)"""
 
     def validate(self) -> "ServeConfig":
         for dim in self.matryoshka_dims or []:

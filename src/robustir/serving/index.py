@@ -731,6 +731,29 @@ class SearchIndex:
     def check_filter(self, filter: dict) -> None:
         self._where(filter)
 
+    def get(self, ids: Sequence[str]) -> list[Hit]:
+        """The documents with these ids (id, title, text, fields; score 0), in the order asked; missing ids are left
+        out."""
+        self._follow()
+        wanted = list(dict.fromkeys(str(i) for i in ids))
+        found: dict[str, Hit] = {}
+        for start in range(0, len(wanted), 500):
+            part = wanted[start:start + 500]
+            rows = (self._table.search().where(f"id IN ({', '.join(_quote(i) for i in part)})")
+                    .select(["id", "title", "text", "fields"]).limit(len(part)).to_arrow().to_pylist())
+            found.update({r["id"]: Hit(r["id"], 0.0, r["title"], r["text"], _fields(r["fields"])) for r in rows})
+        return [found[i] for i in wanted if i in found]
+
+    def ids_matching(self, filter: dict, limit: int) -> list[str]:
+        """Ids of the documents ``filter`` matches (the /search filter language), at most ``limit`` + 1 of them (so a
+        caller can tell "more than limit")."""
+        self._follow()
+        where = self._where(filter)
+        query = self._table.search()
+        if where is not None:
+            query = query.where(where)
+        return query.select(["id"]).limit(limit + 1).to_arrow().column("id").to_pylist()
+
     def _where(self, filter: dict | None) -> str | None:
         """``filter`` compiled to a LanceDB predicate (:func:`robustir.serving.filters.to_lance_sql`); a field no
         document has is refused -- after one look at the manifest, in case a writer added it since."""

@@ -77,8 +77,9 @@ class _Request(BaseModel):
     model: StrictStr | None = Field(None, description="The served model's name (GET /v1/models); optional.")
 
 
-def request_models(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
-    """``(EmbeddingRequest, SearchRequest)`` with ``limits`` as field constraints."""
+def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
+    """``(EmbeddingRequest, SearchRequest, RerankRequest, DocumentsRequest, DeleteRequest)`` with ``limits`` as field
+    constraints."""
 
     class EmbeddingRequest(_Request):
         """OpenAI's embeddings request, plus ``input_type``."""
@@ -103,6 +104,8 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
         mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense (the model), lexical (BM25) "
                                                                                  "or hybrid (both, fused by RRF)")
         fusion: FusionConfig | None = Field(None, description="How hybrid fuses the two lists (only with hybrid).")
+        rerank: bool = Field(False, description="Re-score each query's best hits (--rerank-candidates of them) with "
+                                                "the reranker (POST /v1/rerank's) and return the top_k of that order")
         _single: bool = PrivateAttr(False)
 
         @model_validator(mode="wrap")
@@ -117,4 +120,34 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
         def single(self) -> bool:
             return self._single
 
-    return EmbeddingRequest, SearchRequest
+    class RerankRequest(_Request):
+        """Infinity's / Cohere's rerank request: the ``documents`` ordered by relevance to ``query``."""
+
+        query: Annotated[StrictStr, Field(max_length=limits.chars), AfterValidator(_real_text)] = Field(
+            description="The query.")
+        documents: _texts(limits, "The documents to order")  # type: ignore[valid-type]
+        top_n: StrictInt | None = Field(None, ge=1, description="Results returned (default: all documents).")
+        return_documents: bool = Field(False, description="Return each document's text with its score.")
+        raw_scores: bool = Field(False, description="Infinity's flag; accepted, scores are always the model's own.")
+
+    class DocumentsRequest(_Request):
+        """Documents to insert or replace (by id) in the served index: ``robustir index`` corpus records."""
+
+        documents: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=limits.inputs)] = Field(
+            description='[{"_id": "d1", "title": "...", "text": "...", "any other field": ...}, ...]: each needs an '
+                        "id (_id or id) and a title or a text; other fields are kept and can be filtered on")
+
+    class DeleteRequest(_Request):
+        """Documents to delete: by ``ids``, or all those ``filter`` matches (one of the two)."""
+
+        ids: Annotated[list[StrictStr], Field(min_length=1, max_length=limits.inputs)] | None = None
+        filter: dict[str, Any] | None = Field(None, description="The /search filter language.")
+
+        @model_validator(mode="after")
+        def _one_of(self) -> "DeleteRequest":
+            if (self.ids is None) == (self.filter is None):
+                raise PydanticCustomError("ids_or_filter", "give exactly one of 'ids' (a list) or 'filter' (an "
+                                                           "object)")
+            return self
+
+    return EmbeddingRequest, SearchRequest, RerankRequest, DocumentsRequest, DeleteRequest
