@@ -235,15 +235,6 @@ class StageOutput:
                      self.path.with_name(self.path.name + RECORD)):
             path.unlink(missing_ok=True)
 
-    def nothing_to_do(self, overwrite: bool, stage: str, settings: Fingerprint) -> bool:
-        """The start rule of every data stage: :meth:`robustir.runs.Artifact.begin` on :attr:`record` -- True (and
-        say so) when the output is complete, as recorded, with ``settings``; an output made (or started) with other
-        ``settings`` is refused naming what differs; ``overwrite`` clears it; a damaged one is made again."""
-        if self.record.begin(settings, on_change="refuse", overwrite=overwrite):
-            print(f"robustir {stage}: {self.path} is complete; nothing to do (--overwrite to redo)")
-            return True
-        return False
-
     def finished(self) -> None:
         """After the stage ran: record the output complete (its size, and its report) when it is -- a later run
         then finds a file cut short or replaced instead of taking it as done."""

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io import input_digest, write_json
-from ..runs import Artifact, Fingerprint
+from ..runs import Artifact, fingerprint
 from .training_data import TrainingExample, iter_training_records, training_files
 
 __all__ = ["TrainingRows", "convert_training_files", "convert_examples", "passage_hash", "FORMAT"]
@@ -221,7 +221,7 @@ def _build(folder: Path, fill: Callable[[_Writer], dict], describe: str) -> None
             shutil.rmtree(partial, ignore_errors=True)
         else:  # the record, written last, makes the entry complete: sizes and checksums of what was written
             entry = _entry(folder)
-            entry.start(Fingerprint("arrow-cache", {"format": FORMAT, "source": describe}))
+            entry.start(fingerprint("arrow-cache", {"format": FORMAT, "source": describe}))
             entry.finish({"rows": stats["rows"], "seconds": round(time.perf_counter() - started, 3)},
                          files=[DATA_FILE, STATS_FILE], checksums=True)
     except BaseException:

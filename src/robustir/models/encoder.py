@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..errors import ConfigError
 from ..io import write_json
 from ..validation import config_dataclass, PositiveInt
-from ..runs import Artifact, Fingerprint
+from ..runs import Artifact, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -568,7 +568,7 @@ class Encoder(nn.Module):
         np.save(tmp, emb)
         os.replace(tmp, cache)
         entry = corpus_cache_entry(cache)
-        entry.start(Fingerprint("corpus-embeddings", {"key": cache.stem}))
+        entry.start(fingerprint("corpus-embeddings", {"key": cache.stem}))
         entry.finish({"rows": int(emb.shape[0])}, checksums=True)
         return emb
 

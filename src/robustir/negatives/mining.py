@@ -51,7 +51,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.beir import BeirDataset, CorpusFile, encoding_text, load_beir
-from ..runs import Fingerprint, operational
+from ..runs import fingerprint, operational
 from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import TIE_MARGIN, ChunkedFlatIndex, DenseIndex, DenseIndexConfig, EmbeddingFile, sort_hits
@@ -412,7 +412,7 @@ def _encode_to_file(encoder, documents: Documents, path: Path, block: int, kwarg
     entry = corpus_cache_entry(path)
     n = len(documents)
     start, file = 0, None
-    made = Fingerprint("corpus-embeddings", {"key": path.stem, "block": block, "documents": n})
+    made = fingerprint("corpus-embeddings", {"key": path.stem, "block": block, "documents": n})
     if resumable and partial.exists():
         saved = entry.fingerprint
         rows = entry.progress.get("rows")
