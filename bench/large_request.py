@@ -29,11 +29,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="BEIR folder: the texts are its first corpus documents")
     parser.add_argument("--texts", type=int, default=1500)
+    parser.add_argument("--request-timeout-s", type=float, default=None, help="default: the server's (60)")
+    parser.add_argument("--no-langchain", action="store_true")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     corpus, _ = load_corpus(corpus_file(Path(args.data)))
     texts = corpus.texts_for_encoding()[:args.texts]
-    app = create_app(None, None, ServeConfig())  # the defaults: the bundled MiniLM, the CPU's precision, 60 s timeout
+    options = {"request_timeout_s": args.request_timeout_s} if args.request_timeout_s else {}
+    app = create_app(None, None, ServeConfig(**options))  # the defaults: the bundled MiniLM, the CPU's precision
     server = app.state.server
     rows = []
     with running_server(app) as url:
@@ -44,9 +47,11 @@ def main() -> int:
                      "seconds": round(seconds, 1), "texts_per_s": round(len(texts) / seconds, 1)})
         print(json.dumps(rows[-1]), flush=True)
         try:
+            if args.no_langchain:
+                raise ImportError
             from langchain_openai import OpenAIEmbeddings
         except ImportError:
-            print("langchain_openai is not installed: its line is skipped", flush=True)
+            print("LangChain skipped (--no-langchain, or langchain_openai not installed)", flush=True)
         else:
             client = OpenAIEmbeddings(model=server.name, base_url=f"{url}/v1", api_key="none",
                                       check_embedding_ctx_length=False)  # chunk_size: its default, 1000

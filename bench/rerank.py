@@ -37,7 +37,9 @@ def main() -> int:
     parser.add_argument("--index", default=None, help="index folder (default: runs/rerank-index-<collection>)")
     parser.add_argument("--rerank-model", default=None, help="a cross-encoder folder; default: the model's cosine")
     parser.add_argument("--candidates", type=int, default=100)
-    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--modes", nargs="+", default=["lexical", "dense", "hybrid"], choices=["lexical", "dense",
+                                                                                             "hybrid"])
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     data = Path(args.data)
@@ -52,7 +54,7 @@ def main() -> int:
     reranker = args.rerank_model or "the model's cosine (all-MiniLM-L6-v2)"
     rows = []
     with running_server(app) as url, httpx.Client(base_url=url, timeout=600) as client:
-        for mode in ("lexical", "dense", "hybrid"):
+        for mode in args.modes:
             for rerank in (False, True):
                 run, seconds = {}, []
                 for qid, text in dataset.queries.items():
@@ -75,7 +77,7 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
     print(f"\n{data.name}: NDCG@10 (median ms per query), reranker: {reranker}, {args.candidates} candidates")
     print(f"{'mode':<10}{'alone':>18}{'+ rerank':>18}")
-    for mode in ("lexical", "dense", "hybrid"):
+    for mode in args.modes:
         alone, reranked = (next(r for r in rows if r["mode"] == mode and r["rerank"] == flag) for flag in (False, True))
         print(f"{mode:<10}{alone['ndcg@10']:>9.2f} ({alone['median_ms']:>5.0f}){reranked['ndcg@10']:>9.2f} "
               f"({reranked['median_ms']:>5.0f})")

@@ -69,6 +69,11 @@ def test_bad_documents_and_deletes_are_refused_naming_them(served):
     for body, status, param in cases:
         reply = client.post("/documents", json=body)
         assert reply.status_code == status and reply.json()["error"]["param"] == param, (body, reply.text)
+    for document, param in (({"_id": "n", "text": "t", "score": float("nan")}, "documents[0]"),  # the index's checks
+                            ({"_id": "bad\u0000id", "text": "t"}, "documents[0]")):
+        raw = json.dumps({"documents": [document]})  # NaN as Python's JSON writes it (a client may send it)
+        reply = client.post("/documents", content=raw, headers={"Content-Type": "application/json"})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
     twice = client.post("/documents", json={"documents": [{"_id": "a", "text": "one"}, {"_id": "a", "text": "two"}]})
     assert twice.status_code == 400 and "documents[1]" in twice.json()["error"]["param"], twice.text
     missing = client.request("DELETE", "/documents", json={"ids": ["d1", "nope"]})

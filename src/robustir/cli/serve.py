@@ -3,7 +3,9 @@
 Examples::
 
     robustir serve --model runs/peg/model                                   # POST /v1/embeddings on 127.0.0.1:8080
-    robustir serve --index runs/index --api-key "$KEY" --port 9000          # + POST /search (the index's model)
+    robustir serve --index runs/index --api-key "$KEY" --port 9000          # + POST /search (the index's model),
+                                                                            # POST|DELETE /documents, GET /documents/ID
+    robustir serve --index runs/index --rerank-model path/to/cross-encoder  # POST /v1/rerank, /search rerank: true
     robustir serve --index runs/index --device cuda --max-batch-size 256    # precision auto: bf16 on Ampere+
     robustir serve --default-input-type query                               # for LangChain / LlamaIndex queries
 
@@ -28,7 +30,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default=None, help="model folder or hub id (default: the index's model, else the "
                                                       "bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--index", default=None, help="index folder built by robustir index (enables POST /search)")
+    parser.add_argument("--index", default=None, help="index folder built by robustir index (enables POST /search and "
+                                                      "POST|DELETE /documents, GET /documents/ID)")
     group = parser.add_argument_group("encoder settings (without --index; an index brings its own)")
     group.add_argument("--pooling", choices=["cls", "mean"], default=None)
     group.add_argument("--query-instruction", default=None, help="prefix added to inputs with input_type=query")
