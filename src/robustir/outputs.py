@@ -14,14 +14,16 @@ Every data stage (chunk, pairs, generate, mine, filter) writes one JSONL output 
 ``OUT.report.json``         the stage's report, written after the rename (stages that report)
 ``OUT.failed.jsonl``        items still to retry (query generation, LLM judge); a re-run retries them
 ``OUT.llm-cache.sqlite``    the LLM reply cache of LLM stages (kept by ``clear``: those replies are paid for)
-``OUT.run.json``            the record (:class:`robustir.runs.Artifact`) of the fingerprint the CLI stages (chunk,
-                            pairs, mine, filter teacher/sieve) made ``OUT`` with: a re-run with other settings or
-                            inputs is refused, not reused or resumed
+``OUT.run.json``            the record (:class:`robustir.runs.Artifact`) of the fingerprint every data stage (a
+                            :class:`robustir.runs.Step` run by :func:`robustir.runs.execute`: chunk, pairs,
+                            generate, mine, filter) made ``OUT`` with: a re-run with other settings or inputs is
+                            refused (or, in ``robustir run``, redone), not reused or resumed
 ==========================  =====================================================================================
 
 **Complete** means: ``OUT`` exists, neither ``.partial`` nor ``.done`` does, no ``.failed.jsonl`` (unless failures
 are accepted) and, for a stage that reports, ``.report.json`` exists. :meth:`StageOutput.problems` says what is
-missing in words; every CLI "already complete, nothing to do" check, the runner and ``robustir merge`` use it.
+missing in words; the output's record (:attr:`StageOutput.record`) folds it into the one "done?" rule
+(:meth:`robustir.runs.Artifact.decide`), and ``robustir merge`` uses it for the shards.
 
 Merging (:meth:`StageOutput.merge`) concatenates the ``n`` shards in shard order (with round-robin sharding
 this is not the input order) after checking every one is complete -- when *any* shard has a report, every shard
@@ -234,13 +236,6 @@ class StageOutput:
         for path in (self.path, self.partial, self.done, self.report, self.failed,
                      self.path.with_name(self.path.name + RECORD)):
             path.unlink(missing_ok=True)
-
-    def finished(self) -> None:
-        """After the stage ran: record the output complete (its size, and its report) when it is -- a later run
-        then finds a file cut short or replaced instead of taking it as done."""
-        if self.complete() and self.record.record() is not None:  # recorded by nothing_to_do / begin
-            report = json.loads(self.report.read_text(encoding="utf-8")) if self.report.exists() else {}
-            self.record.finish(report)
 
     def continue_finished(self) -> bool:
         """Continue a finished output (a re-run that retries failures): copy it to ``.partial`` (atomically).
