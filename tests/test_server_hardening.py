@@ -388,3 +388,40 @@ def test_connections_get_tcp_nodelay():
         client.close()
     finally:
         listener.close()
+
+
+def test_a_lexical_search_does_not_wait_behind_embedding_work(tmp_path, tiny_model_dir):
+    """Issue 36: index searches ran on the model's worker thread, so a lexical search (no model) waited behind a
+    held embedding batch. Now searches have their own threads: with the model's only worker held, a lexical search
+    and a document lookup are answered; the held embedding request then gets its 200."""
+    import concurrent.futures
+    import json as jsonlib
+
+    from robustir.serving import IndexConfig, SearchIndex
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(jsonlib.dumps({"_id": f"d{i}", "text": f"document {i} about topic{i}"}) + "\n"
+                              for i in range(8)), encoding="utf-8")
+    SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=IndexConfig(show_progress=False))[0].close()
+    gate, entered = threading.Event(), threading.Event()
+    app = create_app(None, tmp_path / "idx", ServeConfig(workers=1))
+    real = app.state.server.batcher.encode
+
+    def held(rows):
+        entered.set()
+        assert gate.wait(60)
+        return real(rows)
+
+    app.state.server.batcher.encode = held
+    try:
+        with running_server(app) as url, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            blocked = pool.submit(httpx.post, f"{url}/v1/embeddings", json={"input": "held"}, timeout=60)
+            assert entered.wait(60)  # the model's only worker is busy
+            lexical = httpx.post(f"{url}/search", json={"query": "topic3", "mode": "lexical", "top_k": 1}, timeout=60)
+            assert lexical.status_code == 200 and lexical.json()["hits"][0]["id"] == "d3"
+            assert httpx.get(f"{url}/documents/d5", timeout=60).json()["text"] == "document 5 about topic5"
+            assert not blocked.done()  # still held: the search did not wait for it
+            gate.set()
+            assert blocked.result().status_code == 200
+    finally:
+        gate.set()

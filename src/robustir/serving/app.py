@@ -132,6 +132,7 @@ class Server:
     reranker: Any = None  # a cross-encoder (robustir.filtering.teacher.CrossEncoderTeacher) for /v1/rerank, or None
     reranker_name: str | None = None
     write_lock: Any = field(default_factory=asyncio.Lock)  # HTTP writes of this server, one at a time
+    _search_pool: Any = None  # index work that needs no model: its own threads (Server.searching)
 
     async def rerank_scores(self, query: str, documents: list[str], request: Request | None = None) -> np.ndarray:
         """Relevance of each document to ``query``: the cross-encoder's score (``--rerank-model``, run on a model
@@ -190,9 +191,16 @@ class Server:
             raise ApiError(499, "the client disconnected before the answer was ready; its queued work was dropped",
                            code="client_closed_request") from None
 
+    async def searching(self, fn: Any, *args: Any) -> Any:
+        """Run index work that needs no model (vector, full-text and filtered search, reads, deletes) on the search
+        threads, not the model's: a lexical search or a lookup never waits behind embedding work."""
+        return await asyncio.get_running_loop().run_in_executor(self._search_pool, fn, *args)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        if self._search_pool is not None:
+            self._search_pool.shutdown(wait=False)
 
 
 class ClientGone(Exception):
@@ -381,7 +389,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
             s.metrics.embedded("query", len(ids), sum(map(len, ids)))
         fetched = max(body.top_k, c.rerank_candidates) if body.rerank else body.top_k
         try:
-            hits = await s.batcher.run(functools.partial(s.index.search_encoded, queries, vectors, fetched,
+            hits = await s.searching(functools.partial(s.index.search_encoded, queries, vectors, fetched,
                                                          body.filter or None, mode=body.mode, fusion=body.fusion))
         except ConfigError as exc:
             raise ApiError(400, str(exc), param="filter") from None
@@ -451,7 +459,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                 raise ApiError(400, str(exc), param="filter") from None
         async with s.write_lock:
             try:
-                report = await s.batcher.run(delete_documents, s.index.path, body.ids, body.filter,
+                report = await s.searching(delete_documents, s.index.path, body.ids, body.filter,
                                              s.config.max_inputs_per_request)
             except DataError as exc:  # an id not in the index: nothing deleted
                 raise ApiError(404, exc.problem + (f" ({exc.fix})" if exc.fix else ""), param="ids",
@@ -467,7 +475,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
         s = _server(request)
         if s.index is None:
             raise ApiError(404, "this server has no index: start it with --index IDX", code="no_index")
-        found = await s.batcher.run(s.index.get, [document_id])
+        found = await s.searching(s.index.get, [document_id])
         if not found:
             raise ApiError(404, f"no document with id {document_id!r} in the index", param="document_id",
                            code="document_not_found")
@@ -734,6 +742,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                     workers=workers, encode_batch=encode_batch,
                     _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
                     _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
+                    _search_pool=concurrent.futures.ThreadPoolExecutor(_search_threads(),
+                                                                       thread_name_prefix="robustir-search"),
                     reranker=reranker, reranker_name=reranker_name)
 
     @contextlib.asynccontextmanager
@@ -760,6 +770,15 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                            expose_headers=["X-Request-ID", "X-Total-Time", "X-Queue-Time", "X-Inference-Time"])
     app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
     return app
+
+
+def _search_threads() -> int:
+    """Threads for index work: one per CPU this process may use (LanceDB's own readers are native threads; these only
+    wait on them), at least 2 so a long filtered search does not hold up a lookup."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, cpus)
 
 
 def _query_precision(index: Any, config: ServeConfig, device: Any, precision: str) -> str:

@@ -22,7 +22,8 @@ Isolation and bounds:
   never cut off, however long it is.
 
 ``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
-:func:`robustir.serving.app._workers`. Other work for the model's threads (an index search) goes through :meth:`run`.
+:func:`robustir.serving.app._workers`. Other work for the model's threads (the reranker, an HTTP upsert's encoding)
+goes through :meth:`run`; index searches have their own threads (:meth:`robustir.serving.app.Server.searching`).
 """
 
 from __future__ import annotations
