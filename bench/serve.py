@@ -4,11 +4,12 @@ All three servers are started by this script on 127.0.0.1 (separate processes, t
 the same precision -- fp32 unless ``--precision`` says otherwise -- each with its own default threading and the same
 CPU visibility: none is pinned unless ``--taskset`` is given, and then all alike). For each client count in
 ``--clients`` a bounded load -- that many concurrent clients sending ``--requests`` requests of ``--texts`` short
-texts each (SciFact queries) -- goes to one server at a time, in rounds that cycle robustir, infinity, baseline,
-robustir, ... so a busy machine slows all alike. Prints, per client count, throughput (texts/s) and p50/p99 request
-latency per side and the ratios robustir/infinity and robustir/baseline, texts per CPU-second of each server's
-process tree (its own CPU time, which other jobs on a shared machine disturb far less than wall time), and checks
-that robustir returns the same vectors as the other two (cosine).
+texts each (SciFact queries) -- goes to one server at a time, in rounds whose order rotates (robustir, infinity,
+baseline; then infinity, baseline, robustir; ...) so a busy machine slows all alike and no side always runs first.
+Prints, per client count, the median over the rounds (and their range) of throughput (texts/s) and p50/p99 request
+latency per side -- never the best round -- and the ratios robustir/infinity and robustir/baseline, texts per
+CPU-second of each server's process tree (its own CPU time, which other jobs on a shared machine disturb far less than
+wall time), and checks that robustir returns the same vectors as the other two (cosine).
 
 The baseline is what a first attempt looks like: a ``def`` endpoint (FastAPI runs it in its thread pool, so
 concurrent requests run ``encode`` side by side) that encodes the request's texts with ``normalize_embeddings=True``.
@@ -437,7 +438,8 @@ def main() -> None:
             print(f"\n== {clients} clients x {args.requests} requests x {args.texts} texts; OS threads per server: "
                   + ", ".join(f"{name} {n}" for name, n in threads.items()), flush=True)
             for round_ in range(args.rounds):
-                for name in sides:
+                shift = round_ % len(sides)  # the order rotates: no side always runs first (or right after another)
+                for name in sides[shift:] + sides[:shift]:
                     cpu = cpu_seconds(processes[name].pid)
                     figures = asyncio.run(load(urls[name], batches, clients))
                     figures["server_cpu_s"] = cpu_seconds(processes[name].pid) - cpu
@@ -481,28 +483,34 @@ def main() -> None:
                       else "naive FastAPI + ST (fp32)")
     others = sides[1:]
     print()
-    print(f"best of {args.rounds} rounds per side; {args.requests} requests x {args.texts} texts; "
+    print(f"median of {args.rounds} rounds per side (range in brackets), order rotated; {args.requests} requests x "
+          f"{args.texts} texts; "
           f"precision {args.precision}; robustir serve {args.robustir_args or '(defaults)'}"
           + (f"; infinity {args.infinity_args or '(defaults)'}" if "infinity" in sides else "")
           + f"; baseline: {baseline_label}")
-    header = f"{'clients':>7s} {'server':9s} {'texts/s':>9s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'texts/CPU-s':>12s}"
+    header = (f"{'clients':>7s} {'server':9s} {'texts/s [range]':>22s} {'p50 ms':>8s} {'p99 ms [range]':>20s} "
+              f"{'texts/CPU-s':>12s}")
     print(header)
     summary: dict[int, dict] = {}
+    keys = ("texts_per_s", "requests_per_s", "p50_ms", "p99_ms", "texts_per_cpu_s")
     for clients in args.clients:
-        best = {name: max(rows, key=lambda r: r["texts_per_s"]) for name, rows in results[clients].items()}
-        efficiency = {name: statistics.median(r["texts_per_cpu_s"] for r in rows)
-                      for name, rows in results[clients].items()}
-        ratios = {name: {"throughput": ratio(best["robustir"]["texts_per_s"], best[name]["texts_per_s"]),
-                         "p50": ratio(best["robustir"]["p50_ms"], best[name]["p50_ms"]),
-                         "p99": ratio(best["robustir"]["p99_ms"], best[name]["p99_ms"]),
+        median = {name: {k: statistics.median(r[k] for r in rows) for k in keys}
+                  for name, rows in results[clients].items()}
+        spread = {name: {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in keys}
+                  for name, rows in results[clients].items()}
+        efficiency = {name: m["texts_per_cpu_s"] for name, m in median.items()}
+        ratios = {name: {"throughput": ratio(median["robustir"]["texts_per_s"], median[name]["texts_per_s"]),
+                         "p50": ratio(median["robustir"]["p50_ms"], median[name]["p50_ms"]),
+                         "p99": ratio(median["robustir"]["p99_ms"], median[name]["p99_ms"]),
                          "texts_per_cpu_s": ratio(efficiency["robustir"], efficiency[name])} for name in others}
-        summary[clients] = {"best": best, "texts_per_cpu_s": efficiency, "ratios": ratios,
+        summary[clients] = {"median": median, "range": spread, "texts_per_cpu_s": efficiency, "ratios": ratios,
                             "errors": {name: sum(r["errors"] for r in rows) for name, rows in results[clients].items()}}
-        for name, row in best.items():
-            print(f"{clients:7d} {name:9s} {row['texts_per_s']:9.1f} {row['requests_per_s']:8.1f} {row['p50_ms']:8.0f} "
-                  f"{row['p99_ms']:8.0f} {efficiency[name]:12.1f}")
+        for name, row in median.items():
+            low, high = spread[name]["texts_per_s"], spread[name]["p99_ms"]
+            print(f"{clients:7d} {name:9s} {row['texts_per_s']:9.1f} [{low[0]:5.0f}-{low[1]:5.0f}] {row['p50_ms']:8.0f} "
+                  f"{row['p99_ms']:8.0f} [{high[0]:4.0f}-{high[1]:4.0f}] {efficiency[name]:12.1f}")
         for name, r in ratios.items():
-            print(f"{'':7s} robustir / {name}: throughput {r['throughput']:.2f}x, p50 {r['p50']:.2f}x, "
+            print(f"{'':7s} robustir / {name} (medians): throughput {r['throughput']:.2f}x, p50 {r['p50']:.2f}x, "
                   f"p99 {r['p99']:.2f}x, texts per server CPU-second (median) {r['texts_per_cpu_s']:.2f}x")
     print("min cosine robustir vs " + ", ".join(f"{name} = {c:.6f}" for name, c in cosines.items()))
     print(f"robustir batching: {batching}")
