@@ -800,3 +800,28 @@ def test_the_index_records_its_precision_and_the_server_encodes_queries_in_it(tm
     with caplog.at_level(logging.WARNING, logger="robustir"):
         app = create_app(None, tmp_path / "idx", ServeConfig(precision="bf16"))
     assert app.state.server.precision == "bf16" and "was encoded in fp32; queries are encoded in bf16" in caplog.text
+
+
+def test_a_filter_whose_value_kind_no_document_holds_is_refused_naming_the_field(tmp_path, tiny_model_dir):
+    """Issue 36: a numeric range on a string field silently returned 0 hits. The index records the JSON kinds each
+    field path holds; a test that can match nothing because of them is a ConfigError (400 over HTTP) naming the
+    field and the fix. Mixed kinds, $ne, null tests and indexes built before the kinds were recorded pass as before."""
+    corpus = tmp_path / "kinds.jsonl"
+    rows = [{"_id": f"k{i}", "text": f"doc {i}", "year": str(2018 + i), "mixed": i if i % 2 else str(i),
+             "meta": {"pages": i * 10}} for i in range(6)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet())
+    assert index.manifest["field_kinds"]["year"] == ["string"] and index.manifest["field_kinds"]["meta.pages"] == \
+        ["number"] and index.manifest["field_kinds"]["mixed"] == ["number", "string"]
+    with pytest.raises(ConfigError, match=r"filter.year.\$gt: 'year' holds string values in this index, so comparing "
+                                          r"it with a number \(2020\) matches no document; compare it with a string"):
+        index.search("doc", filter={"year": {"$gt": 2020}})
+    with pytest.raises(ConfigError, match=r"filter.meta.pages.\$eq: 'meta.pages' holds number values"):
+        index.search("doc", filter={"meta.pages": "10"})
+    with pytest.raises(ConfigError, match="'id' holds string values"):
+        index.search("doc", filter={"id": {"$in": [1, 2]}})
+    assert len(index.search("doc", top_k=6, filter={"year": {"$gt": "2020"}})[0]) == 3
+    assert len(index.search("doc", top_k=6, filter={"mixed": {"$gte": 3}})[0]) == 2  # numbers 3, 5
+    assert len(index.search("doc", top_k=6, filter={"year": {"$ne": 2020}})[0]) == 6  # $ne: matches by design
+    assert len(index.search("doc", top_k=6, filter={"year": None})[0]) == 0
+    index.close()

@@ -69,7 +69,7 @@ import json
 import math
 import operator
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -596,3 +596,70 @@ def _float_bound(op: str, value: int | float) -> tuple[str, float]:
     below = x if x < value else math.nextafter(x, -math.inf)
     above = x if x > value else math.nextafter(x, math.inf)
     return (">=", above) if op in (">", ">=") else ("<=", below)
+
+
+# ---------------------------------------------------------------------------------------------------------- field kinds
+
+#: distinct field paths whose kinds an index records (a corpus with more keeps the first ones; the rest go unchecked)
+MAX_RECORDED_PATHS = 512
+
+
+def value_kind(value: Any) -> str:
+    """The JSON kind of a value as the filter semantics compare it: string, number, bool, null, array or object."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, (list, tuple)) else "object"
+
+
+def record_kinds(kinds: dict[str, list[str]], fields: Mapping[str, Any], prefix: str = "", depth: int = 0) -> bool:
+    """Add the kinds of ``fields`` (a document's extra fields; nested objects by dotted path) to ``kinds`` (path ->
+    sorted kinds, as an index's manifest keeps them); True when something was added."""
+    changed = False
+    for key, value in fields.items():
+        path = f"{prefix}{key}"
+        known = kinds.get(path)
+        if known is None and len(kinds) >= MAX_RECORDED_PATHS:
+            continue
+        kind = value_kind(value)
+        if known is None or kind not in known:
+            kinds[path] = sorted({*(known or []), kind})
+            changed = True
+        if kind == "object" and depth < MAX_DEPTH:
+            changed |= record_kinds(kinds, value, f"{path}.", depth + 1)
+    return changed
+
+
+def check_kinds(f: Filter, kinds: Mapping[str, Sequence[str]]) -> None:
+    """Refuse a test that can match nothing because of the field's kind in this index (``kinds``: path -> the kinds
+    its documents hold; ``id`` and ``title`` are strings): ``{"year": {"$gt": 2020}}`` where every ``year`` is a
+    string, ``{"lang": 1}`` where ``lang`` holds strings. A :class:`~robustir.errors.ConfigError` names the field, the
+    kinds it holds and the fix. ``$ne`` / ``$nin`` and null tests are not checked (they match by design); a path the
+    index did not record is not checked."""
+    if isinstance(f, (And, Or)):
+        for part in f.parts:
+            check_kinds(part, kinds)
+        return
+    if isinstance(f, Not):
+        check_kinds(f.part, kinds)
+        return
+    if f.op in ("$ne", "$nin"):
+        return
+    name = ".".join(f.path)
+    held = ["string"] if name in ("id", "title") else kinds.get(name)
+    if not held:
+        return
+    values = f.value if isinstance(f.value, tuple) else (f.value,)
+    wanted = {value_kind(v) for v in values if v is not None}
+    if not wanted or wanted & set(held):
+        return
+    shown = ", ".join(held)
+    example = {"string": '"2020"', "number": "2020", "bool": "true"}.get(held[0], "a value of that kind")
+    raise ConfigError(f"filter.{_name(name)}.{f.op}: '{name}' holds {shown} values in this index, so comparing it with "
+                      f"a {'/'.join(sorted(wanted))} ({_show(values[0] if len(values) == 1 else list(values))}) "
+                      f"matches no document; compare it with a {held[0]} value (e.g. {example})")

@@ -398,7 +398,8 @@ class SearchIndex:
             return made.differences(_index_fingerprint(manifest))
 
         def fresh(data: str, generation: int) -> dict:
-            return {**identity, "build": build, "data": data, "generation": generation, "fields": [], "job": None,
+            return {**identity, "build": build, "data": data, "generation": generation, "fields": [], "field_kinds": {},
+                    "job": None,
                     "version": None, "documents": 0, "files": {}, "jobs_done": 0, "retired": [],
                     "ann": {**dataclasses.asdict(config.ann), "indexed": False}}
 
@@ -759,16 +760,22 @@ class SearchIndex:
         document has is refused -- after one look at the manifest, in case a writer added it since."""
         if not filter:
             return None
-        from .filters import parse_filter, to_lance_sql
+        from .filters import check_kinds, parse_filter, to_lance_sql
+
+        def compiled() -> str:
+            parsed = parse_filter(filter, ["id", "title", *self.field_names])
+            if "field_kinds" in self.manifest:  # recorded since issue 36; older indexes are not checked
+                check_kinds(parsed, self.manifest["field_kinds"])
+            return to_lance_sql(parsed)
 
         try:
-            return to_lance_sql(parse_filter(filter, ["id", "title", *self.field_names]))
+            return compiled()
         except ConfigError:
             if self.writable:
                 raise
             self._manifest_stat = None
             self._follow()
-            return to_lance_sql(parse_filter(filter, ["id", "title", *self.field_names]))
+            return compiled()
 
     # ------------------------------------------------------------------ integrity
     def check(self) -> str:
@@ -941,8 +948,12 @@ class SearchIndex:
         if records:  # checked by _scan_corpus and _refuse_present before the job started
             texts = corpus_cls(ids=[r.id for r in records], titles=[r.title for r in records],
                                texts=[r.text for r in records]).texts_for_encoding()
+            from .filters import record_kinds
+
             new = sorted({key for r in records for key in r.fields} - fields)
-            if new:  # recorded before the rows are: a reader may filter on a field as soon as a row has it
+            kinds = self.manifest.get("field_kinds")  # only an index that recorded them from its build: complete
+            changed = [record_kinds(kinds, r.fields) for r in records] if kinds is not None else []
+            if new or any(changed):  # recorded before the rows are: a reader may filter on them as soon as a row has them
                 fields.update(new)
                 self.manifest["fields"] = sorted(fields)
                 _write_manifest(self.path, self.manifest, self._manifest_name)
