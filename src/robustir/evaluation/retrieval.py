@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -116,8 +116,16 @@ def fuse_runs(dense: dict[str, dict[str, float]], lexical: dict[str, dict[str, f
     fusion, run = config.fusion, {}
     for qid in [*dense, *(q for q in lexical if q not in dense)]:
         lists = [sorted(part.get(qid, {}), key=lambda d, s=part.get(qid, {}): -s[d]) for part in (dense, lexical)]
-        run[qid] = dict(fusion.fuse(*lists, top_k=config.top_k))
+        run[qid] = in_rank_order(fusion.fuse(*lists, top_k=config.top_k))
     return run
+
+
+def in_rank_order(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """A ranking as a run whose scores keep its order: trec_eval breaks equal scores by document id, not by our
+    rank, and fused (RRF) scores tie often -- 1/(k+r) from either list -- so equal scores are nudged down by 1e-12 per
+    rank (far below the gap between two RRF ranks, ~1e-6 at rank 1000): eval scores exactly the order /search
+    returns."""
+    return {doc: float(score) - 1e-12 * position for position, (doc, score) in enumerate(ranked)}
 
 
 def retrieve_from_index(model: "Encoder | str | None", dataset: BeirDataset, config: EvalConfig,
@@ -147,7 +155,7 @@ def retrieve_from_index(model: "Encoder | str | None", dataset: BeirDataset, con
             for qid, hits in zip(ids, index.search_encoded(texts, vectors, depth + extra, mode=mode,
                                                            fusion=config.fusion)):
                 kept = [h for h in hits if not (config.ignore_identical_ids and h.id == qid)][:config.top_k]
-                run[qid] = {h.id: float(h.score) for h in kept}
+                run[qid] = in_rank_order([(h.id, h.score) for h in kept])  # ties in the order served
         return run, f"{index.model_name if mode != 'lexical' else 'bm25'} via {config.search_index} ({mode})"
 
 
