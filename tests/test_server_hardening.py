@@ -228,37 +228,51 @@ def test_a_server_bug_is_a_json_500_with_the_request_id(client, server, monkeypa
     assert "request id trace-42" in error["message"] and reply.headers["x-request-id"] == "trace-42"
 
 
+class HeldModel:
+    """Replaces an app's model call by one that waits at a gate: ``entered`` is set when a batch reaches the model,
+    which then holds it until ``release()`` -- the test decides when the model finishes, no clock involved."""
+
+    def __init__(self, app) -> None:
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.app, self.real = app, app.state.server.batcher.encode
+        app.state.server.batcher.encode = self
+
+    def __call__(self, rows):
+        self.entered.set()
+        assert self.gate.wait(60)
+        return self.real(rows)
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def restore(self) -> None:
+        self.gate.set()
+        self.app.state.server.batcher.encode = self.real
+
+
 def test_a_request_that_waits_too_long_gets_503(tiny_model_dir):
     """Issue 36: the timeout counts waiting for a model worker, not encoding. While the model holds one request
     (encoding "forever" here), that request is not cut off; one queued behind it for longer than the timeout gets a
     503 saying what happened; the held one then gets its 200."""
     import concurrent.futures
 
-    gate, entered = threading.Event(), threading.Event()
     app = create_app(tiny_model_dir, None, ServeConfig(request_timeout_s=0.001, workers=1))
-    real = app.state.server.batcher.encode
-
-    def held(rows):
-        entered.set()
-        assert gate.wait(60)
-        return real(rows)
-
-    app.state.server.batcher.encode = held
+    model = HeldModel(app)
     try:
         with running_server(app) as url, concurrent.futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(httpx.post, f"{url}/v1/embeddings", json={"input": "held"}, timeout=60)
-            assert entered.wait(60)  # the model holds the first request
+            assert model.entered.wait(60)  # the model holds the first request
             reply = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60)
             error = assert_openai_error(reply, 503, "timeout")
             assert int(reply.headers["retry-after"]) >= 1 and "--request-timeout-s" in error["message"]
             assert "in the queue" in error["message"] and "encoding does not count" in error["message"]
-            gate.set()
+            model.release()
             assert first.result().status_code == 200  # held far past the timeout while encoding: still answered
-            app.state.server.batcher.encode = real
+            model.restore()
             app.state.server.config.request_timeout_s = 60.0
             assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60).status_code == 200
     finally:
-        gate.set()
+        model.restore()
 
 
 # ------------------------------------------------------------------------------------------------ operations
@@ -403,25 +417,17 @@ def test_a_lexical_search_does_not_wait_behind_embedding_work(tmp_path, tiny_mod
     corpus.write_text("".join(jsonlib.dumps({"_id": f"d{i}", "text": f"document {i} about topic{i}"}) + "\n"
                               for i in range(8)), encoding="utf-8")
     SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=IndexConfig(show_progress=False))[0].close()
-    gate, entered = threading.Event(), threading.Event()
     app = create_app(None, tmp_path / "idx", ServeConfig(workers=1))
-    real = app.state.server.batcher.encode
-
-    def held(rows):
-        entered.set()
-        assert gate.wait(60)
-        return real(rows)
-
-    app.state.server.batcher.encode = held
+    model = HeldModel(app)
     try:
         with running_server(app) as url, concurrent.futures.ThreadPoolExecutor(1) as pool:
             blocked = pool.submit(httpx.post, f"{url}/v1/embeddings", json={"input": "held"}, timeout=60)
-            assert entered.wait(60)  # the model's only worker is busy
+            assert model.entered.wait(60)  # the model's only worker is busy
             lexical = httpx.post(f"{url}/search", json={"query": "topic3", "mode": "lexical", "top_k": 1}, timeout=60)
             assert lexical.status_code == 200 and lexical.json()["hits"][0]["id"] == "d3"
             assert httpx.get(f"{url}/documents/d5", timeout=60).json()["text"] == "document 5 about topic5"
             assert not blocked.done()  # still held: the search did not wait for it
-            gate.set()
+            model.release()
             assert blocked.result().status_code == 200
     finally:
-        gate.set()
+        model.restore()

@@ -357,7 +357,8 @@ def _lookup(record: Any, path: tuple[str, ...]) -> Any:
     return value
 
 
-def _kind(value: Any) -> str:
+def value_kind(value: Any) -> str:
+    """The JSON kind of a value as the filter semantics compare it: string, number, bool, null, array or object."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -366,7 +367,12 @@ def _kind(value: Any) -> str:
         return "number"
     if isinstance(value, str):
         return "string"
-    return "other"  # an object or an array
+    return "array" if isinstance(value, (list, tuple)) else "object"
+
+
+def _kind(value: Any) -> str:
+    kind = value_kind(value)
+    return "other" if kind in ("array", "object") else kind  # objects and arrays equal no value
 
 
 def _number(value: Any) -> Any:
@@ -602,19 +608,6 @@ def _float_bound(op: str, value: int | float) -> tuple[str, float]:
 
 #: distinct field paths whose kinds an index records (a corpus with more keeps the first ones; the rest go unchecked)
 MAX_RECORDED_PATHS = 512
-
-
-def value_kind(value: Any) -> str:
-    """The JSON kind of a value as the filter semantics compare it: string, number, bool, null, array or object."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, (list, tuple)) else "object"
 
 
 def record_kinds(kinds: dict[str, list[str]], fields: Mapping[str, Any], prefix: str = "", depth: int = 0) -> bool:
