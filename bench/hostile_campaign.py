@@ -854,6 +854,19 @@ def cases() -> list[Case]:
             add(E(f"index-add-{name}", n, ["index", "--add", "{out}/new.jsonl", "--output", "{out}/idx"],
                   "has an unfinished add of x.jsonl" if name == "manifest-job-dead" else msg,
                   setup=[*made, step, ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "new"}\n']]))
+    # issue 36: serve's new surfaces, refused before any port opens
+    add(E("serve-rerank-model-not-a-cross-encoder", n, ["serve", "--index", "{out}/idx", "--port", "0",
+                                                      "--rerank-model", "{tiny}"], "is not a cross-encoder",
+          setup=made))
+    add(E("serve-rerank-model-missing", n, ["serve", "--index", "{out}/idx", "--port", "0", "--rerank-model",
+                                            "{out}/no-such-model"], "no-such-model", setup=made))
+    add(E("serve-rerank-candidates-zero", n, ["serve", "--index", "{out}/idx", "--port", "0",
+                                              "--rerank-candidates", "0"], "rerank_candidates = 0 is out of range",
+          setup=made))
+    add(E("serve-unfinished-http-upsert-of-a-lost-file", n, ["serve", "--index", "{out}/idx", "--port", "0"],
+          "did not finish", setup=[*made, ["@rejson", manifest, json.dumps(
+              {"job": {"id": 2, "kind": "upsert", "input": "{out}/idx/incoming/gone.jsonl", "position": 0,
+                       "skipped": 0}})]]))
     new = ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "a new document"}\n']
     add(E("index-discard-a-hand-written-job-of-the-build", n, ["index", "--discard-unfinished", "--output", "{out}/idx"],
           "next job's id is 2", setup=[*made, ["@rejson", manifest, json.dumps(
