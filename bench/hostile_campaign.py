@@ -864,7 +864,7 @@ def cases() -> list[Case]:
                                               "--rerank-candidates", "0"], "rerank_candidates = 0 is out of range",
           setup=made))
     add(E("serve-unfinished-http-upsert-of-a-lost-file", n, ["serve", "--index", "{out}/idx", "--port", "0"],
-          "did not finish", setup=[*made, ["@rejson", manifest, json.dumps(
+          "discard-unfinished", setup=[*made, ["@rejson", manifest, json.dumps(
               {"job": {"id": 2, "kind": "upsert", "input": "{out}/idx/incoming/gone.jsonl", "position": 0,
                        "skipped": 0}})]]))
     new = ["@write", "{out}/new.jsonl", '{"_id": "n1", "text": "a new document"}\n']

@@ -464,9 +464,12 @@ class SearchIndex:
             job = _Job.from_json(manifest["job"], path / MANIFEST) if manifest.get("job") is not None else None
             if job is not None and job.kind not in _ATOMIC and not writable and not _writer_running(path):
                 flag = "corpus" if job.kind == "build" else job.kind
+                fix = f"re-run that command to finish it (robustir index --{flag} {job.input} --output {path})"
+                if not Path(job.input).exists() and Path(job.input).parent.name == "incoming":  # an HTTP upsert
+                    fix = (f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with "
+                           f"robustir index --discard-unfinished --output {path}")
                 raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input "
-                                "records) and no process is working on it", fix=f"re-run that command to finish it "
-                                f"(robustir index --{flag} {job.input} --output {path})")
+                                "records) and no process is working on it", fix=fix)
             index = cls(path, _open_table(path, manifest, writable=writable), manifest, writable=writable)
             index._lock, index._manifest_stat = lock, seen
             if writable and job is not None and job.kind in _ATOMIC:  # killed after (or before) its commit: either
