@@ -262,7 +262,8 @@ def _finished(made: Fingerprint, finished: float) -> str:
 def _step(step: Step, options: Any, job: Job) -> Any:
     """Run a stage's :class:`~robustir.runs.Step` inside its stage folder: the folder's record decides whether the
     stage runs at all; the step's own record (next to its file) makes an interrupted stage resume, and only with
-    the same settings. Returns the step's report (its recorded one when the file was complete already)."""
+    the same settings. Returns the report of the step's run (a file found complete while its folder is not
+    recorded is made again, so the report is always the step's own object)."""
     result = execute(step, options, job, on_change="redo", say=None)
     if result.skipped:  # killed between the step's record and the folder's (written last): made again, once
         logger.info("stage file %s is complete but its stage folder was not recorded: making it again",
@@ -578,7 +579,7 @@ def _run_locked(config: PipelineConfig, work: Path, force: list[str] | None, unt
         return {"model": str(result.model_path), "steps": result.steps}
 
     trained = runner.stage("train", train_settings, train_body,
-                           inputs={"model": start_model or base_model if not pretrained_model else None,
+                           inputs={"model": None if pretrained_model else (start_model or base_model),
                                    "audit": train_settings.audit})
     if (done := stop_after("train", trained["model"])) is not None:
         return done

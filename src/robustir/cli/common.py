@@ -1,7 +1,7 @@
 """Flags generated from the stage configs, and the few flags shared by commands without one.
 
-Why this stays hand-written beside pydantic (issue 34 asked for jsonargparse, tyro or pydantic-settings; measured on
-2026-11-26 against ``TrainConfig``, jsonargparse 4.53.0 and tyro 1.0.17, scripts in the issue note):
+Why this stays hand-written beside pydantic (issue 34 asked for jsonargparse, tyro or pydantic-settings; tried on
+2026-11-26 against ``TrainConfig`` with jsonargparse 4.53.0 and tyro 1.0.17, as the issue 34 note describes):
 
 * **jsonargparse** (LightningCLI's parser) names every flag with underscores (``--batch_size``; it has no setting
   for dashes): 61 dashed flags in README/docs and 149 in the tests would change, ``--no-progress``-style switches

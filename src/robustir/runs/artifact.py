@@ -7,9 +7,9 @@ a folder that travels with its record, a training run)::
      "files": {"data.arrow": {"size": 123, "sha256": "..."}}, "finished": 1732470000.0}
 
 * :meth:`Artifact.decide` is the one rule for "done?", :meth:`Artifact.begin` the start every producer calls:
-  ``True`` (nothing to do) when the output is complete, verified and made with the same fingerprint; otherwise it clears what cannot be reused (a different
-  fingerprint: refused with the difference named, or redone, as the caller chooses; a damaged output: redone
-  with one warning) and records the new fingerprint as *started*, so an interrupted run resumes only with the
+  ``True`` (nothing to do) when the output is complete, verified and made with the same fingerprint; otherwise it
+  clears what cannot be reused (a different fingerprint: refused with the difference named, or redone, as the
+  caller chooses; a damaged output: redone with one warning) and records the new fingerprint as *started*, so an interrupted run resumes only with the
   same settings.
 * :meth:`Artifact.finish` records it complete, with the size (and, for caches, the SHA-256) of the files named,
   written atomically last: a crash before it leaves an output that is never taken as done.

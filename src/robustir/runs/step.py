@@ -5,8 +5,8 @@ runs a step: the output's :class:`~robustir.runs.Artifact` decides "done, with t
 
 Where one run of a step reads and writes -- its input files, its output, its shard, the few settings that are not
 options of the config (an input format, a BEIR split) -- is a :class:`Job`, so the options config stays what the
-config files and flags describe and one step serves every caller. The steps themselves are defined (and
-registered in :data:`STEPS`) in :mod:`robustir.steps`, above the stages they run.
+config files and flags describe and one step serves every caller. Each step is defined next to the stage it runs
+and registered in :data:`STEPS` when its module is imported; :mod:`robustir.steps` imports them all.
 """
 
 from __future__ import annotations
