@@ -3,6 +3,12 @@
     python bench/vs_st.py --preset cpu                     # SciFact, 3 seeds a side (~30-40 min on 2 cores)
     python bench/vs_st.py --preset gpu --seeds 1 2 3       # the H100 settings of issue 9
     python bench/vs_st.py --preset cpu --robustir-loss peg # another robustir loss, its defaults
+    python bench/vs_st.py --preset gpu --robustir-mining dense --robustir-set num_negatives=7   # issue 38 goal 2
+
+--robustir-mining / --robustir-set leave the fixed rows on purpose (issue 38's goal 2: robustir's own recipe
+against ST's, each side's train seconds reported): the robustir side then trains on rows drawn from negatives it
+mined itself with the base model (dense, top 100, positive-aware margin: a candidate scoring above 95 % of the
+positive is dropped, NV-Retriever's TopK-PercPos) and with its own budget fields (more negatives, a larger batch).
 
 Both sides train the bundled all-MiniLM-L6-v2 (or --model) on identical rows built once per seed from the
 BEIR train split's BM25-mined negatives (robustir.robustness.sidebyside.materialize_rows): every
@@ -45,13 +51,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="choose defaults on a dev split: hold out N train queries (seeded), train on the rest, "
                              "evaluate on them instead of --split")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override budget fields, e.g. epochs=1")
+    parser.add_argument("--robustir-mining", choices=["bm25", "dense"], default="bm25",
+                        help="dense: the robustir side trains on rows from its own dense, positive-aware mining")
+    parser.add_argument("--robustir-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="budget fields for the robustir side only (its recipe), e.g. num_negatives=7")
     args = parser.parse_args(argv)
 
-    budget = PRESETS[args.preset]
-    for item in args.set:
-        key, _, value = item.partition("=")
-        budget = replace(budget, **{key: type(getattr(budget, key))(json.loads(value))})
-    budget.validate()
+    def with_overrides(budget, items):
+        for item in items:
+            key, _, value = item.partition("=")
+            budget = replace(budget, **{key: type(getattr(budget, key))(json.loads(value))})
+        budget.validate()
+        return budget
+
+    budget = with_overrides(PRESETS[args.preset], args.set)
+    ours_budget = with_overrides(budget, args.robustir_set)
+    recipe = {"mining": args.robustir_mining, **dict(item.partition("=")[::2] for item in args.robustir_set)} \
+        if args.robustir_mining != "bm25" or args.robustir_set else {}
     options = json.loads(args.robustir_options)
     out = Path(args.output) / (args.preset + (f"-dev{args.dev}" if args.dev else ""))
     out.mkdir(parents=True, exist_ok=True)
@@ -62,12 +78,24 @@ def main(argv: list[str] | None = None) -> int:
             if line.strip():
                 row = json.loads(line)
                 done[(row["side"], row["seed"], row["tag"])] = row
-    tag = json.dumps({"loss": args.robustir_loss, **options}, sort_keys=True)
+    tag = json.dumps({"loss": args.robustir_loss, **options, **({"recipe": recipe} if recipe else {})}, sort_keys=True)
 
     mined = out / "mined-bm25.jsonl"
     if not mined.exists():
         mine_beir(args.data, "train", mined, MiningConfig(method="bm25", num_negatives=budget.pool))
     examples, _ = load_training_data(mined)
+    ours_examples = examples
+    if args.robustir_mining == "dense":  # the robustir recipe's own negatives: dense, positive-aware (95 %)
+        mined_dense = out / "mined-dense.jsonl"
+        if not mined_dense.exists():
+            from robustir.models.encoder import Encoder
+            from robustir.resources import default_model_path
+
+            mine_beir(args.data, "train", mined_dense,
+                      MiningConfig(method="dense", num_negatives=ours_budget.pool, range_max=100, relative_margin=0.05),
+                      encoder=Encoder.from_pretrained(args.model or default_model_path(), device="auto",
+                                                     passage_max_length=budget.passage_max_length))
+        ours_examples, _ = load_training_data(mined_dense)
     cache: dict = {}
     evaluation = args.data
     if args.dev:
@@ -75,11 +103,18 @@ def main(argv: list[str] | None = None) -> int:
 
         evaluation, dev_ids = dev_split(args.data, "train", args.dev)
         examples = [e for e in examples if e.extra.get("query_id") not in dev_ids]
+        ours_examples = [e for e in ours_examples if e.extra.get("query_id") not in dev_ids]
         print(f"dev split: {len(dev_ids)} held-out train queries; training on {len(examples)}")
     for seed in args.seeds:
         rows_path = out / f"rows-seed{seed}.jsonl"
         if not rows_path.exists():
             write_rows(materialize_rows(examples, budget.num_negatives, budget.epochs, seed), rows_path)
+        ours_rows = rows_path
+        if recipe:
+            digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:8]
+            ours_rows = out / f"rows-{digest}-seed{seed}.jsonl"
+            if not ours_rows.exists():
+                write_rows(materialize_rows(ours_examples, ours_budget.num_negatives, ours_budget.epochs, seed), ours_rows)
         for side in args.sides:
             key = (side, seed, tag if side == "robustir" else "st")
             if key in done:
@@ -90,12 +125,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 digest = hashlib.sha1(tag.encode()).hexdigest()[:8]  # stable across processes (resume)
                 name = f"robustir-{args.robustir_loss}-{digest}-seed{seed}"
-                outcome = train_robustir(rows_path, out / name, budget, seed, model=args.model,
+                outcome = train_robustir(ours_rows, out / name, ours_budget, seed, model=args.model,
                                          loss=args.robustir_loss, loss_options=options)
             metrics = evaluate_model(outcome.model_path, evaluation, args.split, budget, cache)
+            side_rows, side_budget = (ours_rows, ours_budget) if side == "robustir" else (rows_path, budget)
             row = {"side": side, "seed": seed, "tag": key[2], "steps": outcome.steps,
-                   "rows": sum(1 for _ in open(rows_path)), "train_seconds": round(outcome.seconds, 1),
-                   "seconds": round(time.perf_counter() - started, 1), "metrics": metrics, "budget": asdict(budget)}
+                   "rows": sum(1 for _ in open(side_rows)), "train_seconds": round(outcome.seconds, 1),
+                   "seconds": round(time.perf_counter() - started, 1), "metrics": metrics, "budget": asdict(side_budget)}
             with open(results_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
             done[key] = row

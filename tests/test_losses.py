@@ -115,6 +115,80 @@ def test_symmetric_infonce_uses_global_queries_and_offset():
     assert out.loss.item() == pytest.approx((q2p + p2q) / 2, rel=1e-5)
 
 
+def gte_row(i: int, negatives: list[int], queries: list[int], tau: float) -> float:
+    """GTE's improved contrastive loss for row i of the fixed batch, written out term by term."""
+    terms = [cos(Q[i], PASSAGES[i]) / tau]
+    terms += [cos(Q[i], PASSAGES[j]) / tau for j in negatives]           # q_i . d_j
+    terms += [cos(Q[i], Q[j]) / tau for j in queries]                    # q_i . q_j
+    terms += [cos(PASSAGES[i], Q[j]) / tau for j in queries]             # d_i . q_j
+    terms += [cos(PASSAGES[i], PASSAGES[j]) / tau for j in negatives]    # d_i . d_j
+    return logsumexp(terms) - cos(Q[i], PASSAGES[i]) / tau
+
+
+def test_gte_denominator_matches_hand_formula():
+    out = InfoNCELoss(temperature=0.1, denominator="gte")(fixed_batch())
+    expected = sum(gte_row(i, [j for j in ALL if j != i], [j for j in range(3) if j != i], 0.1)
+                   for i in range(3)) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    plain = InfoNCELoss(temperature=0.1)(fixed_batch())
+    assert out.loss.item() > plain.loss.item()  # more terms in every denominator
+
+
+def test_gte_denominator_never_pushes_away_a_query_whose_positive_is_masked():
+    # row 0 may not use column 1 (say query 1 is query 0 again, or shares its positive): then neither
+    # passage 1 nor query 1 is a negative of row 0, in any of the four terms
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[0, 1] = False
+    out = InfoNCELoss(temperature=0.1, denominator="gte")(fixed_batch(candidate_mask=mask))
+    rows = [gte_row(0, [2, 3, 4, 5], [2], 0.1), gte_row(1, [0, 2, 3, 4, 5], [0, 2], 0.1),
+            gte_row(2, [0, 1, 3, 4, 5], [0, 1], 0.1)]
+    assert out.loss.item() == pytest.approx(sum(rows) / 3, rel=1e-5)
+
+
+def test_gte_denominator_rules():
+    with pytest.raises(ConfigError, match="symmetric=False"):
+        InfoNCELoss(denominator="gte", symmetric=True)
+    with pytest.raises(ConfigError, match="in_batch_negatives=True"):
+        InfoNCELoss(denominator="gte", in_batch_negatives=False)
+    # a batch whose positives are not laid out as the engine lays them out is refused, not mis-scored
+    batch = fixed_batch(positive_index=torch.tensor([1, 0, 2]))
+    with pytest.raises(ConfigError, match="laid out"):
+        InfoNCELoss(denominator="gte")(batch)
+
+
+def test_false_negative_margin_drops_negatives_scored_above_the_positive():
+    # margin 0: any negative scored above the row's positive is dropped
+    margin = 0.0
+    dropped = {(i, j) for i in range(3) for j in ALL
+               if j != i and cos(Q[i], PASSAGES[j]) > cos(Q[i], PASSAGES[i]) + margin}
+    assert dropped  # the fixed batch has such a column, else this test proves nothing
+    out = InfoNCELoss(temperature=0.1, false_negative_margin=margin)(fixed_batch())
+    expected = sum(nce_row(Q[i], i, [j for j in ALL if (i, j) not in dropped], 0.1) for i in range(3)) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert out.components["false_negatives_dropped"] == pytest.approx(len(dropped) / 3)
+    # a margin no negative reaches changes nothing
+    wide = InfoNCELoss(temperature=0.1, false_negative_margin=2.5)(fixed_batch())
+    assert wide.loss.item() == pytest.approx(InfoNCELoss(temperature=0.1)(fixed_batch()).loss.item(), rel=1e-6)
+    assert wide.components["false_negatives_dropped"] == 0.0
+
+
+def test_false_negative_margin_applies_to_every_gte_term():
+    margin = 0.05
+    out = InfoNCELoss(temperature=0.1, denominator="gte", false_negative_margin=margin)(fixed_batch())
+    total, count = 0.0, 0
+    for i in range(3):
+        ceiling = cos(Q[i], PASSAGES[i]) + margin
+        terms = [cos(Q[i], PASSAGES[i]) / 0.1]
+        pairs = ([(Q[i], PASSAGES[j]) for j in ALL if j != i] + [(Q[i], Q[j]) for j in range(3) if j != i]
+                 + [(PASSAGES[i], Q[j]) for j in range(3) if j != i] + [(PASSAGES[i], PASSAGES[j]) for j in ALL if j != i])
+        kept = [cos(a, b) for a, b in pairs if cos(a, b) <= ceiling]
+        count += len(pairs) - len(kept)
+        total += logsumexp(terms + [c / 0.1 for c in kept]) - terms[0]
+    assert count > 0
+    assert out.loss.item() == pytest.approx(total / 3, rel=1e-5)
+    assert out.components["false_negatives_dropped"] == pytest.approx(count / 3)
+
+
 def test_symmetric_needs_in_batch_negatives():
     with pytest.raises(ConfigError):
         InfoNCELoss(symmetric=True, in_batch_negatives=False)
@@ -452,6 +526,9 @@ BLOCK_LOSSES = {
     "infonce_own_group": lambda: InfoNCELoss(in_batch_negatives=False),
     "infonce_symmetric": lambda: InfoNCELoss(symmetric=True, temperature=0.1),
     "infonce_symmetric_dot": lambda: InfoNCELoss(symmetric=True, similarity="dot", temperature=0.5),
+    "infonce_gte": lambda: InfoNCELoss(denominator="gte", temperature=0.1),
+    "infonce_false_negative_margin": lambda: InfoNCELoss(false_negative_margin=0.0, temperature=0.1),
+    "infonce_gte_false_negative_margin": lambda: InfoNCELoss(denominator="gte", false_negative_margin=0.1),
     "peg": lambda: PEGLoss(temperature=0.1, beta=0.1),
     "peg_grad_scale_own_group": lambda: PEGLoss(detach_negative_scale=False, in_batch_negatives=False),
     "ccr_paper": lambda: CCRLoss(beta=0.1),
@@ -581,7 +658,9 @@ def test_blocked_loss_never_creates_a_rows_by_columns_tensor(name: str) -> None:
     for mask in (None, "row_mask"):
         mode = largest(block, mask)
         assert mode.numel < full, (mode.numel, mode.shape)
-        assert mode.numel <= max(block * b * (1 + k), b * (1 + k) * d), (mode.numel, mode.shape)
+        # a block's logits: its rows x every column (GTE's denominator: q-d, q-q, d-q, d-d columns)
+        columns = 2 * (b * (1 + k) + b) if "gte" in name else b * (1 + k)
+        assert mode.numel <= max(block * columns, b * (1 + k) * d), (mode.numel, mode.shape)
 
 
 @pytest.mark.parametrize("name", list(BLOCK_LOSSES))

@@ -11,6 +11,20 @@ in-pair contrastive loss (queries = the a-sentences, positives = the b-sentences
 authors' ``compute_clip_loss``; docs/methods.md#gur-joint-pre-training):
 ``(CE(S, diag) + CE(S^T, diag)) / 2`` over ``S = sim(a, b) / tau``.
 
+``denominator="gte"`` is GTE's improved contrastive loss (Li et al. 2023, "Towards General Text Embeddings with
+Multi-stage Contrastive Learning", eq. 3): the positive's denominator also holds the other queries of the batch
+(``s(q_i, q_j)``), the row's positive against the other queries (``s(d_i, q_j)``) and against the other passages
+(``s(d_i, d_j)``), each divided by tau::
+
+    Z_i = sum_{j in C(i)} e^{s(q_i,d_j)/tau} + sum_{j in Q(i)} (e^{s(q_i,q_j)/tau} + e^{s(d_i,q_j)/tau})
+          + sum_{j in C(i), j != p(i)} e^{s(d_i,d_j)/tau}
+
+where ``Q(i)`` are the queries whose positive column is a valid negative of row i (so a repeated query, or
+another query of the same positive, is never pushed away: the candidate mask of the batch engine decides, as
+for passages). ``false_negative_margin=m`` drops, in every term, any negative scored above the row's positive
+``s(q_i, d_i) + m`` (Qwen3-Embedding's false-negative masking, m = 0.1 there): such a column is more likely an
+unlabelled positive than a negative. The threshold carries no gradient.
+
 Both directions are sums of per-row cross-entropies, evaluated in blocks of ``batch.block_rows`` rows
 (:func:`robustir.losses.base.blocked_sum`): same values and gradients, bounded memory.
 """
@@ -49,6 +63,8 @@ class InfoNCELoss(ContrastiveLoss):
             Needs in-batch negatives: a passage's only query would otherwise be its own (loss 0).
         similarity: "cosine" (default) or "dot" (raw inner product, e.g. GUR's authors' code); the
             ``pos_sim`` / ``neg_sim`` components are then mean dot products.
+        denominator: "standard" or "gte" (GTE's q-q, d-q and d-d terms in the denominator; module docstring).
+        false_negative_margin: drop negatives scored above the positive + this margin; ``None`` = off.
     """
 
     name = "infonce"
@@ -63,17 +79,27 @@ class InfoNCELoss(ContrastiveLoss):
         if symmetric and not in_batch_negatives:
             raise ConfigError("infonce: symmetric=True needs in_batch_negatives=True (the passage->query term "
                               "has no negatives otherwise).")
+        if o.denominator == "gte" and (symmetric or not in_batch_negatives):
+            raise ConfigError("infonce: denominator='gte' already holds the passage->query term and needs the "
+                              "batch's other queries and passages: use it with symmetric=False and "
+                              "in_batch_negatives=True.")
         self.temperature = temperature
         self.in_batch_negatives = in_batch_negatives
         self.symmetric = symmetric
         self.similarity = similarity
+        self.denominator = o.denominator
+        self.false_negative_margin = o.false_negative_margin
 
     def forward(self, batch: ContrastiveBatch) -> LossOutput:
         queries, passages = score_operands(batch.queries, batch.passages, self.similarity)
         b = queries.shape[0]
         positive_index = batch.positive_index.to(queries.device)
-        block = resolve_block_rows(b, passages.shape[0], batch.block_rows)
-        nce_sum, stats = blocked_sum(self._query_block(batch), b, block, (queries, positive_index), (passages,))
+        shared: tuple = (passages,)
+        if self.denominator == "gte":
+            shared = (passages, score_operand(self._global_queries(batch, positive_index), self.similarity))
+        columns = 2 * sum(t.shape[0] for t in shared) if self.denominator == "gte" else passages.shape[0]
+        block = resolve_block_rows(b, columns, batch.block_rows)
+        nce_sum, stats = blocked_sum(self._query_block(batch), b, block, (queries, positive_index), shared)
         nce_q2p = nce_sum / b
 
         loss, components = nce_q2p, {}
@@ -81,33 +107,66 @@ class InfoNCELoss(ContrastiveLoss):
             nce_p2q = self._passage_to_query(batch, passages, positive_index)
             loss = (nce_q2p + nce_p2q) / 2
             components = {"nce_q2p": float(nce_q2p.detach()), "nce_p2q": float(nce_p2q.detach())}
-        positive_sum, negative_sum, negative_count, top = stats.unbind()
+        positive_sum, negative_sum, negative_count, top, dropped = stats.unbind()
         components = {
             "nce": float(loss.detach()),
             **components,
             **similarity_means(b, positive_sum, negative_sum, negative_count),
             "accuracy": float(top) / b,
         }
+        if self.false_negative_margin is not None:  # mean number of negatives dropped per row, every term
+            components["false_negatives_dropped"] = float(dropped) / b
         return LossOutput(loss, components)
 
     def _query_block(self, batch: ContrastiveBatch):
         """Rows ``start:end`` of the query->passage term: (summed cross-entropy, detached statistics)."""
 
-        def block(start: int, end: int, rows: Tensor, positive_index: Tensor, passages: Tensor):
+        def block(start: int, end: int, rows: Tensor, positive_index: Tensor, passages: Tensor,
+                  all_queries: Tensor | None = None):
             scores = rows @ passages.T
             negatives = negative_mask(batch, self.in_batch_negatives, start, end)
+            parts, masks = [scores], [negatives]
+            if all_queries is not None:  # GTE: q-q, d-q, d-d beside q-d
+                # query j is a negative of row i exactly when its positive (column j) is one
+                other_queries = negatives[:, :all_queries.shape[0]]
+                own_positives = passages[positive_index]
+                parts += [rows @ all_queries.T, own_positives @ all_queries.T, own_positives @ passages.T]
+                masks += [other_queries, other_queries, negatives]
+            dropped = scores.new_zeros((), dtype=torch.float64)
+            if self.false_negative_margin is not None:
+                with torch.no_grad():
+                    ceiling = scores.detach().gather(1, positive_index.view(-1, 1)) + self.false_negative_margin
+                    kept = [mask & (part.detach() <= ceiling) for part, mask in zip(parts, masks)]
+                    dropped = sum((m.sum(dtype=torch.float64) - k.sum(dtype=torch.float64))
+                                  for m, k in zip(masks, kept))
+                masks = kept
+            negatives = masks[0]
             candidates = negatives.clone()
             candidates[torch.arange(end - start, device=scores.device), positive_index] = True
-            logits = (scores / self.temperature).masked_fill(~candidates, float("-inf"))
+            masks[0] = candidates
+            logits = torch.cat([part / self.temperature for part in parts], dim=1)
+            logits = logits.masked_fill(~torch.cat(masks, dim=1), float("-inf"))
             nce = F.cross_entropy(logits, positive_index, reduction="sum")
             with torch.no_grad():
                 positive_logit = logits.detach().gather(1, positive_index.view(-1, 1))
                 # ties count as correct: the positive is (one of) the top-scored candidates
                 top = (positive_logit >= logits.detach().max(dim=1, keepdim=True).values).sum(dtype=torch.float64)
-                stats = torch.stack([*similarity_sums(scores, positive_index, negatives), top])
+                stats = torch.stack([*similarity_sums(scores, positive_index, negatives), top, dropped])
             return nce, stats
 
         return block
+
+    @staticmethod
+    def _global_queries(batch: ContrastiveBatch, positive_index: Tensor) -> Tensor:
+        """The global batch's queries, checked to sit in the order of their positive columns (query j's positive
+        is column j), as the batch engine and :meth:`ContrastiveBatch.from_groups` lay them out."""
+        all_queries = batch.all_queries if batch.all_queries is not None else batch.queries
+        offset = batch.query_offset if batch.all_queries is not None else 0
+        expected = offset + torch.arange(positive_index.shape[0], device=positive_index.device)
+        if all_queries.shape[0] > batch.passages.shape[0] or not torch.equal(positive_index, expected):
+            raise ConfigError("infonce: denominator='gte' needs the batch laid out as the batch engine does "
+                              "(query j's positive in passage column j, hard negatives after the positives).")
+        return all_queries
 
     def _passage_to_query(self, batch: ContrastiveBatch, passages: Tensor, positive_index: Tensor) -> Tensor:
         # single-process batches may leave all_queries unset: then the local queries are the global ones
@@ -128,4 +187,5 @@ class InfoNCELoss(ContrastiveLoss):
 
     def config(self) -> dict:
         return {"name": self.name, "temperature": self.temperature, "in_batch_negatives": self.in_batch_negatives,
-                "symmetric": self.symmetric, "similarity": self.similarity}
+                "symmetric": self.symmetric, "similarity": self.similarity, "denominator": self.denominator,
+                "false_negative_margin": self.false_negative_margin}

@@ -32,6 +32,12 @@ class InfoNCEOptions(_Options):
     in_batch_negatives: bool = True
     symmetric: bool = False
     similarity: Literal["cosine", "dot"] = "cosine"
+    denominator: Literal["standard", "gte"] = Field(
+        "standard", description="standard: the query against passages; gte: GTE's improved contrastive loss, the "
+                                "positive also against query-query, passage-query and passage-passage pairs")
+    false_negative_margin: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="drop any negative scored above the positive + this margin (Qwen3-Embedding: 0.1); null: off")
 
 
 class PEGOptions(_Options):
