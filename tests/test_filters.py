@@ -213,6 +213,27 @@ def test_sieve_mean_rule_hand_made(tmp_path):
         sieve_negatives(source, source, SieveConfig(progress=False), encoder=VectorEncoder(table))
 
 
+def test_sieve_without_an_encoder_needs_its_trainer(tmp_path, tiny_model_dir):
+    # the filters sit below the trainer: the training sieve is robustir.training.sieve's, and the bare pass over
+    # the file says so instead of training through an import that points back up
+    source = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "pos": ["p"], "neg": ["a", "b"]}])
+    with pytest.raises(ConfigError, match="robustir.training.sieve.sieve_negatives"):
+        sieve_negatives(source, tmp_path / "out.jsonl", SieveConfig(model=str(tiny_model_dir), progress=False))
+    assert not (tmp_path / "out.jsonl").exists()
+    from robustir.training.sieve import sieve_negatives as sieve_with_training
+
+    called = []
+
+    def trainer(input_path, config, work_dir):
+        called.append(Path(input_path).name)
+        return str(tiny_model_dir), {"model": str(tiny_model_dir)}
+
+    report = sieve_negatives(source, tmp_path / "out.jsonl", SieveConfig(model=str(tiny_model_dir), progress=False),
+                             trainer=trainer)
+    assert called == ["in.jsonl"] and report.records == 1
+    assert sieve_with_training.__module__ == "robustir.training.sieve"
+
+
 def test_sieve_cli_no_train_and_brief_training(tmp_path, tiny_model_dir):
     rows = [{"query": f"question {i} about cells", "pos": [f"cells answer {i}"],
              "neg": [f"other passage {j} on topic {i}" for j in range(6)]} for i in range(6)]

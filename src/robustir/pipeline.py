@@ -420,7 +420,7 @@ def _filter_stage(config: PipelineConfig, mined: dict, folder: Path) -> dict:
         teacher = replace(config.filter.teacher, device=config.stage_device(config.filter.teacher.device))
         report = _step(TEACHER, teacher, Job(str(target), {"input": mined["train"]}))  # model None: bundled MiniLM
     elif method == "sieve":
-        from .filtering.sieve import SIEVE
+        from .training.sieve import SIEVE
 
         options = replace(config.filter.sieve, model=config.filter.sieve.model or config.model,
                           work_dir=config.filter.sieve.work_dir or str(folder / "sieve-work"),

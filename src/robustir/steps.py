@@ -12,7 +12,7 @@ from __future__ import annotations
 from .data.chunking import CHUNK
 from .errors import ConfigError
 from .filtering.llm_judge import JUDGE
-from .filtering.sieve import SIEVE
+from .training.sieve import SIEVE
 from .filtering.teacher import TEACHER
 from .negatives.mining import MINE
 from .queries.generate import GENERATE

@@ -4,7 +4,8 @@ too close to the query.
 Steps (the paper and the authors' code compared in docs/methods.md#ccr-passage-sieve):
 
 1. **Brief training** on the noisy data with the CCR loss (:class:`~robustir.losses.ccr.CCRLoss`) through
-   :func:`robustir.training.trainer.train` -- 1 epoch, ``mine="none"``, ``num_negatives=train_negatives``
+   :func:`robustir.training.sieve.train_sieve_model` (the step, in :mod:`robustir.training.sieve`, passes it to
+   :func:`sieve_negatives` as ``trainer``) -- 1 epoch, ``mine="none"``, ``num_negatives=train_negatives``
    (the authors sample k = 5 hard negatives per query for NQ/TQ: group size 6), output in ``work_dir/train``
    (resumable: ``train`` resumes from its checkpoints; a finished run is reused). ``train=False``
    (``--no-train``) uses the model as it is.
@@ -33,25 +34,22 @@ the three distributions is written next to it (``OUT.sieve.png``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 import numpy as np
 
 from ..runs import operational
 from ..errors import ConfigError
 from ..io import Shard
-from ..outputs import StageOutput, stage_step
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 from ..precision import Precision
 from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
                           Range)
 
-logger = logging.getLogger(__name__)
 
-__all__ = ["SieveConfig", "sieve_negatives", "sieve_decision", "train_sieve_model", "plot_similarities"]
+__all__ = ["SieveConfig", "SieveTrainer", "sieve_negatives", "sieve_decision", "plot_similarities"]
 
 REASON_SIEVE = "sieve"
 REASON_OVER_LIMIT = "over_limit"
@@ -132,27 +130,8 @@ class SieveConfig:
             raise ConfigError("sieve: train_negatives must be >= 1 (the CCR loss needs hard negatives)")
 
 
-def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Path) -> tuple[str, dict]:
-    """Brief CCR training on the noisy data (resumable); returns ``(model folder, run summary)``."""
-    from ..training.arguments import TrainConfig
-    from ..training.trainer import train
-
-    train_config = TrainConfig(
-        model=config.model, train_data=str(input_path), mine="none", num_negatives=config.train_negatives,
-        loss="ccr", loss_options={"variant": config.variant, "beta": config.beta, "temperature": config.temperature},
-        lr=config.lr, epochs=config.epochs, max_steps=config.max_steps, batch_size=config.train_batch_size,
-        warmup_ratio=config.warmup_ratio, query_max_length=config.query_max_length,
-        passage_max_length=config.passage_max_length, precision=config.train_precision, seed=config.seed,
-        output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device, on_change="redo")
-    # the work model is reused only when trained with these settings on this input (the training run's own
-    # fingerprint: settings + the input's and the model's content); another beta, lr, seed ... or an edited input
-    # trains it again in the same folder
-    result = train(train_config)
-    if result.already_complete:
-        logger.info("sieve: reusing the briefly trained model in %s", result.model_path)
-    summary = {"model": str(result.model_path), "steps": result.steps, "seconds": round(result.seconds, 1),
-               "loss": train_config.loss_options, "lr": config.lr}
-    return str(result.model_path), summary
+SieveTrainer = Callable[[Path, SieveConfig, Path], tuple[str, dict]]
+"""``(input JSONL, config, work folder) -> (trained model folder, training summary)``."""
 
 
 def sieve_decision(query_emb: np.ndarray, positive_emb: np.ndarray, candidate_emb: np.ndarray, wanted: int,
@@ -182,11 +161,15 @@ def sieve_decision(query_emb: np.ndarray, positive_emb: np.ndarray, candidate_em
 
 
 def sieve_negatives(input_path: str | Path, output_path: str | Path, config: SieveConfig | None = None,
-                    encoder=None) -> FilterReport:
+                    encoder=None, trainer: SieveTrainer | None = None) -> FilterReport:
     """Run the passage sieve on a training JSONL; write a new file, ``OUT.report.json`` and ``OUT.sieve.png``.
 
     ``encoder`` (an :class:`~robustir.models.encoder.Encoder`) replaces steps 1's model loading entirely (tests,
-    or a model trained elsewhere); it is moved to ``config.device``.
+    or a model trained elsewhere); it is moved to ``config.device``. With ``config.train`` (the default) and no
+    ``encoder``, ``trainer(input, config, work_dir) -> (model folder, summary)`` runs the brief CCR training:
+    :func:`robustir.training.sieve.train_sieve_model`, which :func:`robustir.training.sieve.sieve_negatives` (the
+    sieve with its training, what ``robustir filter --method sieve`` runs) passes. It is a parameter because the
+    trainer sits above the filters: the training loop itself filters with :mod:`robustir.filtering.teacher`.
     """
     from ..device import resolve_device
 
@@ -202,7 +185,11 @@ def sieve_negatives(input_path: str | Path, output_path: str | Path, config: Sie
 
         model_path = config.model or default_model_path()
         if config.train:
-            model_path, training = train_sieve_model(input_path, config, work_dir)
+            if trainer is None:
+                raise ConfigError("sieve: train is on but no trainer was given: call "
+                                  "robustir.training.sieve.sieve_negatives (the sieve with its brief CCR training), "
+                                  "or set train: false to sieve with the model as it is")
+            model_path, training = trainer(input_path, config, work_dir)
         encoder = Encoder.from_pretrained(model_path, **length_options(config.query_max_length,
                                                                        config.passage_max_length), device=device)
         training["sieve_model"] = str(model_path)
@@ -297,10 +284,3 @@ def plot_similarities(similarities: dict[str, list[float]], path: str | Path, ti
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-SIEVE = stage_step("filter sieve", SieveConfig,
-                   lambda config, job: sieve_negatives(job.inputs["input"],
-                                                       StageOutput(job.output, job.shard, reports=True).path, config),
-                   reports=True, inputs=lambda config, job: {"model": config.model})
-"""CCR's passage sieve as a :class:`~robustir.runs.Step`: its work model (``model``) by its content."""

@@ -12,27 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 from ..errors import ConfigError
+from .cache import Completion  # the unit the cache stores; re-exported here for the backends
 
 if TYPE_CHECKING:
     from .cache import LLMCache
 
 Message = dict[str, str]
 Conversation = Union[str, Sequence[Message]]
-
-
-@dataclass
-class Completion:
-    """One reply: ``text`` is ``None`` when the request failed (``error`` says why) under ``on_failure: skip``."""
-
-    text: str | None
-    cached: bool = False
-    error: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.text is not None
 
 
 @dataclass

@@ -6,10 +6,25 @@ import json
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .base import Completion
+
+
+@dataclass
+class Completion:
+    """One reply: ``text`` is ``None`` when the request failed (``error`` says why) under ``on_failure: skip``."""
+
+    text: str | None
+    cached: bool = False
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.text is not None
 
 
 class LLMCache:

@@ -458,7 +458,8 @@ class _Bench:
                            "max_length": self.budget.passage_max_length, **self.config.method_options(method)}
                 teacher_filter(noisy, target, from_dict(TeacherFilterConfig, options, where="teacher"))
             elif name == "sieve":
-                from ..filtering.sieve import SieveConfig, sieve_negatives
+                from ..filtering.sieve import SieveConfig
+                from ..training.sieve import sieve_negatives
 
                 options = {"num_negatives": max(self.budget.num_negatives, self.budget.pool // 2),
                            "precision": self.budget.precision, "train_precision": self.budget.precision,
