@@ -148,3 +148,82 @@ def test_http_upserts_under_concurrent_search_load_keep_every_answer_exact(serve
 
     counts, found = asyncio.run(scenario())
     assert counts == [10] * 12 and found == ["live0", "live1", "live2"]
+
+
+# A real server process killed with SIGKILL in the middle of an HTTP upsert: the driver runs `create_app` +
+# `running_server` (the code `robustir serve` runs) and only adds a pause point after the job's first commit, where it
+# prints CHUNK and waits on stdin -- the test kills it there, so the kill lands mid-job every time (no timing).
+KILL_DRIVER = """
+import sys
+from dataclasses import replace
+from robustir.serving import ServeConfig, create_app, running_server
+from robustir.serving.index import SearchIndex
+
+original = SearchIndex.upsert
+
+def upsert(self, corpus, *, config=None, on_chunk=None):
+    def paused(position):
+        print("CHUNK", position, flush=True)
+        sys.stdin.readline()  # held here until the test kills this process
+    return original(self, corpus, config=replace(config, chunk_size=2), on_chunk=paused)
+
+SearchIndex.upsert = upsert
+app = create_app(None, sys.argv[1], ServeConfig(api_key="k"))
+with running_server(app) as url:
+    print("URL", url, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_server_process_killed_by_sigkill_mid_upsert_loses_nothing_and_half_applies_nothing(index_path):
+    import queue
+    import subprocess
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-c", KILL_DRIVER, str(index_path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def next_line(prefix: str) -> str:
+        while True:
+            line = lines.get(timeout=300)  # a hang guard only: the lines come as the server reaches them
+            if line.startswith(prefix):
+                return line.split()[1]
+
+    reply: list = []
+    try:
+        url = next_line("URL")
+        documents = [{"_id": f"k{i}", "text": f"an upsert killed by signal nine, record {i}"} for i in range(7)]
+
+        def post() -> None:
+            try:
+                reply.append(httpx.post(f"{url}/documents", json={"documents": documents},
+                                        headers={"Authorization": "Bearer k"}, timeout=300))
+            except httpx.HTTPError as exc:  # the connection dies with the server: never acknowledged
+                reply.append(exc)
+
+        sender = threading.Thread(target=post)
+        sender.start()
+        assert next_line("CHUNK") == "2"  # the first 2 records are committed, 5 are not
+        proc.kill()
+        proc.wait(timeout=60)
+        sender.join(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -9
+    assert len(reply) == 1 and isinstance(reply[0], httpx.HTTPError)  # no answer: nothing was acknowledged
+    manifest = json.loads((index_path / "manifest.json").read_text())
+    pending = Path(manifest["job"]["input"])
+    assert manifest["job"]["kind"] == "upsert" and pending.parent.name == "incoming" and pending.exists()
+    from robustir.errors import DataError
+
+    with pytest.raises(DataError, match="(?s)did not finish .after 2 input records.*start robustir serve on it"):
+        SearchIndex.open(index_path)  # a plain reader is told what is unfinished and how to finish it
+
+    app = create_app(None, index_path, ServeConfig())  # the next start finishes the job before it serves
+    index = app.state.server.index
+    assert index.count == 19 and index.manifest["job"] is None
+    assert [h.id for h in index.get([f"k{i}" for i in range(7)])] == [f"k{i}" for i in range(7)]
+    assert not pending.exists() and not list((index_path / "incoming").glob("*.jsonl"))

@@ -465,8 +465,10 @@ class SearchIndex:
             if job is not None and job.kind not in _ATOMIC and not writable and not _writer_running(path):
                 flag = "corpus" if job.kind == "build" else job.kind
                 fix = f"re-run that command to finish it (robustir index --{flag} {job.input} --output {path})"
-                if not Path(job.input).exists() and Path(job.input).parent.name == "incoming":  # an HTTP upsert
-                    fix = (f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with "
+                if Path(job.input).parent.name == "incoming":  # an HTTP upsert of a server that was stopped
+                    fix = (f"start robustir serve on it (it finishes an HTTP upsert before serving), or {fix}"
+                           if Path(job.input).exists() else
+                           f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with "
                            f"robustir index --discard-unfinished --output {path}")
                 raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input "
                                 "records) and no process is working on it", fix=fix)
