@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:8]
             ours_rows = out / f"rows-{digest}-seed{seed}.jsonl"
             if not ours_rows.exists():
-                write_rows(materialize_rows(ours_examples, ours_budget.num_negatives, ours_budget.epochs, seed), ours_rows)
+                write_rows(materialize_rows(ours_examples, ours_budget.num_negatives, ours_budget.epochs, seed),
+                           ours_rows)
         for side in args.sides:
             key = (side, seed, tag if side == "robustir" else "st")
             if key in done:
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             side_rows, side_budget = (ours_rows, ours_budget) if side == "robustir" else (rows_path, budget)
             row = {"side": side, "seed": seed, "tag": key[2], "steps": outcome.steps,
                    "rows": sum(1 for _ in open(side_rows)), "train_seconds": round(outcome.seconds, 1),
-                   "seconds": round(time.perf_counter() - started, 1), "metrics": metrics, "budget": asdict(side_budget)}
+                   "seconds": round(time.perf_counter() - started, 1), "metrics": metrics,
+                   "budget": asdict(side_budget)}
             with open(results_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
             done[key] = row

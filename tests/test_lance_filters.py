@@ -325,3 +325,106 @@ def test_a_prefiltered_vector_search_returns_only_matching_rows_and_the_nearest(
             nearest = sorted(matching, key=lambda i: distance[index[i]])[:k]  # prefiltered, not post-filtered
             assert sorted(got) == sorted(nearest), (obj, k)
     assert any(0 < n < 5 for n in sizes) and any(n > 40 for n in sizes)  # fewer than k, and more than k
+
+
+# ------------------------------------------------------------------------------------------------ typed columns
+
+from robustir.serving.filters import column_kind, column_value, exact_kind  # noqa: E402
+
+TYPED_VALUES = {
+    "s": EDGE_STRINGS + [None],
+    "i": [0, 1, -1, 7, 2 ** 53, 2 ** 53 + 1, -(2 ** 53) - 1, 2 ** 63 - 1, -(2 ** 63), 1234567890123, None],
+    "x": [0.0, -0.0, 0.5, 2.5, 3, -7, 1e300, -1e-300, 1.7976931348623157e308, float(2 ** 53), 2 ** 53, None],
+    "b": [True, False, None],
+}
+
+
+@pytest.fixture(scope="module")
+def typed(tmp_path_factory):
+    """A table as the index writes one with typed columns (t_s string, t_i int64, t_x float64, t_b bool) beside the
+    JSON ``fields``; one record per combination of a value of each field (some missing instead of null)."""
+    rng = random.Random(11)
+    records = []
+    for n in range(240):
+        fields = {}
+        for name, values in TYPED_VALUES.items():
+            value = rng.choice(values)
+            if value is not None or rng.random() < 0.5:  # a null, or missing
+                fields[name] = value
+        records.append({"id": f"r{n}", "title": f"t{n % 7}", "fields": fields})
+    kinds = {name: column_kind({exact_kind(r["fields"].get(name)) for r in records}) for name in TYPED_VALUES}
+    assert kinds == {"s": "string", "i": "int", "x": "float", "b": "bool"}
+    columns = {name: (f"t_{name}", kind) for name, kind in kinds.items()}
+    arrow = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
+    schema = pa.schema([("id", pa.string()), ("title", pa.string()), ("fields", pa.json_(pa.string())),
+                        *[(column, arrow[kind]) for column, kind in columns.values()],
+                        ("vector", pa.list_(pa.float32(), DIM))])
+    data = pa.table({"id": [r["id"] for r in records], "title": [r["title"] for r in records],
+                     "fields": [json.dumps(r["fields"], ensure_ascii=False) for r in records],
+                     **{column: [column_value(kind, r["fields"].get(name)) for r in records]
+                        for name, (column, kind) in columns.items()},
+                     "vector": list(np.zeros((len(records), DIM), dtype=np.float32))}, schema=schema)
+    table = lancedb.connect(tmp_path_factory.mktemp("typed")).create_table("docs", data)
+    return table, records, columns
+
+
+def typed_ids(table, f, records, columns) -> list[str]:
+    order = {r["id"]: i for i, r in enumerate(records)}
+    found = table.search().where(to_lance_sql(f, columns)).select(["id"]).limit(len(records) + 1).to_arrow()
+    return sorted(found["id"].to_pylist(), key=order.__getitem__)
+
+
+@pytest.mark.parametrize("op", ["$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin"])
+def test_typed_columns_agree_with_python_for_every_operator_and_edge_operand(typed, op):
+    table, records, columns = typed
+    fields = known_fields(records)
+    operands = EDGE_NUMBERS + EDGE_STRINGS + [2.5, -0.0, 2 ** 53 + 1, 2 ** 63 - 1]
+    if op not in ("$gt", "$gte", "$lt", "$lte"):
+        operands += [True, False, None]
+    wrong, informative = [], 0
+    for name in TYPED_VALUES:
+        for operand in operands:
+            value = [operand, "en"] if op in ("$in", "$nin") else operand
+            f = parse_filter({name: {op: value}}, fields)
+            sql = to_lance_sql(f, columns)
+            assert "fields" not in sql  # the column is read (or the test is a constant), never the JSON
+            expected, got = python_ids(records, f), typed_ids(table, f, records, columns)
+            informative += 0 < len(expected) < len(records)
+            if got != expected:
+                wrong.append((name, op, operand, sorted(set(expected) ^ set(got))[:4]))
+    assert not wrong, f"{len(wrong)} disagree, e.g. {wrong[:5]}"
+    assert informative > 10
+
+
+def test_typed_columns_agree_with_python_on_random_combined_filters(typed):
+    table, records, columns = typed
+    fields = known_fields(records)
+    rng = random.Random(5)
+    values = {name: [v for v in vals if v is not None] for name, vals in TYPED_VALUES.items()}
+
+    def leaf():
+        name = rng.choice(list(TYPED_VALUES))
+        op = rng.choice(["$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists"])
+        pick = rng.choice(values[name] if rng.random() < 0.8 else values[rng.choice(list(values))])
+        if op == "$exists":
+            return {name: {op: rng.random() < 0.5}}
+        if op in ("$gt", "$gte", "$lt", "$lte") and isinstance(pick, bool):
+            pick = 1
+        return {name: {op: [pick, rng.choice(values[name])] if op in ("$in", "$nin") else pick}}
+
+    wrong = []
+    for _ in range(150):
+        obj = rng.choice([lambda: leaf(), lambda: {"$or": [leaf(), leaf()]}, lambda: {"$not": leaf()},
+                          lambda: {"$and": [leaf(), {"$or": [leaf(), {"$not": leaf()}]}]}])()
+        f = parse_filter(obj, fields)
+        if typed_ids(table, f, records, columns) != python_ids(records, f):
+            wrong.append(obj)
+    assert not wrong, f"{len(wrong)} disagree, e.g. {wrong[:3]}"
+
+
+def test_a_value_that_does_not_fit_leaves_the_field_untyped():
+    assert column_kind(["string", "null"]) == "string"
+    assert column_kind(["int", "int64"]) == "int" and column_kind(["int", "float"]) == "float"
+    assert column_kind(["int64", "float"]) is None  # an int beyond 2**53 would not fit a float64 exactly
+    assert column_kind(["string", "int"]) is None and column_kind(["other"]) is None and column_kind(["null"]) is None
+    assert column_value("float", 3) == 3.0 and column_value("int", 2.0) is None and column_value("bool", 1) is None

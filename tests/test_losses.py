@@ -180,7 +180,8 @@ def test_false_negative_margin_applies_to_every_gte_term():
         ceiling = cos(Q[i], PASSAGES[i]) + margin
         terms = [cos(Q[i], PASSAGES[i]) / 0.1]
         pairs = ([(Q[i], PASSAGES[j]) for j in ALL if j != i] + [(Q[i], Q[j]) for j in range(3) if j != i]
-                 + [(PASSAGES[i], Q[j]) for j in range(3) if j != i] + [(PASSAGES[i], PASSAGES[j]) for j in ALL if j != i])
+                 + [(PASSAGES[i], Q[j]) for j in range(3) if j != i]
+                 + [(PASSAGES[i], PASSAGES[j]) for j in ALL if j != i])
         kept = [cos(a, b) for a, b in pairs if cos(a, b) <= ceiling]
         count += len(pairs) - len(kept)
         total += logsumexp(terms + [c / 0.1 for c in kept]) - terms[0]

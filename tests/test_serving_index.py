@@ -825,3 +825,82 @@ def test_a_filter_whose_value_kind_no_document_holds_is_refused_naming_the_field
     assert len(index.search("doc", top_k=6, filter={"year": {"$ne": 2020}})[0]) == 6  # $ne: matches by design
     assert len(index.search("doc", top_k=6, filter={"year": None})[0]) == 0
     index.close()
+
+
+# ------------------------------------------------------------------------------------------------ typed columns
+
+def write_typed_corpus(path: Path, n: int = 30) -> Path:
+    """Documents with a string, an int, a float, a bool and a mixed field, one of them now and then missing."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(n):
+            record = {"_id": f"d{i}", "title": f"On {TOPICS[i % len(TOPICS)]} {i}",
+                      "text": f"A study of {TOPICS[i % len(TOPICS)]}, number {i}.", "lang": ["en", "de", "fr"][i % 3],
+                      "year": 1990 + i, "score": i / 4, "open": i % 2 == 0, "mixed": i if i % 2 else str(i),
+                      "meta": {"year": 2000 + i}}
+            if i % 7 == 3:
+                del record["year"]
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_top_level_fields_of_one_kind_get_typed_indexed_columns_and_filter_exactly(tmp_path, tiny_model_dir):
+    from robustir.serving.filters import matches, parse_filter
+
+    corpus = write_typed_corpus(tmp_path / "corpus.jsonl")
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet(chunk_size=8))
+    with index:
+        columns = index.manifest["columns"]
+        assert {name: entry["kind"] for name, entry in columns.items()} == {
+            "lang": "string", "open": "bool", "score": "float", "year": "int"}  # mixed and the nested meta stay JSON
+        assert {name: entry.get("index") for name, entry in columns.items()} == {
+            "lang": "BITMAP", "open": "BITMAP", "score": "BTREE", "year": "BTREE"}
+        table_columns = set(index._table.schema.names)
+        assert {entry["column"] for entry in columns.values()} <= table_columns
+        records = [json.loads(line) for line in corpus.read_text().splitlines()]
+        fields = ["id", "title", *index.field_names]
+        for obj in ({"lang": "de"}, {"year": {"$gte": 2005}}, {"year": None}, {"score": {"$lt": 2.5}},
+                    {"open": True}, {"$or": [{"lang": "fr"}, {"score": 7.0}]}, {"mixed": {"$gt": 10}},
+                    {"year": {"$exists": False}}, {"meta.year": {"$lt": 2010}}, {"lang": {"$ne": "en"}, "open": False}):
+            f = parse_filter(obj, fields)
+            expected = sorted(r["_id"] for r in records if matches(f, {"id": r["_id"], "title": r["title"], **{
+                k: v for k, v in r.items() if k not in ("_id", "title", "text")}}))
+            hits = index.search("a study", top_k=30, filter=obj)[0]
+            assert sorted(h.id for h in hits) == expected, obj
+        assert index._where({"lang": "de"}) == "coalesce(t0 = 'de', false)"  # columns t0.. in the fields' order
+        assert "fields" not in index._where({"year": {"$gte": 2005}})  # the typed column, not the JSON
+
+
+def test_an_upsert_whose_value_does_not_fit_moves_the_field_back_to_json_and_stays_exact(tmp_path, tiny_model_dir):
+    corpus = write_typed_corpus(tmp_path / "corpus.jsonl", n=12)
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet())
+    index.close()
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "new", "title": "t", "text": "a study of year strings", "year": "MMXX"}) + "\n"
+                    + json.dumps({"_id": "d1", "title": "t", "text": "replaced", "year": 1991, "lang": "de"}) + "\n")
+    writer = SearchIndex.open(tmp_path / "idx", writable=True, model=tiny_model_dir)
+    writer.upsert(more, config=quiet())
+    writer.close()
+    reader = SearchIndex.open(tmp_path / "idx")
+    with reader:
+        assert reader.manifest["columns"]["year"]["usable"] is False and "year" not in reader.typed_columns
+        assert "lang" in reader.typed_columns  # the values that fit keep their column
+        assert [h.id for h in reader.search("study", top_k=20, filter={"year": "MMXX"})[0]] == ["new"]
+        assert sorted(h.id for h in reader.search("study", top_k=20, filter={"year": {"$lt": 1993}})[0]) == \
+            ["d0", "d1", "d2"]
+        assert "fields" in reader._where({"year": 1991})  # read from the JSON column now
+        assert sorted(h.id for h in reader.search("study", top_k=20, filter={"lang": "de"})[0]) == \
+            ["d1", "d10", "d4", "d7"]
+
+
+def test_a_field_name_sql_could_not_hold_is_filtered_through_its_typed_column(tmp_path, tiny_model_dir):
+    # the column is named by the index (t0, t1, ...): the field's name never reaches the SQL, not even quoted
+    name = "x') OR 1=1 -- it's"
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"a study {i}", name: ["a", "b"][i % 2]}) + "\n"
+                              for i in range(6)))
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet())
+    with index:
+        assert index.typed_columns == {name: ("t0", "string")}
+        where = index._where({name: "b"})
+        assert where == "coalesce(t0 = 'b', false)" and "OR 1=1" not in where
+        assert sorted(h.id for h in index.search("study", top_k=6, filter={name: "b"})[0]) == ["d1", "d3", "d5"]

@@ -414,7 +414,48 @@ _LANCE_NULL, _LANCE_INT, _LANCE_STRING = 0, 2, 4  # json_extract_with_type's typ
 _LANCE_FLOAT = "(3, 7)"  # float64; uint64 (newer Lance; 0.40 tags integers beyond int64 3): matches reads as floats
 
 
-def to_lance_sql(f: Filter) -> str:
+#: the kinds of a typed column (:func:`column_kind`) and their Arrow types
+COLUMN_KINDS = ("string", "int", "float", "bool")
+_FLOAT_EXACT = 2 ** 53  # an int a float64 column holds exactly
+
+
+def column_kind(kinds: Iterable[str]) -> str | None:
+    """The typed column a top-level field can have, from the exact kinds its values hold (:func:`exact_kind`), or
+    ``None`` (kept in the JSON column only): strings, booleans, int64 integers, or floats (with integers a float64
+    holds exactly). Nulls and missing values fit any column (stored as ``NULL``, as :func:`matches` reads them)."""
+    held = set(kinds) - {"null"}
+    for kind, fits in (("string", {"string"}), ("bool", {"bool"}), ("int", {"int", "int64"}),
+                       ("float", {"float", "int"})):
+        if held and held <= fits:
+            return kind
+    return None
+
+
+def exact_kind(value: Any) -> str:
+    """A value's kind for typing a column: null, bool, string, float, int (exactly a float64 too), int64 (beyond
+    2**53 within 64 bits) or other (arrays, objects, integers beyond 64 bits)."""
+    if value is None or isinstance(value, (bool, str, float)):
+        return {type(None): "null", bool: "bool", str: "string", float: "float"}[type(value)]
+    if isinstance(value, int):
+        return "int" if abs(value) <= _FLOAT_EXACT else "int64" if _INT64[0] <= value <= _INT64[1] else "other"
+    return "other"
+
+
+def column_value(kind: str, value: Any) -> Any:
+    """What a typed column of ``kind`` stores for ``value``: the value (a float in a float column), or ``None`` when it
+    is null, missing or does not fit (a writer stops using a column that a value does not fit)."""
+    held = exact_kind(value)
+    if kind == "float" and held in ("float", "int"):
+        return float(value)
+    return value if (kind, held) in {("string", "string"), ("bool", "bool"), ("int", "int"), ("int", "int64")} else None
+
+
+def fits_column(kind: str, value: Any) -> bool:
+    """Whether a typed column of ``kind`` holds ``value`` exactly (null and missing fit every column)."""
+    return value is None or column_value(kind, value) is not None
+
+
+def to_lance_sql(f: Filter, columns: Mapping[str, tuple[str, str]] | None = None) -> str:
     """A LanceDB ``WHERE`` expression (DataFusion SQL, for ``.where(sql)``) over a table of ``id`` and ``title``
     (strings) and ``fields`` (the extra fields, Arrow ``json_`` = ``lance.json``), with the semantics of
     :func:`matches`.
@@ -423,15 +464,21 @@ def to_lance_sql(f: Filter) -> str:
     doubled (LanceDB reads ``\\`` literally), numbers as the ``repr`` of a checked int64 or finite float, booleans as
     ``true``/``false``; field names only inside such literals, as ``$."a"."b"`` JSON paths or ``json_get`` keys, and
     only when every character is of an allowed Unicode category (:class:`ConfigError` naming the field otherwise).
-    Every test is two-valued (never SQL ``NULL``), so ``NOT`` is exact."""
+    Every test is two-valued (never SQL ``NULL``), so ``NOT`` is exact.
+
+    ``columns`` (top-level field -> (column, kind)) names the typed columns the table holds beside ``fields``: a test
+    of such a field reads its column directly (an Arrow string / int64 / float64 / bool column that LanceDB's scalar
+    indexes serve), with the same semantics; every other field is read from the JSON."""
+    columns = columns or {}
     if isinstance(f, Condition):
-        return _LanceField(f.path).test(f)
+        return _LanceField(f.path, columns.get(f.path[0]) if len(f.path) == 1 else None).test(f)
     if isinstance(f, (And, Or)):
         if not f.parts:
             return "true" if isinstance(f, And) else "false"
-        return "(" + (" AND " if isinstance(f, And) else " OR ").join(to_lance_sql(part) for part in f.parts) + ")"
+        return "(" + (" AND " if isinstance(f, And) else " OR ").join(to_lance_sql(part, columns)
+                                                                      for part in f.parts) + ")"
     if isinstance(f, Not):
-        return f"(NOT {to_lance_sql(f.part)})"
+        return f"(NOT {to_lance_sql(f.part, columns)})"
     raise TypeError(f"not a filter: {f!r}")
 
 
@@ -446,9 +493,15 @@ class _LanceField:
     fails on other kinds and LanceDB's filters have no ``CASE`` (so that read is ``NULL`` for every other kind, and is
     the kind test too). Each function call parses its JSONPath again for every row: fewer calls, faster filters."""
 
-    def __init__(self, path: tuple[str, ...]) -> None:
+    def __init__(self, path: tuple[str, ...], typed: tuple[str, str] | None = None) -> None:
         self.at = "filter." + _name(".".join(path))
         self.column = path[0] if len(path) == 1 and path[0] in _STRING_FIELDS else None
+        self.typed_kind = "string"
+        if self.column is None and typed is not None:
+            column, self.typed_kind = typed
+            if not column.isidentifier() or self.typed_kind not in COLUMN_KINDS:
+                raise _error(self.at, f"the typed column {column!r} ({self.typed_kind}) cannot be written into SQL")
+            self.column = column
         if self.column is not None:
             return
         if not path or len(path) > MAX_LANCE_PATH:
@@ -500,9 +553,7 @@ class _LanceField:
         """Equal to one of ``values``, by JSON kind."""
         strings = list(dict.fromkeys(v for v in values if isinstance(v, str)))
         if self.column is not None:
-            if not strings:
-                return "false"
-            return f"({self.column} IS NOT NULL AND {_sql_in(self.column, map(_sql_string, strings))})"
+            return self.typed_equal_any(values, strings)
         parts = []
         if any(v is None for v in values):
             parts.append(f"{self.tag} = {_LANCE_NULL}")
@@ -523,15 +574,44 @@ class _LanceField:
             return "false"  # numbers with no int64 and no float equal to them
         return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
+    def typed_equal_any(self, values: tuple[Scalar, ...], strings: list[str]) -> str:
+        """``equal_any`` on a typed column: every non-null value there is of the column's kind."""
+        kind, column = self.typed_kind, self.column
+        literals: list[str] = []
+        if kind == "string":
+            literals = [_sql_string(v) for v in strings]
+        elif kind == "bool":
+            literals = [text for flag, text in ((True, "true"), (False, "false")) if any(v is flag for v in values)]
+        else:
+            numbers = [v for v in values if _kind(v) == "number"]
+            convert = _as_int64 if kind == "int" else _as_float
+            literals = [repr(n) for n in dict.fromkeys(convert(v) for v in numbers) if n is not None]  # type: ignore
+        parts = [f"coalesce({_sql_in(column, literals)}, false)"] if literals else []  # type: ignore[arg-type]
+        if any(v is None for v in values) and column not in _STRING_FIELDS:
+            parts.append(f"{column} IS NULL")
+        if not parts:
+            return "false"
+        return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
     def range(self, op: str, value: Any, at: str) -> str:
         """``field op value`` for a value of the same kind (number or string)."""
         if isinstance(value, str):
             if self.column is not None:
-                return f"({self.column} IS NOT NULL AND {self.column} {op} {_sql_string(value)})"
+                if self.typed_kind != "string":
+                    return "false"
+                return f"coalesce({self.column} {op} {_sql_string(value)}, false)"
             return f"coalesce({self.string} {op} {_sql_string(value)}, false)"
         if value is None or isinstance(value, bool):
             raise _error(at, f"expected a number or a string, got {_show(value)}")
         if self.column is not None:
+            if self.typed_kind == "int":
+                bound = _int64_bound(op, value)
+                if isinstance(bound, bool):
+                    return f"{self.column} IS NOT NULL" if bound else "false"
+                return f"coalesce({self.column} {bound[0]} {bound[1]!r}, false)"
+            if self.typed_kind == "float":
+                float_op, float_bound = _float_bound(op, value)
+                return f"coalesce({self.column} {float_op} {float_bound!r}, false)"
             return "false"
         parts = []
         bound = _int64_bound(op, value)

@@ -19,7 +19,9 @@ A folder ``IDX`` holds
                      type-checked when read.
 ``lance/docs.lance`` the LanceDB table: ``id``, ``title``, ``text``, ``content`` (title and text joined as they are
                      encoded: what BM25 indexes), ``fields`` (the record's other keys, a Lance JSON column, so filters
-                     reach nested values), ``job`` and ``line`` (which job and input line wrote the row: what makes a
+                     reach nested values), ``t0``, ``t1`` ... (a typed copy of each top-level field of one kind, with a
+                     scalar index, which filters read instead of the JSON: the manifest's ``columns``), ``job`` and
+                     ``line`` (which job and input line wrote the row: what makes a
                      killed job resumable), ``vector``. A rebuild (``--overwrite``) writes ``lance.1``, ``lance.2``
                      ...: the manifest names the one in use.
 ``building.json``    the manifest of a rebuild in progress beside the live index (gone when it is swapped in).
@@ -101,12 +103,38 @@ def _lancedb():
     return lancedb
 
 
-def _schema(dim: int):
+def _schema(dim: int, columns: dict | None = None):
+    """The table's Arrow schema: the fixed columns, then one typed column per entry of the manifest's ``columns``."""
     import pyarrow as pa
 
+    arrow = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
+    typed = [(entry["column"], arrow[entry["kind"]]) for entry in (columns or {}).values()]
     return pa.schema([("id", pa.string()), ("title", pa.string()), ("text", pa.string()), ("content", pa.string()),
-                      ("fields", pa.json_(pa.string())), ("job", pa.int64()), ("line", pa.int64()),
+                      ("fields", pa.json_(pa.string())), *typed, ("job", pa.int64()), ("line", pa.int64()),
                       ("vector", pa.list_(pa.float32(), dim))])
+
+
+#: top-level fields given a typed column at most (the widest tables LanceDB scans still fast; the rest stay in JSON)
+MAX_TYPED_COLUMNS = 32
+#: a string or bool column with at most this many distinct values gets a BITMAP index, any other a BTREE
+BITMAP_MAX_DISTINCT = 1000
+
+
+def _typed_columns(kinds: dict[str, set]) -> dict:
+    """The manifest's ``columns`` for a new index, from the exact kinds each top-level field holds in the corpus
+    (:func:`robustir.serving.filters.column_kind`): ``{field: {"column": "t0", "kind": "string", "usable": true}}``.
+
+    Measured (docs/benchmarks.md, issue 36): at 100k rows a filter that reads the JSON column costs 2-7x an
+    unfiltered dense search, because LanceDB parses each row's JSON per condition; a typed column costs about 1.1-1.2x
+    without an index and less than the unfiltered search with a scalar index (the prefilter selects fewer rows)."""
+    from .filters import column_kind
+
+    chosen = {}
+    for name in sorted(kinds):
+        kind = column_kind(kinds[name])
+        if kind is not None and len(chosen) < MAX_TYPED_COLUMNS:
+            chosen[name] = {"column": f"t{len(chosen)}", "kind": kind, "usable": True}
+    return chosen
 
 
 def _quote(text: str) -> str:
@@ -364,12 +392,14 @@ class SearchIndex:
         config = config or IndexConfig()
         path = Path(path)
         started = time.perf_counter()
-        scanned = _scan_corpus(corpus, config.format)  # a missing corpus or bad input fails before the model loads
+        kinds: dict[str, set] = {}
+        scanned = _scan_corpus(corpus, config.format, kinds)  # a missing corpus or bad input fails before the model
         if not scanned[1]:
             raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
         lock = _lock(path)  # one writer at a time; held by the index returned, released by close()
         try:
-            index, report = cls._build(path, model, corpus, config, encoder_options, overwrite, on_chunk, scanned)
+            index, report = cls._build(path, model, corpus, config, encoder_options, overwrite, on_chunk, scanned,
+                                       kinds)
             index._lock = lock
         except BaseException:
             _unlock(lock)
@@ -379,8 +409,8 @@ class SearchIndex:
 
     @classmethod
     def _build(cls, path: Path, model: Any, corpus: str | os.PathLike, config: IndexConfig,
-               encoder_options: dict | None, overwrite: bool, on_chunk: Any, scanned: tuple[int, dict[str, int]]
-               ) -> tuple["SearchIndex", IndexReport]:
+               encoder_options: dict | None, overwrite: bool, on_chunk: Any, scanned: tuple[int, dict[str, int]],
+               kinds: dict[str, set] | None = None) -> tuple["SearchIndex", IndexReport]:
         encoder, label = _load_encoder(model, config, encoder_options or {})
         source = Path(encoder.source) if encoder.source else None
         local = source is not None and source.exists()
@@ -399,7 +429,7 @@ class SearchIndex:
 
         def fresh(data: str, generation: int) -> dict:
             return {**identity, "build": build, "data": data, "generation": generation, "fields": [], "field_kinds": {},
-                    "job": None,
+                    "columns": _typed_columns(kinds or {}), "job": None,
                     "version": None, "documents": 0, "files": {}, "jobs_done": 0, "retired": [],
                     "ann": {**dataclasses.asdict(config.ann), "indexed": False}}
 
@@ -760,6 +790,13 @@ class SearchIndex:
             query = query.where(where)
         return query.select(["id"]).limit(limit + 1).to_arrow().column("id").to_pylist()
 
+    @property
+    def typed_columns(self) -> dict[str, tuple[str, str]]:
+        """Top-level fields that filters read from their typed column: ``{field: (column, kind)}`` (the others, and
+        every nested field, are read from the JSON column)."""
+        return {name: (entry["column"], entry["kind"]) for name, entry in (self.manifest.get("columns") or {}).items()
+                if entry.get("usable", True)}
+
     def _where(self, filter: dict | None) -> str | None:
         """``filter`` compiled to a LanceDB predicate (:func:`robustir.serving.filters.to_lance_sql`); a field no
         document has is refused -- after one look at the manifest, in case a writer added it since."""
@@ -767,11 +804,13 @@ class SearchIndex:
             return None
         from .filters import check_kinds, parse_filter, to_lance_sql
 
+        self._follow()  # the typed columns in use are the manifest's: a writer may have stopped using one
+
         def compiled() -> str:
             parsed = parse_filter(filter, ["id", "title", *self.field_names])
             if "field_kinds" in self.manifest:  # recorded since issue 36; older indexes are not checked
                 check_kinds(parsed, self.manifest["field_kinds"])
-            return to_lance_sql(parsed)
+            return to_lance_sql(parsed, self.typed_columns)
 
         try:
             return compiled()
@@ -955,10 +994,19 @@ class SearchIndex:
                                texts=[r.text for r in records]).texts_for_encoding()
             from .filters import record_kinds
 
+            from .filters import column_value, fits_column
+
             new = sorted({key for r in records for key in r.fields} - fields)
             kinds = self.manifest.get("field_kinds")  # only an index that recorded them from its build: complete
             changed = [record_kinds(kinds, r.fields) for r in records] if kinds is not None else []
-            if new or any(changed):  # recorded before the rows are: a reader may filter on them as soon as a row has them
+            columns = self.manifest.get("columns") or {}
+            unfit = [name for name, entry in columns.items() if entry.get("usable", True)
+                     and not all(fits_column(entry["kind"], r.fields.get(name)) for r in records)]
+            for name in unfit:  # from now on read from the JSON column (which holds every value): still exact
+                columns[name]["usable"] = False
+                logger.info("index %s: field %r now holds a value its %s column cannot, so filters read it from the "
+                            "JSON column", self.path, name, columns[name]["kind"])
+            if new or any(changed) or unfit:  # recorded before the rows are: a reader may filter on them at once
                 fields.update(new)
                 self.manifest["fields"] = sorted(fields)
                 _write_manifest(self.path, self.manifest, self._manifest_name)
@@ -973,10 +1021,13 @@ class SearchIndex:
                              "text": [r.text for r in records], "content": texts,
                              "fields": pa.array([json.dumps(r.fields, ensure_ascii=False) for r in records],
                                                 type=pa.json_(pa.string())),
+                             **{entry["column"]: [column_value(entry["kind"], r.fields.get(name))
+                                                  if entry.get("usable", True) else None for r in records]
+                                for name, entry in columns.items()},
                              "job": [job.id] * len(records), "line": [r.line for r in records],
                              "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()),
                                                                          self.dim)},
-                            schema=_schema(self.dim))
+                            schema=_schema(self.dim, columns))
             if job.kind == "upsert":
                 self._table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
             else:
@@ -997,6 +1048,25 @@ class SearchIndex:
                                 line=ids[clash[0]], field="_id", fix="give it a new id, use --upsert to replace it, "
                                 f"or delete it first (robustir index --delete-id {clash[0]} --output {self.path}); "
                                 "nothing was added")
+
+    def _scalar_indexes(self) -> None:
+        """A scalar index on each typed column in use, made once (rows added later are scanned beside it, as LanceDB
+        does for any index): BITMAP for a string or bool column of at most :data:`BITMAP_MAX_DISTINCT` values, else
+        BTREE."""
+        have = {column for i in self._table.list_indices() for column in i.columns}
+        for entry in (self.manifest.get("columns") or {}).values():
+            column = entry["column"]
+            if not entry.get("usable", True) or column in have:
+                continue
+            kind = "BTREE"
+            if entry["kind"] in ("string", "bool"):
+                values = (self._table.search().select([column]).limit(min(self.count, 200_000))  # bounded sample
+                          .to_arrow().column(column))
+                kind = "BITMAP" if len(values.unique()) <= BITMAP_MAX_DISTINCT else "BTREE"
+            from lancedb.index import Bitmap, BTree
+
+            self._table.create_index(column, config=Bitmap() if kind == "BITMAP" else BTree())
+            entry["index"] = kind
 
     def _vector_index(self) -> None:
         """Build (or rebuild, once a fifth of the rows are new) the ANN index the manifest's ``ann`` asks for."""
@@ -1028,6 +1098,7 @@ class SearchIndex:
 
             if not any(i.index_type == "FTS" for i in self._table.list_indices()):
                 self._table.create_index("content", config=FTS())  # the first argument names the column
+            self._scalar_indexes()
             self._vector_index()
         self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
                              jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
@@ -1056,10 +1127,14 @@ def _fields(value: Any) -> dict:
     return json.loads(value) if isinstance(value, (str, bytes)) else dict(value)
 
 
-def _scan_corpus(corpus: str | os.PathLike, fmt: str) -> tuple[int, dict[str, int]]:
+def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | None = None
+                 ) -> tuple[int, dict[str, int]]:
     """One pass over ``corpus`` before a job starts (no model): every record is read and checked -- JSON, fields,
     finite numbers, ids unique within the file -- so bad input fails before the index changes, with its line. Returns
-    the number of records (the progress bar's total from the start) and ``{id: line}``."""
+    the number of records (the progress bar's total from the start) and ``{id: line}``; fills ``kinds`` (when given)
+    with the exact kinds of each top-level field (:func:`robustir.serving.filters.exact_kind`)."""
+    from .filters import exact_kind
+
     ids: dict[str, int] = {}
     total = 0
     for record in _read_records(corpus, fmt):
@@ -1067,6 +1142,9 @@ def _scan_corpus(corpus: str | os.PathLike, fmt: str) -> tuple[int, dict[str, in
         if not record.text.strip() and not record.title.strip():
             continue
         _finite(record.fields, "fields", record, corpus)
+        if kinds is not None:
+            for key, value in record.fields.items():
+                kinds.setdefault(key, set()).add(exact_kind(value))
         if record.id in ids:
             raise DataError(corpus, f"duplicate document id {record.id!r} (also on line {ids[record.id]})",
                             line=record.line, field="_id", fix="make document ids unique; nothing was changed")
@@ -1269,7 +1347,7 @@ def _free_data_name(path: Path, generation: int) -> str:
 
 def _create_table(path: Path, manifest: dict, dim: int) -> None:
     db = _lancedb().connect(str(path / manifest["data"]))
-    db.create_table(TABLE, schema=_schema(dim), exist_ok=True)
+    db.create_table(TABLE, schema=_schema(dim, manifest.get("columns")), exist_ok=True)
 
 
 def _open_table(path: Path, manifest: dict, *, writable: bool) -> Any:
