@@ -369,7 +369,8 @@ def test_gur_contrastive_loss_hand_computed(tiny_model_dir):
     def contrastive(similarity: str):
         loss = quiet_load(GURModel, tiny_model_dir, similarity=similarity).contrastive_loss()
         assert loss.config() == {"name": "infonce", "temperature": 0.1, "in_batch_negatives": True,
-                                 "symmetric": True, "similarity": similarity}
+                                 "symmetric": True, "similarity": similarity, "denominator": "standard",
+                                 "false_negative_margin": None}
         return loss(ContrastiveBatch.from_groups(a, b))
 
     a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
