@@ -878,6 +878,22 @@ def cases() -> list[Case]:
     add(OK("index-delete-then-check", ["index", "--check", "--output", "{out}/idx"],
            lambda out, text: None if "5 documents" in text else "wrong count", protect_setup=False,
            setup=[*made, ["index", "--delete-id", "d1", "--output", "{out}/idx"]]))
+    # typed columns (issue 36): a field that changes kind in an upsert, a field name made of SQL
+    typed_corpus = ["@write", "{out}/typed.jsonl", "".join(
+        '{"_id": "t%d", "text": "a study %d", "year": %d, "x\') OR 1=1 --": "v%d"}\n' % (i, i, 2000 + i, i % 2)
+        for i in range(6))]
+    typed_build = IDX[:4] + ["{out}/typed.jsonl"] + IDX[5:]
+
+    def typed_manifest(out: str) -> dict:
+        return json.loads((Path(out) / "idx" / "manifest.json").read_text())
+
+    add(OK("index-upsert-a-typed-field-of-another-kind", ["index", "--upsert", "{out}/x.jsonl", "--output", "{out}/idx"],
+           lambda out, text: None if typed_manifest(out)["columns"]["year"]["usable"] is False else "still typed",
+           setup=[typed_corpus, typed_build, ["@write", "{out}/x.jsonl", '{"_id": "t1", "text": "b", "year": "MMXX"}\n']],
+           protect_setup=False))
+    add(OK("index-build-a-field-named-in-sql", typed_build,
+           lambda out, text: None if {e["kind"] for e in typed_manifest(out)["columns"].values()} == {"int", "string"}
+           else "not typed", setup=[typed_corpus], protect_setup=False))
     add(E("index-add-duplicate-id", n, ["index", "--add", "{data}/corpus.jsonl", "--output", "{out}/idx"],
           "already in the index", setup=made))
     add(E("index-add-bad-json", n, ["index", "--add", "{out}/x.jsonl", "--output", "{out}/idx"], "line 2",
