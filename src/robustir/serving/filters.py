@@ -434,8 +434,14 @@ def column_kind(kinds: Iterable[str]) -> str | None:
 def exact_kind(value: Any) -> str:
     """A value's kind for typing a column: null, bool, string, float, int (exactly a float64 too), int64 (beyond
     2**53 within 64 bits) or other (arrays, objects, integers beyond 64 bits)."""
-    if value is None or isinstance(value, (bool, str, float)):
-        return {type(None): "null", bool: "bool", str: "string", float: "float"}[type(value)]
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, float):
+        return "float"
     if isinstance(value, int):
         return "int" if abs(value) <= _FLOAT_EXACT else "int64" if _INT64[0] <= value <= _INT64[1] else "other"
     return "other"

@@ -124,9 +124,10 @@ def _typed_columns(kinds: dict[str, set]) -> dict:
     """The manifest's ``columns`` for a new index, from the exact kinds each top-level field holds in the corpus
     (:func:`robustir.serving.filters.column_kind`): ``{field: {"column": "t0", "kind": "string", "usable": true}}``.
 
-    Measured (docs/benchmarks.md, issue 36): at 100k rows a filter that reads the JSON column costs 2-7x an
-    unfiltered dense search, because LanceDB parses each row's JSON per condition; a typed column costs about 1.1-1.2x
-    without an index and less than the unfiltered search with a scalar index (the prefilter selects fewer rows)."""
+    Measured (docs/benchmarks.md, issue 36): at 100k rows a filter that reads the JSON column costs 5-6x an
+    unfiltered dense search, because LanceDB parses each row's JSON per condition; with a typed column and its scalar
+    index it costs 0.6-1.0x (the prefilter selects fewer rows), and about 1.1-1.2x without the index (a one-off
+    script while choosing this)."""
     from .filters import column_kind
 
     chosen = {}
@@ -992,9 +993,7 @@ class SearchIndex:
         if records:  # checked by _scan_corpus and _refuse_present before the job started
             texts = corpus_cls(ids=[r.id for r in records], titles=[r.title for r in records],
                                texts=[r.text for r in records]).texts_for_encoding()
-            from .filters import record_kinds
-
-            from .filters import column_value, fits_column
+            from .filters import column_value, fits_column, record_kinds
 
             new = sorted({key for r in records for key in r.fields} - fields)
             kinds = self.manifest.get("field_kinds")  # only an index that recorded them from its build: complete
