@@ -144,8 +144,11 @@ class InfoNCELoss(ContrastiveLoss):
             candidates = negatives.clone()
             candidates[torch.arange(end - start, device=scores.device), positive_index] = True
             masks[0] = candidates
-            logits = torch.cat([part / self.temperature for part in parts], dim=1)
-            logits = logits.masked_fill(~torch.cat(masks, dim=1), float("-inf"))
+            if len(parts) == 1:  # the default: no copy of the (rows, columns) scores into a concatenation
+                logits = (scores / self.temperature).masked_fill(~candidates, float("-inf"))
+            else:
+                logits = torch.cat([part / self.temperature for part in parts], dim=1)
+                logits = logits.masked_fill(~torch.cat(masks, dim=1), float("-inf"))
             nce = F.cross_entropy(logits, positive_index, reduction="sum")
             with torch.no_grad():
                 positive_logit = logits.detach().gather(1, positive_index.view(-1, 1))
@@ -160,18 +163,23 @@ class InfoNCELoss(ContrastiveLoss):
     def _global_queries(batch: ContrastiveBatch, positive_index: Tensor) -> Tensor:
         """The global batch's queries, checked to sit in the order of their positive columns (query j's positive
         is column j), as the batch engine and :meth:`ContrastiveBatch.from_groups` lay them out."""
-        all_queries = batch.all_queries if batch.all_queries is not None else batch.queries
-        offset = batch.query_offset if batch.all_queries is not None else 0
+        all_queries, offset = InfoNCELoss._all_queries(batch)
         expected = offset + torch.arange(positive_index.shape[0], device=positive_index.device)
         if all_queries.shape[0] > batch.passages.shape[0] or not torch.equal(positive_index, expected):
             raise ConfigError("infonce: denominator='gte' needs the batch laid out as the batch engine does "
                               "(query j's positive in passage column j, hard negatives after the positives).")
         return all_queries
 
+    @staticmethod
+    def _all_queries(batch: ContrastiveBatch) -> tuple[Tensor, int]:
+        """The global batch's queries and the row of the first local one; a single-process batch may leave
+        ``all_queries`` unset: then the local queries are the global ones."""
+        if batch.all_queries is None:
+            return batch.queries, 0
+        return batch.all_queries, batch.query_offset
+
     def _passage_to_query(self, batch: ContrastiveBatch, passages: Tensor, positive_index: Tensor) -> Tensor:
-        # single-process batches may leave all_queries unset: then the local queries are the global ones
-        all_queries = batch.all_queries if batch.all_queries is not None else batch.queries
-        offset = batch.query_offset if batch.all_queries is not None else 0
+        all_queries, offset = self._all_queries(batch)
         # passages are already in score form (float32, normalised for cosine): index the local positives
         columns = score_operand(all_queries, self.similarity)
         rows = passages[positive_index]
