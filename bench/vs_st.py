@@ -4,6 +4,7 @@
     python bench/vs_st.py --preset gpu --seeds 1 2 3       # the H100 settings of issue 9
     python bench/vs_st.py --preset cpu --robustir-loss peg # another robustir loss, its defaults
     python bench/vs_st.py --preset gpu --robustir-mining dense --robustir-set num_negatives=7   # issue 38 goal 2
+    python bench/vs_st.py --preset gpu --dev 200 --robustir-base-weight 0.1 0.3   # + WiSE-FT copies, scored too
 
 --robustir-mining / --robustir-set leave the fixed rows on purpose (issue 38's goal 2: robustir's own recipe
 against ST's, each side's train seconds reported): the robustir side then trains on rows drawn from negatives it
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="dense: the robustir side trains on rows from its own dense, positive-aware mining")
     parser.add_argument("--robustir-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="budget fields for the robustir side only (its recipe), e.g. num_negatives=7")
+    parser.add_argument("--robustir-base-weight", type=float, nargs="*", default=[], metavar="W",
+                        help="also score each robustir model moved back toward the base model by W (WiSE-FT, "
+                             "robustir.models.interpolate; what train's base_weight saves), a row each")
     args = parser.parse_args(argv)
 
     def with_overrides(budget, items):
@@ -139,6 +143,24 @@ def main(argv: list[str] | None = None) -> int:
             done[key] = row
             print(f"{side} seed {seed}: ndcg@10 {100 * metrics['ndcg@10']:.2f} ({outcome.steps} steps, "
                   f"{row['seconds']:.0f} s)", flush=True)
+        for weight in args.robustir_base_weight if "robustir" in args.sides else ():
+            # the same trained model moved back toward the base (WiSE-FT): no training, a row of its own
+            from robustir.models.interpolate import interpolate_folder
+            from robustir.resources import default_model_path
+
+            key = ("robustir", seed, json.dumps({**json.loads(tag), "base_weight": weight}, sort_keys=True))
+            if key in done:
+                continue
+            trained = done[("robustir", seed, tag)]
+            name = f"robustir-{args.robustir_loss}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}-seed{seed}"
+            merged = interpolate_folder(out / name / "model", args.model or default_model_path(), weight,
+                                        out / name / f"base-{weight:g}")
+            metrics = evaluate_model(merged, evaluation, args.split, budget, cache)
+            row = {**trained, "tag": key[2], "metrics": metrics, "base_weight": weight}
+            with open(results_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+            done[key] = row
+            print(f"robustir seed {seed} base_weight {weight:g}: ndcg@10 {100 * metrics['ndcg@10']:.2f}", flush=True)
 
     def scores(side_key: str) -> list[float]:
         return [100 * r["metrics"]["ndcg@10"] for (s, seed, t), r in done.items()
@@ -146,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
 
     st, ours = scores("st"), scores("robustir")
     print(f"\npreset {args.preset}: {asdict(budget)}")
-    for name, values in (("sentence-transformers MNRL", st), (f"robustir {tag}", ours)):
+    merged = [(f"robustir base_weight {w:g}", [100 * r["metrics"]["ndcg@10"] for (s, seed, t), r in done.items()
+                                              if s == "robustir" and seed in args.seeds and r.get("base_weight") == w
+                                              and t == json.dumps({**json.loads(tag), "base_weight": w}, sort_keys=True)])
+              for w in args.robustir_base_weight]
+    for name, values in (("sentence-transformers MNRL", st), (f"robustir {tag}", ours), *merged):
         if values:
             std = statistics.stdev(values) if len(values) > 1 else 0.0
             print(f"{name:55s} NDCG@10 {statistics.mean(values):.2f} ± {std:.2f}  ({', '.join(f'{v:.2f}' for v in values)})")

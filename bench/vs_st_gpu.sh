@@ -11,7 +11,11 @@
 # (seconds) cuts the grid short is in $OUT/vs_st_gpu.jsonl and $OUT/vs_st_gpu.md. Settings: JOBS (default 12; 8 at
 # most for the gpu preset on an 80 GB card: a run holds about 8 GB), LIMIT (default 450), SEEDS (default "1 2 3"),
 # PRESETS (default "gpu cpu"), SPLITS (default "dev test"), VARIANTS (names below), SET (budget
-# overrides for vs_st.py --set, a dry run), SETUP (another environment script, for a dry run here).
+# overrides for vs_st.py --set, a dry run), SETUP (another environment script, for a dry run here), WEIGHTS (WiSE-FT:
+# every robustir model is also scored moved back toward the base model by each W, vs_st.py --robustir-base-weight;
+# variant "name@W" in the table), HELDOUT (BEIR folders never used for a choice: bench/heldout.py then scores the
+# base model, every test-split model and its WEIGHTS copies on them, $OUT/heldout-*.jsonl; carry them, e.g.
+# `tar -cJf .gpu/heldout.tar.xz -C ../shared/data medline cisi cacm`, which this script unpacks to $T/heldout).
 set -u
 source "${SETUP:-.gpu/setup.sh}" >/dev/null
 W=${W:-$T/vs}; OUT=${OUT:-$W/out}; mkdir -p "$W" "$OUT"
@@ -48,26 +52,56 @@ one() {  # preset split seed variant: one vs_st.py run in its own folder, its lo
   local out=$W/runs/$variant-$preset-$split-s$seed
   mkdir -p "$out"
   # shellcheck disable=SC2086
+  local weights=()
+  [ "$variant" != st ] && [ -n "${WEIGHTS:-}" ] && read -r -a weights <<< "--robustir-base-weight $WEIGHTS"
   python3 bench/vs_st.py --preset "$preset" "${dev[@]}" --seeds "$seed" "${sides[@]}" --robustir-options "$opts" \
-    "${recipe[@]}" --data "$D" --model "$M" --output "$out" ${SET:+--set $SET} > "$out/log.txt" 2>&1 \
+    "${recipe[@]}" "${weights[@]}" --data "$D" --model "$M" --output "$out" ${SET:+--set $SET} > "$out/log.txt" 2>&1 \
     && echo "done $variant $preset $split seed $seed" || { echo "FAILED $variant $preset $split seed $seed"; tail -5 "$out/log.txt"; }
 }
-export -f one; export W D M SET
+export -f one; export W D M SET WEIGHTS=${WEIGHTS:-}
 export OPTIONS_DECL; OPTIONS_DECL="$(declare -p OPTIONS RECIPE)"
 export OMP_NUM_THREADS=1 RAYON_RS_NUM_CPUS=${RAYON_RS_NUM_CPUS:-2}
 start=$SECONDS
 timeout "${LIMIT:-450}" xargs -a "$jobs" -P "${JOBS:-12}" -L 1 bash -c 'eval "$OPTIONS_DECL"; one "$@"' _
 echo "grid: $((SECONDS - start)) s for $(wc -l < "$jobs") runs (JOBS=${JOBS:-12})"
-python3 - "$W/runs" "$OUT" "$VARIANTS" <<'EOF'
+if [ -n "${HELDOUT:-}" ]; then  # held-out sets: base, ST and every robustir test model (and its WEIGHTS copies)
+  [ -f .gpu/heldout.tar.xz ] && { mkdir -p "$T/heldout"; tar -xJf .gpu/heldout.tar.xz -C "$T/heldout"; }
+  sets=(); for name in $HELDOUT; do [ -d "$name" ] && sets+=("$name") || sets+=("$T/heldout/$name"); done
+  start=$SECONDS
+  for preset in ${PRESETS:-gpu cpu}; do
+    for variant in st $VARIANTS; do
+      for weight in 0 ${WEIGHTS:-}; do
+        [ "$variant" = st ] && [ "$weight" != 0 ] && continue
+        models=()
+        for seed in ${SEEDS:-1 2 3}; do
+          for folder in "$W"/runs/"$variant-$preset-test-s$seed"/"$preset"/*-seed"$seed"; do
+            [ "$weight" = 0 ] && m=$folder/model || m=$folder/base-$weight
+            [ -d "$m" ] && models+=("$m")
+          done
+        done
+        [ ${#models[@]} -gt 0 ] || continue
+        timeout "${HELDOUT_LIMIT:-200}" python3 bench/heldout.py --models "${models[@]}" --base "$M" --data "${sets[@]}" \
+          --preset "$preset" --output "$OUT/heldout-$preset-$variant-w$weight.jsonl" > "$W/heldout-$preset-$variant-w$weight.txt" 2>&1 &
+      done
+    done
+  done
+  wait
+  echo "held-out: $((SECONDS - start)) s"
+  for f in "$W"/heldout-*.txt; do echo "== $(basename "$f" .txt)"; grep -E " fine-tuned |Error" "$f"; done
+fi
+python3 - "$W/runs" "$OUT" "$VARIANTS" "${WEIGHTS:-}" <<'EOF'
 import json, statistics, sys
 from pathlib import Path
-runs, out, variants = Path(sys.argv[1]), Path(sys.argv[2]), ["st"] + sys.argv[3].split()
+runs, out = Path(sys.argv[1]), Path(sys.argv[2])
+variants = ["st"] + [v + (f"@{w}" if w else "") for v in sys.argv[3].split() for w in [""] + sys.argv[4].split()]
 rows = []
 for path in sorted(runs.glob("*/*/results.jsonl")):
     variant, preset, split, seed = path.parent.parent.name.rsplit("-", 3)
     for line in path.read_text().splitlines():
         if line.strip():
-            rows.append({**json.loads(line), "variant": variant, "preset": preset, "split": split})
+            row = json.loads(line)
+            name = variant + (f"@{row['base_weight']:g}" if row.get("base_weight") is not None else "")
+            rows.append({**row, "variant": name, "preset": preset, "split": split})
 (out / "vs_st_gpu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 lines = ["| preset | split | variant | seeds | NDCG@10 mean ± std | per seed | vs base | vs ST | train s |",
          "|---|---|---|---:|---:|---|---:|---:|---:|"]

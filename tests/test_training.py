@@ -91,6 +91,49 @@ def test_outputs_report_and_model_card(tiny_model_dir, tmp_path):
     assert st.encode(["hello"]).shape == (1, 32)
 
 
+def test_base_weight_interpolates_with_the_starting_model(tiny_model_dir, tmp_path):
+    """WiSE-FT: base_weight w saves (1 - w) x the fine-tuned weights + w x the starting model's, for every floating
+    tensor, and the same run with w = 0 is exactly the fine-tuned model (so the run is the same up to the save)."""
+    from robustir.models.interpolate import interpolate_folder
+
+    data = write_train_file(tmp_path / "train.jsonl")
+    tuned = weights(train(small_config(tiny_model_dir, data, tmp_path / "tuned", max_steps=3)).model_path)
+    merged_run = train(small_config(tiny_model_dir, data, tmp_path / "merged", max_steps=3, base_weight=0.25))
+    merged, base = weights(merged_run.model_path), weights_of_base(tiny_model_dir)
+    moved = 0
+    for key, value in merged.items():
+        if not value.is_floating_point():
+            assert torch.equal(value, tuned[key]), key
+            continue
+        if key.startswith("pooler."):  # not in the tiny checkpoint: every load draws it afresh (unused by pooling)
+            continue
+        torch.testing.assert_close(value, 0.75 * tuned[key] + 0.25 * base[key], rtol=0, atol=1e-6, msg=key)
+        moved += not torch.equal(tuned[key], base[key])
+    assert moved > 10
+    assert "0.25 x the base model" in (merged_run.model_path / "README.md").read_text()
+    assert json.loads((merged_run.model_path / "training_config.json").read_text())["base_weight"] == 0.25
+    # the same interpolation of a saved folder (what bench/vs_st.py --robustir-base-weight scores)
+    again = weights(interpolate_folder(tmp_path / "tuned" / "model", tiny_model_dir, 0.25, tmp_path / "post"))
+    for key in merged:
+        if not key.startswith("pooler."):
+            torch.testing.assert_close(again[key], merged[key], rtol=0, atol=1e-6, msg=key)
+    with pytest.raises(Exception, match="base_weight"):
+        small_config(tiny_model_dir, data, tmp_path / "bad", base_weight=1.0)
+
+
+def test_interpolation_refuses_another_architecture(tiny_model_dir, tmp_path):
+    from torch import nn
+
+    from robustir.models.encoder import Encoder
+    from robustir.models.interpolate import interpolate_weights
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError, match="only in the fine-tuned model"):
+        interpolate_weights(encoder, nn.Linear(2, 2), 0.5)
+    with pytest.raises(ConfigError, match=r"\[0, 1\)"):
+        interpolate_weights(encoder, encoder, 1.5)
+
+
 def test_beir_folder_with_bm25_mining(tiny_model_dir, tmp_path):
     root = tmp_path / "beir"
     (root / "qrels").mkdir(parents=True)

@@ -126,6 +126,10 @@ class TrainConfig(LoopConfig):
     pad_to_multiple_of: Annotated[int, Range(ge=1, le=128)] | None = operational(None)
     """Pad each batch's token length up to a multiple of this; None = 8 on a GPU (tensor cores), 1 (the longest
     text in the batch) on the CPU. The same values up to float summation order."""
+    base_weight: Annotated[float, Range(ge=0.0, lt=1.0)] = 0.0
+    """WiSE-FT: the saved model's weights are (1 - base_weight) x the fine-tuned ones + base_weight x the starting
+    model's (robustir.models.interpolate); 0 = the fine-tuned weights. Keeps more of the base model on other
+    domains; measured in docs/benchmarks.md (issue 38)."""
     # report
     probe_size: NonNegativeInt = 256
     """Examples used for the similarity-distribution figure."""

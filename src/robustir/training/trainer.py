@@ -320,7 +320,7 @@ pipeline_tag: sentence-similarity
 - **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
 - **Steps:** {steps}; batch {config.batch_size} queries per process{capped}{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
   lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, precision {_trained_precision(config, encoder)}.
-- **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
+{f'- **Weights:** WiSE-FT, {1 - config.base_weight:g} x fine-tuned + {config.base_weight:g} x the base model (base_weight).' + chr(10) if config.base_weight else ''}- **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
   query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length}
   (training truncated passages at {config.train_passage_max_length or encoder.config.passage_max_length}),
   query instruction {encoder.config.query_instruction!r}.
@@ -475,6 +475,11 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
     metrics: dict[str, float] = {}
     model_path = out / "model"
     if is_main:
+        if config.base_weight:  # WiSE-FT: back toward the starting model before the evaluation and the save
+            from ..models.interpolate import interpolate_weights
+
+            interpolate_weights(unwrapped, Encoder.from_pretrained(config.model or default_model_path()),
+                                config.base_weight)
         if eval_dataset is not None:
             metrics = _evaluate(unwrapped, eval_dataset, config)
             write_json(out / "eval_metrics.json", {"model": metrics, "base": base_metrics})
