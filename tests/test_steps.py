@@ -8,8 +8,9 @@ The matrix below runs each registered step on tiny data and checks, for every on
 * a setting that matters changed -> refused naming the key (the CLI's rule), or redone saying why (the runner's);
 * a model retrained *in place* (same path, other weights) -> the steps that read it redo their work.
 
-Training, pre-training, the index, the audit and a noise-bench cell keep their own outputs (a run folder, a
-LanceDB manifest, a cell's row); they answer through the same rule and are tested below the matrix.
+Training, pre-training and the index are steps too, run by the same ``execute``; they answer "done?" inside their
+run (a run folder's record, a LanceDB manifest) through the same rule. The audit and a noise-bench cell keep their
+own outputs and are tested below the matrix.
 """
 
 from __future__ import annotations
@@ -104,6 +105,27 @@ def _cases(tmp: Path, tiny_model_dir: str, server_url: str | None) -> dict:
                          ("strict", SieveConfig(model=str(model), train=False, num_negatives=2, precision="fp32",
                                                 progress=False, plot=False, strict=True)), True),
     }
+    from robustir.pretraining.pretrain import PretrainConfig
+    from robustir.serving.index import IndexConfig
+    from robustir.training.arguments import TrainConfig
+
+    trained = lambda **kw: TrainConfig(**{  # noqa: E731
+        "model": str(model), "train_data": str(train), "max_steps": 1, "batch_size": 2, "num_negatives": 1,
+        "mine": "none", "precision": "fp32", "report": False, **kw})
+    pretrained = lambda **kw: PretrainConfig(**{  # noqa: E731
+        "mode": "retromae", "model": str(model), "data": str(corpus), "max_steps": 1, "batch_size": 2,
+        "max_length": 32, "precision": "fp32", "report": False, **kw})
+    index_job = lambda length: Job(str(tmp / "out" / "index"), {"corpus": str(corpus), "model": str(model)},  # noqa: E731
+                                   settings={"encoder": {"passage_max_length": length}})
+    cases.update({
+        "train": (trained(), Job(str(tmp / "out" / "train")), trained(logging_steps=5), ("lr", trained(lr=1e-3)),
+                  True),
+        "pretrain": (pretrained(), Job(str(tmp / "out" / "pretrain")), pretrained(logging_steps=5),
+                     ("lr", pretrained(lr=1e-3)), True),
+        # the index's result is decided by its inputs and the encoder (the job's), not by IndexConfig's fields
+        "index": (IndexConfig(show_progress=False), index_job(32), IndexConfig(show_progress=False, batch_size=3),
+                  ("encoder", IndexConfig(show_progress=False), index_job(24)), True),
+    })
     if server_url is not None:
         generate = lambda **llm_changes: GenerateConfig(llm={**llm, **llm_changes}, num_queries=2,  # noqa: E731
                                                         progress=False, preflight=False)
@@ -124,37 +146,48 @@ def _reply(messages: list[dict]) -> str:
 
 
 CHANGED_MODEL = r"input model \(.*\): content of (config.json, )?model.safetensors changed"
-STEP_NAMES = ["chunk", "pairs", "mine bm25", "mine dense", "filter teacher", "filter sieve", "generate", "filter llm"]
+STEP_NAMES = ["chunk", "pairs", "mine bm25", "mine dense", "filter teacher", "filter sieve", "generate", "filter llm",
+              "train", "pretrain", "index"]
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    """The bytes of an output: its file, or every file of its folder by relative name."""
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
 
 
 @pytest.mark.parametrize("name", STEP_NAMES)
 def test_each_step_reruns_only_when_what_decides_its_result_changed(name, tmp_path, tiny_model_dir, caplog):
     with FakeLLMServer(_reply) as server:
-        config, job, operational, (key, changed), uses_model = _cases(tmp_path, tiny_model_dir, server.url)[name]
+        config, job, operational, (key, changed, *other), uses_model = \
+            _cases(tmp_path, tiny_model_dir, server.url)[name]
+        changed_job = other[0] if other else job  # a setting of the job (the index's encoder), not of the config
         step = get_step(name.split()[0] if name.startswith("mine") else name)
         first = execute(step, config, job, say=None)
         assert not first.skipped and Path(first.artifact.path).exists()
-        made = Path(first.artifact.path).read_bytes()
+        made = _snapshot(Path(first.artifact.path))
         requests = server.count
         # unchanged -> nothing to do (and, for the LLM stages, not one request)
         assert execute(step, config, job, say=None).skipped and server.count == requests
         if operational is not None:  # a field marked operational on the config: not part of the result
             assert execute(step, operational, job, say=None).skipped and server.count == requests
         # a setting that matters: refused naming it (the CLI's rule) ...
-        with pytest.raises(ConfigError, match=rf"other settings or inputs than this run: {key}: .*--overwrite"):
-            execute(step, changed, job, say=None)
-        assert Path(first.artifact.path).read_bytes() == made  # refused: the output is untouched
+        with pytest.raises(ConfigError, match=rf"other settings or inputs than this run( \(it holds .*\))?: "
+                                              rf"{key}\b.*(--overwrite|resume=false)"):
+            execute(step, changed, changed_job, say=None)
+        assert _snapshot(Path(first.artifact.path)) == made  # refused: the output is untouched
         # ... or made again saying why (the runner's rule)
         with caplog.at_level(logging.WARNING, logger="robustir"):
-            again = execute(step, changed, job, on_change="redo", say=None)
-        assert not again.skipped and f"made with other settings or inputs ({key}:" in caplog.text
-        assert execute(step, changed, job, say=None).skipped
+            again = execute(step, changed, changed_job, on_change="redo", say=None)
+        assert not again.skipped and f"made with other settings or inputs ({key}" in caplog.text
+        assert execute(step, changed, changed_job, say=None).skipped
         if uses_model:  # a model retrained in place (same path): its content is an input
             model = Path(job.inputs.get("model") or changed.model)
             _retrain_in_place(model)
             with pytest.raises(ConfigError, match=CHANGED_MODEL):
-                execute(step, changed, job, say=None)
-            assert not execute(step, changed, job, on_change="redo", say=None).skipped
+                execute(step, changed, changed_job, say=None)
+            assert not execute(step, changed, changed_job, on_change="redo", say=None).skipped
 
 
 def test_every_registered_step_is_in_the_matrix():

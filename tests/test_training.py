@@ -410,3 +410,72 @@ def test_two_nodes_with_torchrun_stop_and_resume(tiny_model_dir, tmp_path):
     steps = [r["step"] for r in map(json.loads, (out / "train_log.jsonl").read_text().splitlines())]
     assert steps[:2] == [1, 2] and steps[-1] == 8 and sorted(set(steps)) == list(range(1, 9))
     assert (out / "model" / "model.safetensors").exists()
+
+
+def test_a_frozen_node_fails_the_other_within_the_process_timeout_and_the_job_resumes(tiny_model_dir, tmp_path):
+    """Two `torchrun --nnodes 2` nodes (c10d on 127.0.0.1, gloo); node 1's worker freezes itself (SIGSTOP) in its
+    fourth training step, as a node that stops answering does. Node 0 then waits in the step's collective: with
+    ``process_timeout_s`` it fails after that long instead of PyTorch's 30 minutes, its launcher exits non-zero; node
+    1 is killed (SIGKILL) as a scheduler would; both start again with the CLI, resume from the last checkpoint (step
+    2) and finish with one model and one log of every step."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    data = write_train_file(tmp_path / "train.jsonl", n=16)
+    out = tmp_path / "out"
+    settings = dict(model=tiny_model_dir, train_data=str(data), output=str(out), batch_size=4, max_steps=6,
+                    save_steps=2, passage_max_length=32, query_max_length=16, process_timeout_s=20)
+    frozen = tmp_path / "frozen.py"  # rank 1 stops itself in its 4th step (after the step-2 checkpoint)
+    frozen.write_text(
+        "import os, signal\n"
+        "from robustir.training import batch_engine\n"
+        "from robustir.training.arguments import TrainConfig\n"
+        "from robustir.training.trainer import train\n"
+        "original, calls = batch_engine.BatchEngine.step, []\n"
+        "def step(self, *args, **kwargs):\n"
+        "    calls.append(1)\n"
+        "    if os.environ['RANK'] == '1' and len(calls) == 4:\n"
+        "        os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "    return original(self, *args, **kwargs)\n"
+        "batch_engine.BatchEngine.step = step\n"
+        f"train(TrainConfig(**{settings!r}))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    def launch(program: list[str], port: int, name: str) -> list[tuple[subprocess.Popen, Path]]:
+        logs = [tmp_path / f"{name}-node{i}.log" for i in range(2)]
+        return [(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
+                                   "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                                   "--rdzv_id", name, "--max_restarts", "0", *program], start_new_session=True,
+                                  stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env), log) for log in logs]
+
+    nodes = launch([str(frozen)], port, "frozen")
+    try:
+        # a hang guard, not a timing assertion: without the timeout node 0 would wait 30 minutes
+        code = nodes[0][0].wait(timeout=240)
+    finally:
+        os.killpg(nodes[1][0].pid, signal.SIGKILL)  # the frozen node, as a scheduler kills it
+        nodes[1][0].wait(timeout=60)
+        if nodes[0][0].poll() is None:
+            os.killpg(nodes[0][0].pid, signal.SIGKILL)
+    log0 = nodes[0][1].read_text()
+    assert code != 0, log0[-3000:]
+    assert not (out / "model").exists()
+    assert (out / "checkpoints" / "step-2").is_dir()
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings.pop("process_timeout_s")
+    cli = ["-m", "robustir.cli.main", "train", *[f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]]
+    done = [(node.wait(timeout=300), log.read_text()) for node, log in launch(cli, port, "resumed")]
+    assert [c for c, _ in done] == [0, 0], done[0][1][-3000:] + done[1][1][-3000:]
+    assert f"resumed from {out / 'checkpoints' / 'step-2'} (step 2 of 6)" in done[0][1] + done[1][1]
+    steps = [r["step"] for r in map(json.loads, (out / "train_log.jsonl").read_text().splitlines())]
+    assert sorted(set(steps)) == list(range(1, 7)) and steps[-1] == 6
+    assert (out / "model" / "model.safetensors").exists()

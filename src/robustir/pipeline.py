@@ -363,10 +363,10 @@ def _sample_records(source: Path, target: Path, limit: int | None, seed: int) ->
 
 
 def _pretrain_stage(config: PipelineConfig, corpus: dict, queries: dict, folder: Path) -> dict:
-    from .pretraining.pretrain import pretrain
+    from .pretraining.pretrain import PRETRAIN
 
     settings = _pretrain_settings(config, corpus, queries, folder)
-    result = pretrain(settings)
+    result = execute(PRETRAIN, settings, Job(str(folder)), say=None).report
     return {"model": str(result.model_path), "heads": str(result.heads_path), "steps": result.steps,
             "last_losses": result.last_losses}
 
@@ -573,9 +573,10 @@ def _run_locked(config: PipelineConfig, work: Path, force: list[str] | None, unt
     train_settings = _train_settings(config, train_data, start_model, work / "train")
 
     def train_body(folder: Path) -> dict:
-        from .training.trainer import train
+        from .training.trainer import TRAIN
 
-        result = train(_train_settings(config, train_data, start_model, folder))
+        result = execute(TRAIN, _train_settings(config, train_data, start_model, folder), Job(str(folder)),
+                         say=None).report
         return {"model": str(result.model_path), "steps": result.steps}
 
     trained = runner.stage("train", train_settings, train_body,

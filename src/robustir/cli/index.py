@@ -71,12 +71,15 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{', '.join(fixed)} can only be set when the index is built (--corpus); the index "
                               "keeps its own")
     if args.corpus:
-        index, report = SearchIndex.build(args.output, model_or_default(args.model), args.corpus, config=config,
-                                          encoder_options=encoder_options(args), overwrite=args.overwrite)
-        with index:
-            print(f"robustir index: {args.output} is complete; nothing to do (--add / --upsert to add documents, "
-                  "--overwrite to rebuild)" if report.nothing_to_do else f"robustir index: {report.format()}")
-            print(index.summary())
+        from ..runs import Job, execute
+        from ..serving.index import INDEX
+
+        job = Job(args.output, {"corpus": args.corpus, "model": model_or_default(args.model)},
+                  settings={"encoder": encoder_options(args)})
+        report = execute(INDEX, config, job, overwrite=args.overwrite, say=None).report
+        print(f"robustir index: {args.output} is complete; nothing to do (--add / --upsert to add documents, "
+              "--overwrite to rebuild)" if report.nothing_to_do else f"robustir index: {report.format()}")
+        print(report.summary)
         return 0
     if args.check:
         with SearchIndex.open(args.output, model=args.model or None, device=args.device) as index:

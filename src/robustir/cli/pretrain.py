@@ -35,10 +35,11 @@ def build_config(args: argparse.Namespace) -> PretrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pretraining.pretrain import pretrain
+    from ..pretraining.pretrain import PRETRAIN
+    from ..runs import Job, execute
 
     config = build_config(args)
-    result = pretrain(config)
+    result = execute(PRETRAIN, config, Job(config.output), say=None).report
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary is enough
         return 0
     losses = ", ".join(f"{k} {v:.4f}" for k, v in result.last_losses.items())

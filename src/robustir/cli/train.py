@@ -29,17 +29,16 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.trainer import train
-
     import os
 
-    from ..training.trainer import resolve_recipe
+    from ..runs import Job, execute
+    from ..training.trainer import TRAIN, resolve_recipe
 
     config = resolve_recipe(build_config(args))
     if config.audit:  # loss auto takes the audit's recipe: say which
         print(f"audit {config.audit}: training with loss {config.loss}"
               + (" and filter_positives" if config.filter_positives else ""), flush=True)
-    result = train(config)
+    result = execute(TRAIN, config, Job(config.output), say=None).report
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only the main process reports
     if result.already_complete:

@@ -68,13 +68,13 @@ import torch
 
 from ..config import to_dict
 from ..data.training_data import check_record
-from ..runs import operational
+from ..runs import operational, register
 from ..errors import ConfigError, DataError
 from ..io import read_jsonl, write_json
 from ..resources import default_model_path
 from ..training.batch_engine import BatchEngine
 from ..training.checkpoints import input_digest
-from ..training.loop import LoopConfig, TrainingLoop
+from ..training.loop import LoopConfig, TrainingLoop, loop_step
 from ..validation import cli, NonNegativeFloat, PositiveFloat, PositiveInt, Range, config_dataclass
 
 logger = logging.getLogger(__name__)
@@ -633,3 +633,7 @@ def write_pretrain_report(output: str | Path) -> Path | None:
     fig.savefig(png, dpi=90)
     plt.close(fig)
     return png
+
+
+#: ``robustir pretrain`` as a :class:`~robustir.runs.Step` (run by :func:`robustir.runs.execute`)
+PRETRAIN = register(loop_step("pretrain", PretrainConfig, pretrain))

@@ -147,8 +147,9 @@ def _steps(rows_path: Path, budget: Budget) -> int:
 def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, seed: int, *, model: str | None = None,
                    loss: str = "infonce", loss_options: dict | None = None) -> RunOutcome:
     """robustir's trainer on the rows; loss options left empty = the library defaults."""
+    from ..runs import Job, execute
     from ..training.arguments import TrainConfig
-    from ..training.trainer import train
+    from ..training.trainer import TRAIN
 
     rows_path = Path(rows_path)
     config = TrainConfig(
@@ -159,7 +160,7 @@ def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, se
         query_max_length=budget.query_max_length, passage_max_length=budget.passage_max_length,
         train_passage_max_length=budget.train_passage_max_length, output=str(output), report=False,
         save_total_limit=1)
-    result = train(config)
+    result = execute(TRAIN, config, Job(str(output)), say=None).report
     return RunOutcome(result.model_path, result.steps, result.seconds)
 
 

@@ -53,6 +53,13 @@ class Step(Generic[C]):
     check: Callable[[Any, Job], None] = lambda config, job: None
     inputs: Callable[[Any, Job], Mapping[str, Any]] = lambda config, job: {}
     settings: Callable[[Any, Job], Any] = lambda config, job: settings_of(config)
+    decides: Callable[[Any], bool] | None = None
+    """Set for a step whose output answers "done?" inside its own run, through the same rule
+    (:meth:`Artifact.decide`) on its own record: training and pre-training (under ``torchrun`` every process
+    must reach the same decision with barriers around it, and the run folder keeps checkpoints the rule weighs as
+    work) and the search index (its manifest is the record readers follow, swapped atomically with a rebuild).
+    :func:`execute` then calls ``run(config, job, on_change=..., overwrite=...)`` and ``decides(report)`` says
+    whether the run found its output complete with these settings and inputs (nothing done)."""
 
     def fingerprint(self, config: C, job: Job, *, upstream: Mapping[str, Any] | None = None,
                     cache: dict | None = None) -> Fingerprint:
@@ -71,7 +78,7 @@ class StepResult:
 
     step: str
     artifact: Artifact
-    fingerprint: Fingerprint
+    fingerprint: Fingerprint | None
     report: Any
     skipped: bool
 
@@ -87,17 +94,26 @@ def register(step: Step) -> Step:
 
 
 def execute(step: Step, config: Any, job: Job, *, overwrite: bool = False,
-            on_change: Literal["refuse", "redo"] = "refuse", upstream: Mapping[str, Any] | None = None,
+            on_change: Literal["refuse", "redo"] | None = None, upstream: Mapping[str, Any] | None = None,
             cache: dict | None = None, say: Callable[[str], None] | None = print) -> StepResult:
     """Run ``step`` with ``config`` on ``job`` unless its output is complete with the same fingerprint.
 
     An output made (or started) with other settings or inputs is refused naming what differs
-    (``on_change="refuse"``, the CLI's rule; ``overwrite`` redoes it) or made again (``"redo"``); a started one
-    with the same fingerprint is resumed by the step. ``say`` prints the "nothing to do" line (None: log it)."""
+    (``on_change="refuse"``, the CLI's rule and the default; ``overwrite`` redoes it) or made again (``"redo"``); a
+    started one with the same fingerprint is resumed by the step. ``say`` prints the "nothing to do" line (None: log
+    it). A step that :attr:`~Step.decides` itself gets ``on_change`` (None: its config's own) and ``overwrite``."""
     step.check(config, job)
+    if step.decides is not None:
+        report = step.run(config, job, on_change=on_change, overwrite=overwrite)
+        artifact = step.output(config, job)
+        skipped = bool(step.decides(report))
+        if skipped:
+            text = f"robustir {step.name}: {artifact.path} is complete; nothing to do"
+            say(text) if say is not None else logger.info(text)
+        return StepResult(step.name, artifact, artifact.fingerprint, report, skipped=skipped)
     artifact = step.output(config, job)
     made = step.fingerprint(config, job, upstream=upstream, cache=cache)
-    if artifact.begin(made, on_change=on_change, overwrite=overwrite):
+    if artifact.begin(made, on_change=on_change or "refuse", overwrite=overwrite):
         text = f"robustir {step.name}: {artifact.path} is complete; nothing to do (--overwrite to redo)"
         say(text) if say is not None else logger.info(text)
         return StepResult(step.name, artifact, made, artifact.report, skipped=True)

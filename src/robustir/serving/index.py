@@ -78,7 +78,7 @@ from ..errors import ConfigError, DataError
 from ..index.fusion import FusionConfig
 from ..io import input_digest, read_jsonl, write_json
 from ..precision import Precision
-from ..runs import Artifact, Fingerprint, fingerprint
+from ..runs import Artifact, Fingerprint, Job, Step, fingerprint, register
 from ..runs.artifact import file_sha256
 from ..validation import PositiveInt, cli, config_dataclass
 
@@ -223,6 +223,7 @@ class IndexReport:
     deleted: int = 0
     seconds: float = 0.0
     nothing_to_do: bool = False
+    summary: str = ""  # the index afterwards (SearchIndex.summary), set by the index step
 
     def format(self) -> str:
         if self.nothing_to_do:
@@ -386,10 +387,12 @@ class SearchIndex:
     @classmethod
     def build(cls, path: str | os.PathLike, model: Any, corpus: str | os.PathLike, *,
               config: IndexConfig | None = None, encoder_options: dict | None = None, overwrite: bool = False,
-              on_chunk: Any = None) -> tuple["SearchIndex", IndexReport]:
+              on_chunk: Any = None, on_change: Literal["refuse", "redo"] = "refuse") -> tuple["SearchIndex", IndexReport]:
         """Encode ``corpus`` with ``model`` into a new index at ``path``; a killed build of the same corpus is resumed,
-        a finished one left as it is (``overwrite`` starts afresh). ``config.ann``, the vector index, is kept in the
-        manifest and applied after every job. ``on_chunk(position)`` runs after each commit."""
+        a finished one left as it is (``overwrite`` starts afresh). An index of another corpus, model or encoding is
+        refused naming the difference, or (``on_change="redo"``) rebuilt as with ``overwrite``. ``config.ann``, the
+        vector index, is kept in the manifest and applied after every job. ``on_chunk(position)`` runs after each
+        commit."""
         config = config or IndexConfig()
         path = Path(path)
         started = time.perf_counter()
@@ -400,7 +403,7 @@ class SearchIndex:
         lock = _lock(path)  # one writer at a time; held by the index returned, released by close()
         try:
             index, report = cls._build(path, model, corpus, config, encoder_options, overwrite, on_chunk, scanned,
-                                       kinds)
+                                       kinds, on_change)
             index._lock = lock
         except BaseException:
             _unlock(lock)
@@ -411,7 +414,7 @@ class SearchIndex:
     @classmethod
     def _build(cls, path: Path, model: Any, corpus: str | os.PathLike, config: IndexConfig,
                encoder_options: dict | None, overwrite: bool, on_chunk: Any, scanned: tuple[int, dict[str, int]],
-               kinds: dict[str, set] | None = None) -> tuple["SearchIndex", IndexReport]:
+               kinds: dict[str, set] | None = None, on_change: str = "refuse") -> tuple["SearchIndex", IndexReport]:
         encoder, label = _load_encoder(model, config, encoder_options or {})
         source = Path(encoder.source) if encoder.source else None
         local = source is not None and source.exists()
@@ -437,7 +440,7 @@ class SearchIndex:
         # a rebuild beside a live index (--overwrite) killed earlier: resumed when it is of this corpus and model
         pending = _pending_rebuild(path)
         if pending is not None and changes(pending):
-            if overwrite:
+            if overwrite or on_change == "redo":
                 _discard_rebuild(path, pending)
             pending = None
         if pending is not None:
@@ -448,6 +451,10 @@ class SearchIndex:
         if current is not None and (current.get("job") or {}).get("kind") in _ATOMIC:  # a killed delete / compact
             cls(path, _open_table(path, current, writable=True), current, writable=True)._finish_job()
             current = _read_manifest(path)
+        if on_change == "redo" and not overwrite and current is not None and changes(current):
+            logger.warning("search index: %s was made with other settings or inputs (%s): making it again", path,
+                           "; ".join(changes(current)[:5]))
+            overwrite = True
         if overwrite and current is not None and current.get("job") is None and current.get("version") is not None:
             # build aside and swap: readers keep the finished index until the new one is complete and checked
             manifest = fresh(_free_data_name(path, int(current.get("generation", 0)) + 1),
@@ -1411,3 +1418,26 @@ def _remove(path: Path) -> None:
     for folder in path.glob(DATA + "*"):
         if folder.is_dir() and _is_data_name(folder.name):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_index_step(config: IndexConfig, job: Job, *, on_change: str | None = None,
+                    overwrite: bool = False) -> IndexReport:
+    index, report = SearchIndex.build(job.output, job.inputs["model"], job.inputs["corpus"], config=config,
+                                      encoder_options=dict(job.settings.get("encoder") or {}), overwrite=overwrite,
+                                      on_change=on_change or "refuse")
+    with index:
+        report.summary = index.summary()
+    return report
+
+
+def _check_index_job(config: IndexConfig, job: Job) -> None:
+    missing = [name for name in ("corpus", "model") if not job.inputs.get(name)]
+    if missing:
+        raise ConfigError(f"the index step needs inputs {missing} (the corpus to encode and the model)")
+
+
+#: ``robustir index --corpus`` (a build) as a :class:`~robustir.runs.Step`: ``Job(output=INDEX_FOLDER,
+#: inputs={"corpus": ..., "model": ...}, settings={"encoder": {...}})``; the manifest is its record
+INDEX = register(Step("index", IndexConfig, run=_run_index_step, check=_check_index_job,
+                      output=lambda config, job: _IndexRecord(Path(job.output), _usable_manifest(Path(job.output)) or {}),
+                      decides=lambda report: report.nothing_to_do))

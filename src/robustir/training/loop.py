@@ -52,7 +52,7 @@ from typing import Any, Literal
 import torch
 
 from ..config import to_dict
-from ..runs import Artifact, Fingerprint, operational
+from ..runs import Artifact, Fingerprint, Job, Step, operational
 from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
@@ -62,7 +62,7 @@ from .checkpoints import (list_checkpoints, resume_latest,
 from .input_pipeline import InputPipeline
 from .optim import adamw_with_linear_schedule
 
-__all__ = ["LoopConfig", "LoopResult", "TrainingLoop"]
+__all__ = ["LoopConfig", "LoopResult", "TrainingLoop", "loop_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class LoopConfig:
     afresh there; for work folders a stage owns, such as the passage sieve's model)."""
     report: bool = operational(True)
     """Write the report (figures) at the end."""
+    process_timeout_s: PositiveInt | None = operational(None)
+    """Under torchrun: how long a process waits in a collective for the others before it fails (a node killed or
+    frozen mid-run); None = PyTorch's default (30 min). Must exceed the longest phase one process runs alone while
+    the others wait: dense mining and evaluation on the main process."""
 
     def validate(self) -> None:
         if self.batch_size < 1:
@@ -143,6 +147,26 @@ class LoopResult:
     @property
     def data_wait_share(self) -> float:
         return self.data_wait_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
+
+
+def loop_step(name: str, config: type, stage: Callable[[Any], Any]) -> Step:
+    """A stage run by the training loop (fine-tuning, pre-training) as a :class:`~robustir.runs.Step`: its output
+    is the run folder (``job.output``, else the config's ``output``) with its record ``run.json``; the loop's
+    :meth:`TrainingLoop.open_output` answers "done?" through :meth:`Artifact.decide` (every process, the same
+    answer), with ``on_change`` (None: the config's) and ``overwrite`` (start over: ``resume=false``);
+    ``stage(config)`` returns a result whose ``already_complete`` says it found the run finished."""
+    import dataclasses
+
+    def run(options: Any, job: Job, *, on_change: str | None = None, overwrite: bool = False) -> Any:
+        changes: dict[str, Any] = {"output": job.output} if job.output else {}
+        if on_change is not None:
+            changes["on_change"] = on_change
+        if overwrite:
+            changes["resume"] = False
+        return stage(dataclasses.replace(options, **changes) if changes else options)
+
+    return Step(name, config, run=run, decides=lambda result: bool(result.already_complete),
+                output=lambda options, job: Artifact(job.output or options.output, what=f"{name} run", inside=True))
 
 
 def _launched_distributed() -> bool:
@@ -210,7 +234,7 @@ class TrainingLoop:
 
     def __init__(self, config: LoopConfig, *, config_file: str) -> None:
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs, set_seed
+        from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, set_seed
 
         config.validate()
         self.config = config
@@ -219,8 +243,12 @@ class TrainingLoop:
         self.precision = _training_precision(config.precision, cpu)
         mixed_precision = accelerate_mixed_precision(self.precision)
         _forget_other_accelerator_state(cpu, mixed_precision)
-        self.accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu,
-                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+        handlers: list = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+        if config.process_timeout_s is not None:  # the process group's collectives fail after this long
+            from datetime import timedelta
+
+            handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=config.process_timeout_s)))
+        self.accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu, kwargs_handlers=handlers)
         self.out = Path(config.output)
         self.out.mkdir(parents=True, exist_ok=True)
         set_seed(config.seed)

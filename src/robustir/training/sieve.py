@@ -14,8 +14,9 @@ from ..filtering.sieve import SieveConfig
 from ..filtering.sieve import sieve_negatives as sieve_with_trainer
 from ..filtering.teacher import FilterReport
 from ..outputs import StageOutput, stage_step
+from ..runs import Job, execute
 from .arguments import TrainConfig
-from .trainer import train
+from .trainer import TRAIN
 
 __all__ = ["SIEVE", "sieve_negatives", "train_sieve_model"]
 
@@ -30,11 +31,11 @@ def train_sieve_model(input_path: str | Path, config: SieveConfig, work_dir: Pat
         lr=config.lr, epochs=config.epochs, max_steps=config.max_steps, batch_size=config.train_batch_size,
         warmup_ratio=config.warmup_ratio, query_max_length=config.query_max_length,
         passage_max_length=config.passage_max_length, precision=config.train_precision, seed=config.seed,
-        output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device, on_change="redo")
+        output=str(work_dir / "train"), report=False, save_total_limit=1, device=config.device)
     # the work model is reused only when trained with these settings on this input (the training run's own
     # fingerprint: settings + the input's and the model's content); another beta, lr, seed ... or an edited input
     # trains it again in the same folder
-    result = train(train_config)
+    result = execute(TRAIN, train_config, Job(train_config.output), on_change="redo", say=None).report
     if result.already_complete:
         logger.info("sieve: reusing the briefly trained model in %s", result.model_path)
     summary = {"model": str(result.model_path), "steps": result.steps, "seconds": round(result.seconds, 1),

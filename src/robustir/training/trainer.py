@@ -41,7 +41,7 @@ from ..config import to_dict
 from ..data.arrow_store import convert_examples, convert_training_files
 from ..data.training_data import TrainingExample, examples_from_beir, training_files
 from ..errors import ConfigError
-from ..runs import Artifact, fingerprint
+from ..runs import Artifact, fingerprint, register
 from ..io import atomic_write, write_json
 from ..losses import get_loss
 from ..models.encoder import Encoder, length_options, max_positions
@@ -52,7 +52,7 @@ from .batch_engine import BatchEngine
 from .checkpoints import input_digest
 from .data import Collator, GroupSampler, SamplerSource, StepBatches, fit_batch_size, source_items
 from .input_pipeline import InputPipeline
-from .loop import TrainingLoop
+from .loop import TrainingLoop, loop_step
 
 logger = logging.getLogger(__name__)
 
@@ -531,3 +531,7 @@ def _trained_precision(config: TrainConfig, encoder: Encoder) -> str:
 
     resolved = resolve_precision(config.precision, encoder.device)
     return resolved if config.precision == resolved else f"{resolved} ({config.precision})"
+
+
+#: ``robustir train`` as a :class:`~robustir.runs.Step` (run by :func:`robustir.runs.execute`)
+TRAIN = register(loop_step("train", TrainConfig, train))
