@@ -34,6 +34,8 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from robustir.data.training_data import load_training_data
+    from robustir.models.interpolate import interpolate_folder
+    from robustir.resources import default_model_path
     from robustir.negatives.mining import MiningConfig, mine_beir
     from robustir.robustness.sidebyside import (PRESETS, evaluate_model, materialize_rows, train_robustir,
                                                 train_sentence_transformers, write_rows)
@@ -93,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         mined_dense = out / "mined-dense.jsonl"
         if not mined_dense.exists():
             from robustir.models.encoder import Encoder
-            from robustir.resources import default_model_path
 
             mine_beir(args.data, "train", mined_dense,
                       MiningConfig(method="dense", num_negatives=ours_budget.pool, range_max=100, relative_margin=0.05),
@@ -145,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['seconds']:.0f} s)", flush=True)
         for weight in args.robustir_base_weight if "robustir" in args.sides else ():
             # the same trained model moved back toward the base (WiSE-FT): no training, a row of its own
-            from robustir.models.interpolate import interpolate_folder
-            from robustir.resources import default_model_path
-
             key = ("robustir", seed, json.dumps({**json.loads(tag), "base_weight": weight}, sort_keys=True))
             if key in done:
                 continue

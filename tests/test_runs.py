@@ -9,7 +9,7 @@ import pytest
 
 from robustir.errors import ConfigError
 from robustir.negatives.mining import MiningConfig
-from robustir.runs import Artifact, Fingerprint, fingerprint, operational, settings_of
+from robustir.runs import Artifact, Fingerprint, added, fingerprint, operational, settings_of
 from robustir.training.arguments import TrainConfig
 
 
@@ -36,6 +36,32 @@ def test_settings_leave_out_operational_fields_at_every_depth_and_hide_secrets()
     assert fingerprint("mine", MiningConfig()) != fingerprint("mine", MiningConfig(num_negatives=3))
     train = settings_of(TrainConfig())
     assert "prefetch_batches" not in train and "device" not in train and "lr" in train and "seed" in train
+
+
+@dataclass
+class Before:
+    lr: float = 0.1
+
+
+@dataclass
+class After:
+    lr: float = 0.1
+    base_weight: float = added(0.0)
+
+
+def test_a_field_added_later_keeps_finished_outputs_finished_until_it_is_set(tmp_path):
+    """An output made before a field existed stays reusable after the upgrade while the field holds the old
+    behaviour's value (TrainConfig.base_weight: 0); set to anything else, it is a difference that is named."""
+    artifact = Artifact(tmp_path / "out.jsonl")
+    artifact.path.write_text("x\n")
+    artifact.start(fingerprint("train", Before()))
+    artifact.finish()
+    assert artifact.complete(fingerprint("train", After()))
+    assert fingerprint("train", After()).differences(fingerprint("train", Before())) == []
+    changed = fingerprint("train", After(base_weight=0.2))
+    assert not artifact.complete(changed)
+    assert any(d.startswith("base_weight") for d in changed.differences(fingerprint("train", Before())))
+    assert "base_weight" not in settings_of(TrainConfig()) and settings_of(TrainConfig(base_weight=0.2))["base_weight"]
 
 
 def test_an_input_edited_in_place_changes_the_fingerprint_and_the_difference_is_named(tmp_path):

@@ -21,7 +21,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_encoding_args(parser)
     parser.add_argument("--input", required=True, help="corpus.jsonl (passages) or queries.jsonl (with --queries)")
     parser.add_argument("--queries", action="store_true", help="encode as queries (query instruction, query length)")
-    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same)")
+    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same); "
+                        "with --engine ray a Lance dataset folder NAME.lance")
+    engine = parser.add_argument_group("engine (docs/scale.md)")
+    engine.add_argument("--engine", choices=["process", "ray"], default="process",
+                        help="process: this process (default); ray: Ray Data actors writing a Lance dataset, resumable "
+                             "by part (needs robustir[scale])")
+    engine.add_argument("--ray-address", default=None, help="Ray cluster to join (e.g. ray://head:10001, auto); "
+                                                            "default: a local Ray session")
+    engine.add_argument("--concurrency", type=int, default=None, help="encoder actors (default: 1)")
+    engine.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (default: 0, CPU actors)")
+    engine.add_argument("--part-rows", type=int, default=None, help="rows per Lance commit (default: 100000)")
+    engine.add_argument("--overwrite", action="store_true", help="--engine ray: encode again over an earlier output")
 
 
 def output_files(prefix: str | Path) -> tuple[Path, Path]:
@@ -33,6 +44,12 @@ def output_files(prefix: str | Path) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    ray_only = [f"--{n.replace('_', '-')}" for n in ("ray_address", "concurrency", "num_gpus", "part_rows", "overwrite")
+                if getattr(args, n)]
+    if args.engine == "ray":
+        return _run_ray(args)
+    if ray_only:
+        raise ConfigError(f"{', '.join(ray_only)} go with --engine ray")
     if not args.output.strip() or Path(args.output).name in ("", ".", "..") or Path(args.output).is_dir():
         raise ConfigError(f"--output {args.output!r} is a prefix of two files (PREFIX.npy, PREFIX.ids.json), not a "
                           f"folder: add a name, e.g. {Path(args.output) / 'corpus'}")
@@ -54,4 +71,20 @@ def run(args: argparse.Namespace) -> int:
     with atomic_write(id_file) as handle:
         json.dump(ids, handle)
     print(f"encoded {len(ids)} {kind}s -> {vectors} {emb.shape}")
+    return 0
+
+
+def _run_ray(args: argparse.Namespace) -> int:
+    from ..scale.ray_encode import RayEncodeConfig, encode_with_ray, require_scale_extra
+
+    require_scale_extra("--engine ray")
+    refuse_overwriting_inputs(Path(args.output), args.input, stage="encode")
+    given = {"concurrency": args.concurrency, "num_gpus": args.num_gpus, "part_rows": args.part_rows,
+             "address": args.ray_address, "batch_size": args.batch_size, "precision": args.precision}
+    config = RayEncodeConfig(**{k: v for k, v in given.items() if v is not None})
+    device = None if args.device in (None, "auto") else args.device
+    report = encode_with_ray(args.input, model_or_default(args.model), args.output,
+                             kind="query" if args.queries else "passage", config=config,
+                             encoder_options=encoder_options(args), overwrite=args.overwrite, device=device)
+    print(f"robustir encode (ray): {args.output}: {report.format()}")
     return 0

@@ -45,7 +45,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Annotated, Any, Iterable, Iterator, Literal
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -60,7 +60,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from .margins import margin_reason
 from .score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt
+from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt, Range
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,15 @@ class MiningConfig:
     """Dense: search the corpus embeddings from disk this many rows at a time, memory bounded by one chunk (unset: all in memory); bm25: texts tokenized at a time."""
     device: str = operational("auto")
     """Dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
+    engine: Literal["process", "ray"] = operational("process")
+    """Dense: where the corpus is encoded: this process, or Ray Data actors writing a resumable Lance dataset
+    (robustir[scale]; docs/scale.md). The same vectors and negatives; the search runs here either way."""
+    ray_address: str | None = operational(None)
+    """engine ray: the cluster to join (ray://head:10001, auto); None: a local Ray session."""
+    ray_actors: PositiveInt = operational(1)
+    """engine ray: encoder actors (one model load each)."""
+    ray_gpus: Annotated[float, Range(ge=0.0)] = operational(0.0)
+    """engine ray: GPUs per actor (0: CPU actors)."""
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     bm25: BM25Config = field(default_factory=BM25Config)
 
@@ -114,6 +123,9 @@ class MiningConfig:
                               "pass; swap them or drop one")
         if self.sampling not in ("top", "random"):
             raise ConfigError(f"sampling must be top or random, got {self.sampling!r}")
+        if self.engine == "ray" and self.method != "dense":
+            raise ConfigError("engine: ray encodes the corpus for dense mining; BM25 mining runs in this process "
+                              "(set method dense, or engine process)")
 
 
 @dataclass
@@ -390,6 +402,8 @@ def corpus_embeddings(encoder, documents: Documents, config: MiningConfig, work_
         raise ConfigError("no documents to mine negatives from")
     block = encoder_module.ENCODE_BLOCK
     kwargs = {"batch_size": config.encode_batch_size, "precision": config.precision}
+    if config.engine == "ray":
+        return _encode_on_ray(encoder, documents, config, Path(work_dir))
     if config.cache_dir is None:
         return _encode_to_file(encoder, documents, Path(work_dir) / "corpus-embeddings.npy", block, kwargs)
     path = encoder.corpus_cache_file((text for chunk in documents.chunks(block) for text in chunk), config.cache_dir,
@@ -447,6 +461,41 @@ def _encode_to_file(encoder, documents: Documents, path: Path, block: int, kwarg
     os.replace(partial, path)
     entry.finish({"rows": n}, checksums=True)
     return EmbeddingFile(path)
+
+
+def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir: Path) -> EmbeddingFile:
+    """The corpus embeddings encoded by Ray Data actors (:func:`robustir.scale.ray_encode.encode_documents_with_ray`)
+    through a resumable Lance dataset, then written in document order to the ``.npy`` the search reads. Kept in
+    ``cache_dir`` when it is set (keyed like :meth:`~robustir.models.encoder.Encoder.corpus_cache_file`), so a
+    killed job resumes at its first part not committed; else in the run's work folder."""
+    from ..scale.ray_encode import RayEncodeConfig, encode_documents_with_ray, require_scale_extra
+
+    require_scale_extra("engine: ray")
+    from ..models import encoder as encoder_module
+
+    kwargs = {"batch_size": config.encode_batch_size, "precision": config.precision}
+    texts = lambda: (text for chunk in documents.chunks(TEXT_CHUNK) for text in chunk)  # noqa: E731
+    # the process path's cache key (model, texts, settings): either engine reuses the other's file
+    target = encoder.corpus_cache_file(texts(), config.cache_dir or work_dir, **kwargs)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if encoder_module.reusable_corpus_cache(target):
+        return EmbeddingFile(target)
+    ray_config = RayEncodeConfig(precision=config.precision, batch_size=config.encode_batch_size,
+                                 concurrency=config.ray_actors, num_gpus=config.ray_gpus, address=config.ray_address,
+                                 show_progress=len(documents) >= 2000)
+    vectors = encode_documents_with_ray(encoder, lambda: list(texts()), target.stem,
+                                        target.with_suffix(".lance"), ray_config,
+                                        device="cuda" if config.ray_gpus else "cpu")
+    entry = encoder_module.corpus_cache_entry(target)
+    entry.start(fingerprint("corpus-embeddings", {"key": target.stem, "engine": "ray", "documents": len(vectors)}))
+    partial = target.with_name(target.name + ".partial")
+    file = EmbeddingFile.create(partial, len(vectors), vectors.shape[1])
+    file.write(0, vectors)
+    file.flush()
+    file.close()
+    os.replace(partial, target)
+    entry.finish({"rows": len(vectors)}, checksums=True)
+    return EmbeddingFile(target)
 
 
 @contextmanager

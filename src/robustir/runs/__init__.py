@@ -4,10 +4,10 @@ Arrow cache, the sieve's work model and the noise bench's cells ask here; nothin
 sidecar or computes a fingerprint."""
 
 from .artifact import RECORD, Artifact, Check, Decision, file_sha256
-from .fingerprint import (OPERATIONAL, Fingerprint, digest_inputs, fingerprint, is_operational, operational,
+from .fingerprint import (OPERATIONAL, Fingerprint, added, digest_inputs, fingerprint, is_operational, operational,
                           settings_of)
 from .step import STEPS, Job, Step, StepResult, execute, register
 
-__all__ = ["Artifact", "Check", "Decision", "Fingerprint", "OPERATIONAL", "RECORD", "digest_inputs", "file_sha256",
+__all__ = ["Artifact", "added", "Check", "Decision", "Fingerprint", "OPERATIONAL", "RECORD", "digest_inputs", "file_sha256",
            "fingerprint", "is_operational", "operational", "settings_of", "STEPS", "Job", "Step", "StepResult",
            "execute", "register"]

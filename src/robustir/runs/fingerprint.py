@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from ..io import describe_changes, input_digest
 
-__all__ = ["OPERATIONAL", "operational", "is_operational", "settings_of", "Fingerprint", "fingerprint",
+__all__ = ["OPERATIONAL", "added", "operational", "is_operational", "settings_of", "Fingerprint", "fingerprint",
            "digest_inputs"]
 
 #: field metadata of a config field that does not change what the stage produces
@@ -39,6 +39,17 @@ def is_operational(f: dataclasses.Field) -> bool:
     return bool(f.metadata.get("operational"))
 
 
+def added(default: Any) -> Any:
+    """A result field added to a config after outputs were made without it: left out of the fingerprint while it
+    holds this ``default`` -- the behaviour before it existed -- so finished outputs stay finished on upgrade, and
+    counted as soon as it is set to anything else."""
+    return field(default=default, metadata={"added_default": default})
+
+
+def _left_out(f: dataclasses.Field, value: Any) -> bool:
+    return is_operational(f) or ("added_default" in f.metadata and value == f.metadata["added_default"])
+
+
 def settings_of(config: Any, *, skip: tuple[str, ...] = ()) -> Any:
     """``config`` as JSON-ready data without its operational fields (and the names in ``skip``): a dataclass
     becomes a dict of its other fields, nested sections likewise; secrets (``api_key``) become ``"<set>"`` or
@@ -46,7 +57,8 @@ def settings_of(config: Any, *, skip: tuple[str, ...] = ()) -> Any:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return {f.name: (_secret(getattr(config, f.name)) if f.name in _SECRETS else
                          settings_of(getattr(config, f.name)))
-                for f in dataclasses.fields(config) if not is_operational(f) and f.name not in skip}
+                for f in dataclasses.fields(config)
+                if not _left_out(f, getattr(config, f.name)) and f.name not in skip}
     if isinstance(config, Mapping):
         return {str(k): (_secret(v) if k in _SECRETS else settings_of(v)) for k, v in config.items() if k not in skip}
     if isinstance(config, (list, tuple)):

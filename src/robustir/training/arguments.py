@@ -6,7 +6,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from ..runs import operational
+from ..runs import added, operational
 from ..errors import ConfigError
 from ..precision import Precision
 from ..validation import config_dataclass, NonNegativeInt, PositiveFloat, PositiveInt, Range
@@ -126,7 +126,7 @@ class TrainConfig(LoopConfig):
     pad_to_multiple_of: Annotated[int, Range(ge=1, le=128)] | None = operational(None)
     """Pad each batch's token length up to a multiple of this; None = 8 on a GPU (tensor cores), 1 (the longest
     text in the batch) on the CPU. The same values up to float summation order."""
-    base_weight: Annotated[float, Range(ge=0.0, lt=1.0)] = 0.0
+    base_weight: Annotated[float, Range(ge=0.0, lt=1.0)] = added(0.0)
     """WiSE-FT: the saved model's weights are (1 - base_weight) x the fine-tuned ones + base_weight x the starting
     model's (robustir.models.interpolate); 0 = the fine-tuned weights. Keeps more of the base model on other
     domains; measured in docs/benchmarks.md (issue 38)."""

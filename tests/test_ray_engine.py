@@ -1,0 +1,191 @@
+"""Issue 37: corpus encoding on Ray Data + Lance (`robustir.scale.ray_encode`) gives the single-process path's
+vectors, survives a worker killed mid-job with every passage exactly once, and a driver stopped mid-job resumes
+without encoding the committed parts again. Skipped where the optional extra ``robustir[scale]`` is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("lance")
+
+from robustir.errors import ConfigError  # noqa: E402
+from robustir.scale.ray_encode import RayEncodeConfig, encode_with_ray, read_vectors  # noqa: E402
+
+SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scifact"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One local Ray session for the module (2 CPUs, as the box has)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def _lines(path: Path) -> list[str]:
+    """A JSONL file's lines (split on newlines only: a text may hold other Unicode line breaks)."""
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+def _corpus(path: Path, n: int) -> Path:
+    rows = [{"_id": f"d{i:03d}", "title": f"Title {i}", "text": f"document {i} about subject {i % 7} and more {i * 3}"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _config(**kw) -> RayEncodeConfig:
+    return RayEncodeConfig(**{"precision": "fp32", "batch_size": 8, "batch_rows": 10, "part_rows": 20,
+                              "concurrency": 2, "show_progress": False, **kw})
+
+
+@pytest.mark.slow
+def test_ray_gives_the_single_process_vectors_on_a_scifact_slice(tmp_path):
+    """The bundled all-MiniLM-L6-v2 on the first 240 SciFact abstracts: the same ids, cosine >= 0.9999 per row."""
+    from robustir.data.beir import load_corpus
+    from robustir.models.encoder import Encoder
+    from robustir.resources import default_model_path
+
+    lines = _lines(SCIFACT / "corpus.jsonl")[:240]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    options = {"passage_max_length": 128}
+    report = encode_with_ray(corpus, default_model_path(), tmp_path / "vectors.lance", encoder_options=options,
+                             config=_config(batch_rows=40, part_rows=100, batch_size=16))
+    assert (report.rows, report.parts, report.parts_resumed) == (240, 3, 0)
+    ids, vectors = read_vectors(tmp_path / "vectors.lance")
+    loaded, _ = load_corpus(corpus)
+    single = Encoder.from_pretrained(default_model_path(), **options).encode(
+        loaded.texts_for_encoding(), "passage", batch_size=16, precision="fp32")
+    order = {doc_id: i for i, doc_id in enumerate(loaded.ids)}
+    assert ids == sorted(loaded.ids)
+    expected = single[[order[i] for i in ids]]
+    cosine = (vectors * expected).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.9999, cosine.min()
+
+
+def test_a_worker_killed_mid_job_leaves_every_passage_exactly_once(tmp_path, tiny_model_dir):
+    corpus = _corpus(tmp_path / "corpus.jsonl", 50)
+    marker = tmp_path / "killed-once"
+
+    def kill_once(call: int) -> None:  # runs in an actor: the first actor to reach its 2nd batch dies (kill -9)
+        if call == 2 and not marker.exists():
+            marker.write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    report = encode_with_ray(corpus, tiny_model_dir, tmp_path / "v.lance", config=_config(), on_batch=kill_once)
+    assert marker.exists() and report.rows == 50
+    ids, vectors = read_vectors(tmp_path / "v.lance")
+    assert ids == [f"d{i:03d}" for i in range(50)]  # each once
+    assert vectors.shape == (50, 32) and np.isfinite(vectors).all()
+
+
+def test_a_stopped_driver_resumes_without_encoding_committed_parts_again(tmp_path, tiny_model_dir):
+    import lance
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 50)
+    out = tmp_path / "v.lance"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(part: int) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=stop_after_first)
+    first = {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
+    assert sorted(read_vectors(out)[0]) == [f"d{i:03d}" for i in range(20)]  # part 0 committed whole
+    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config())
+    assert (report.parts, report.parts_resumed) == (3, 1)
+    after = {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
+    assert all(after[k] == v for k, v in first.items())  # part 0's files kept, not written again
+    assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(50)]
+    again = encode_with_ray(corpus, tiny_model_dir, out, config=_config(concurrency=1))  # operational: reused
+    assert again.nothing_to_do
+    with pytest.raises(ConfigError, match="other settings or inputs than this run"):
+        encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"))
+    assert encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"), overwrite=True).parts == 3
+
+
+def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_model_dir, capsys):
+    from robustir.cli.main import main
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 30)
+    out = tmp_path / "v.lance"
+    args = ["encode", "--engine", "ray", "--model", tiny_model_dir, "--input", str(corpus), "--precision", "fp32",
+            "--concurrency", "2", "--part-rows", "20", "--output", str(out)]
+    assert main(args) == 0
+    assert "30 rows in 2 parts" in capsys.readouterr().out
+    assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(30)]
+    assert main(args) == 0 and "nothing to do" in capsys.readouterr().out
+    assert main([*args[:-1], str(tmp_path / "v")]) == 2  # not a .lance name
+    assert "name it with .lance" in capsys.readouterr().err
+    assert main([*args, "--num-gpus", "-1"]) == 2
+    assert "num_gpus" in capsys.readouterr().err
+    assert main(["encode", "--input", str(corpus), "--output", str(tmp_path / "e"), "--concurrency", "2"]) == 2
+    assert "go with --engine ray" in capsys.readouterr().err
+
+
+def _scifact_slice(target: Path, queries: int = 40, extra_docs: int = 160) -> Path:
+    """A BEIR folder: the first SciFact train queries, their positives and the first other abstracts."""
+    qrels = (SCIFACT / "qrels" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    kept = {}
+    for line in qrels:
+        qid, did, _ = line.split("\t")
+        if qid in kept or len(kept) < queries:
+            kept.setdefault(qid, []).append(did)
+    wanted = {d for ds in kept.values() for d in ds}
+    docs, others = [], 0
+    for line in _lines(SCIFACT / "corpus.jsonl"):
+        doc_id = json.loads(line)["_id"]
+        if doc_id in wanted or others < extra_docs:
+            others += doc_id not in wanted
+            docs.append(line)
+    (target / "qrels").mkdir(parents=True)
+    (target / "corpus.jsonl").write_text("\n".join(docs) + "\n", encoding="utf-8")
+    queries_text = [line for line in _lines(SCIFACT / "queries.jsonl")
+                    if json.loads(line)["_id"] in kept]
+    (target / "queries.jsonl").write_text("\n".join(queries_text) + "\n", encoding="utf-8")
+    (target / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t1\n" for q, ds in kept.items() for d in ds), encoding="utf-8")
+    return target
+
+
+@pytest.mark.slow
+def test_dense_mining_with_ray_gives_the_single_process_negatives(tmp_path):
+    """`mine --method dense` on a SciFact slice (40 train queries, about 200 abstracts, the bundled model): the
+    corpus encoded by two Ray actors gives the same records -- the same negatives, ids and scores -- as one process."""
+    from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import MiningConfig, mine_beir
+    from robustir.resources import default_model_path
+
+    data = _scifact_slice(tmp_path / "slice")
+    encoder = Encoder.from_pretrained(default_model_path(), passage_max_length=128)
+    common = dict(method="dense", num_negatives=5, range_max=30, precision="fp32", relative_margin=0.05)
+    mine_beir(data, "train", tmp_path / "process.jsonl", MiningConfig(**common), encoder=encoder)
+    mine_beir(data, "train", tmp_path / "ray.jsonl",
+              MiningConfig(**common, engine="ray", ray_actors=2, cache_dir=str(tmp_path / "cache")), encoder=encoder)
+    process = [json.loads(x) for x in (tmp_path / "process.jsonl").read_text().splitlines()]
+    on_ray = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
+    assert len(process) == 40 and [r["query_id"] for r in on_ray] == [r["query_id"] for r in process]
+    assert [r["neg_ids"] for r in on_ray] == [r["neg_ids"] for r in process]
+    assert sum(len(r["neg_ids"]) for r in process) > 150
+    for a, b in zip(on_ray, process):
+        assert a["neg_scores"] == pytest.approx(b["neg_scores"], abs=1e-4)
+        assert a["pos_scores"] == pytest.approx(b["pos_scores"], abs=1e-4)
+    assert list((tmp_path / "cache").glob("*.lance"))  # the resumable Lance dataset the actors wrote
+
+
+def test_ray_is_for_dense_mining_only():
+    from robustir.negatives.mining import MiningConfig
+
+    with pytest.raises(ConfigError, match="engine: ray encodes the corpus for dense mining"):
+        MiningConfig(method="bm25", engine="ray").validate()
