@@ -189,3 +189,50 @@ def test_ray_is_for_dense_mining_only():
 
     with pytest.raises(ConfigError, match="engine: ray encodes the corpus for dense mining"):
         MiningConfig(method="bm25", engine="ray").validate()
+
+
+def test_an_index_built_with_ray_actors_holds_the_single_process_vectors(tmp_path, tiny_model_dir):
+    """`robustir index --engine ray`: every chunk split among two actors; the same rows and vectors as a build in
+    this process, the same search hits, and a re-run finds it complete."""
+    from robustir.serving.index import IndexConfig, SearchIndex
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 50)
+    vectors = {}
+    for engine in ("process", "ray"):
+        config = IndexConfig(chunk_size=20, precision="fp32", show_progress=False, engine=engine, ray_actors=2)
+        index, report = SearchIndex.build(tmp_path / engine, tiny_model_dir, corpus, config=config)
+        with index:
+            table = index._table.to_arrow().sort_by("id")
+            vectors[engine] = (table.column("id").to_pylist(), np.stack(table.column("vector").to_numpy(False)))
+            hits = [h.id for h in index.search(["subject 3 document"], top_k=5)[0]]
+        assert report.documents == 50
+        vectors[engine + "-hits"] = hits
+    assert vectors["process"][0] == vectors["ray"][0] == [f"d{i:03d}" for i in range(50)]
+    np.testing.assert_allclose(vectors["ray"][1], vectors["process"][1], atol=1e-5)
+    assert vectors["ray-hits"] == vectors["process-hits"]
+    again, report = SearchIndex.build(tmp_path / "ray", tiny_model_dir, corpus,
+                                      config=IndexConfig(precision="fp32", show_progress=False, engine="ray"))
+    again.close()
+    assert report.nothing_to_do
+
+
+def test_the_encoder_pool_survives_a_killed_actor(tmp_path, tiny_model_dir):
+    from robustir.models.encoder import Encoder
+    from robustir.scale.ray_encode import RayEncoderPool
+
+    marker = tmp_path / "killed-once"
+
+    def kill_once(call: int) -> None:  # in an actor: the first one to be called dies (kill -9), once
+        if not marker.exists():
+            marker.write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    texts = [f"passage number {i} about topic {i % 5}" for i in range(40)]
+    pool = RayEncoderPool(encoder, actors=2, on_call=kill_once)
+    try:
+        got = pool.encode(texts, "passage", batch_size=8, precision="fp32")
+    finally:
+        pool.close()
+    assert marker.exists()
+    np.testing.assert_allclose(got, encoder.encode(texts, "passage", batch_size=8, precision="fp32"), atol=1e-5)

@@ -37,8 +37,8 @@ from ..precision import Precision
 from ..runs import Artifact, fingerprint, operational
 from ..validation import PositiveInt, Range, config_dataclass
 
-__all__ = ["RayEncodeConfig", "RayEncodeReport", "encode_documents_with_ray", "encode_with_ray", "read_vectors",
-           "require_scale_extra"]
+__all__ = ["RayEncodeConfig", "RayEncodeReport", "RayEncoderPool", "encode_documents_with_ray", "encode_with_ray",
+           "read_vectors", "require_scale_extra"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,62 @@ def require_scale_extra(what: str) -> None:
     if missing:
         raise ConfigError(f"{what} needs the optional extra: pip install 'robustir[scale]' ({', '.join(missing)} "
                           "not installed)")
+
+
+class _PoolActor:
+    """One model load; :meth:`encode` is :meth:`Encoder.encode` on a piece of the caller's texts."""
+
+    def __init__(self, model: str, options: dict, device: str, on_call: Callable[[int], None] | None) -> None:
+        from ..models.encoder import Encoder
+
+        self.encoder = Encoder.from_pretrained(model, device=device, **options)
+        self.on_call, self.calls = on_call, 0
+
+    def encode(self, texts: list[str], kind: str, batch_size: int, precision: str) -> np.ndarray:
+        self.calls += 1
+        if self.on_call is not None:  # progress, or a fault injected by a test
+            self.on_call(self.calls)
+        return self.encoder.encode(texts, kind, batch_size=batch_size, precision=precision, show_progress=False)
+
+
+class RayEncoderPool:
+    """:meth:`Encoder.encode` spread over Ray actors, for a stage that encodes in chunks of its own and commits and
+    resumes them itself (``robustir index --engine ray``): each call's texts are cut into one contiguous piece per
+    actor and the vectors come back in order. The actors are restarted by Ray when they die (kill -9, a lost node)
+    and the call is retried on them (``max_restarts`` / ``max_task_retries`` -1), so a killed worker costs a retry."""
+
+    def __init__(self, encoder: Any, *, actors: int = 1, num_gpus: float = 0.0, num_cpus: float = 1.0,
+                 address: str | None = None, device: str | None = None,
+                 on_call: Callable[[int], None] | None = None) -> None:
+        import dataclasses
+
+        import ray
+
+        from ..models.encoder import resolve_model_path
+
+        require_scale_extra("engine: ray")
+        _init_ray(address)
+        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus or None, max_restarts=-1,
+                            max_task_retries=-1)(_PoolActor)
+        model, options = str(resolve_model_path(encoder.source)), dataclasses.asdict(encoder.config)
+        device = device or ("cuda" if num_gpus else "cpu")
+        self.actors = [remote.remote(model, options, device, on_call) for _ in range(actors)]
+
+    def encode(self, texts: list[str], kind: str = "passage", *, batch_size: int = 64, precision: str = "auto",
+               **_: Any) -> np.ndarray:
+        import ray
+
+        bounds = np.linspace(0, len(texts), len(self.actors) + 1).astype(int)
+        calls = [actor.encode.remote(list(texts[a:b]), kind, batch_size, precision)
+                 for actor, a, b in zip(self.actors, bounds[:-1], bounds[1:]) if b > a]
+        return np.concatenate(ray.get(calls)) if calls else np.zeros((0, 0), np.float32)
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
 
 
 def _schema(dim: int):

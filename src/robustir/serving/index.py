@@ -70,7 +70,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Sequence
+from typing import Annotated, Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -80,7 +80,7 @@ from ..io import input_digest, read_jsonl, write_json
 from ..precision import Precision
 from ..runs import Artifact, Fingerprint, Job, Step, fingerprint, register
 from ..runs.artifact import file_sha256
-from ..validation import PositiveInt, cli, config_dataclass
+from ..validation import PositiveInt, Range, cli, config_dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +192,15 @@ class IndexConfig:
     """Corpus format: auto (by suffix: .jsonl = records, else text), jsonl, text, beir."""
     show_progress: bool | None = None
     """Show progress bars."""
+    engine: Literal["process", "ray"] = "process"
+    """Where the documents are encoded: this process, or Ray actors (robustir[scale]; docs/scale.md); the chunks are
+    committed and resumed by the index either way."""
+    ray_address: str | None = None
+    """engine ray: the cluster to join (ray://head:10001, auto); None: a local Ray session."""
+    ray_actors: PositiveInt = 1
+    """engine ray: encoder actors (one model load each); each chunk is split among them."""
+    ray_gpus: Annotated[float, Range(ge=0.0)] = 0.0
+    """engine ray: GPUs per actor (0: CPU actors)."""
     ann: AnnConfig = field(default_factory=AnnConfig, metadata=cli(flatten=True))
     """The vector index (exact or ANN); set when the index is built, kept in its manifest."""
 
@@ -382,6 +391,7 @@ class SearchIndex:
         self._manifest_stat = _stat(path / manifest_name)  # a reader re-reads the manifest when this changes
         self._following = threading.Lock()
         self._lock: int | None = None
+        self._pool: Any = None  # engine ray: the encoder actors of the job under way
 
     # ------------------------------------------------------------------ making and opening
     @classmethod
@@ -880,9 +890,15 @@ class SearchIndex:
                 f"Lance version {self.version}")
 
     def close(self) -> None:
+        self._close_pool()
         self._table = None
         _unlock(self._lock)
         self._lock = None
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def __enter__(self) -> "SearchIndex":
         return self
@@ -942,6 +958,11 @@ class SearchIndex:
             logger.info("resuming the %s of %s after %d input records", kind, corpus, job.position)
         show = config.show_progress if config.show_progress is not None else True
         report = IndexReport(kind, resumed_from=job.position, skipped_empty=job.skipped)
+        if config.engine == "ray":
+            from ..scale.ray_encode import RayEncoderPool
+
+            self._pool = RayEncoderPool(self.encoder, actors=config.ray_actors, num_gpus=config.ray_gpus,
+                                        address=config.ray_address)
         fields = set(self.field_names)
         buffer: list[_Record] = []
         with tqdm(total=total, initial=job.position, desc=f"index {kind}", unit="doc", disable=not show) as bar:
@@ -966,6 +987,7 @@ class SearchIndex:
                 report.added += len(buffer)
                 if on_chunk is not None and buffer:
                     on_chunk(position)
+        self._close_pool()
         report.skipped_empty = job.skipped
         self._finish_job()
         if self._manifest_name == BUILDING:
@@ -1017,9 +1039,13 @@ class SearchIndex:
                 self.manifest["fields"] = sorted(fields)
                 _write_manifest(self.path, self.manifest, self._manifest_name)
             parts = []
-            for start in range(0, len(texts), config.batch_size):  # the bar moves per batch, not per chunk
-                parts.append(self.encoder.encode(texts[start:start + config.batch_size], "passage",
-                                                 batch_size=config.batch_size, precision=config.precision,
+            if self._pool is not None:  # engine ray: the chunk split among the actors
+                parts.append(self._pool.encode(texts, "passage", batch_size=config.batch_size,
+                                               precision=config.precision))
+                bar.update(len(texts))
+            for start in range(0, len(texts), config.batch_size) if self._pool is None else ():
+                parts.append(self.encoder.encode(texts[start:start + config.batch_size], "passage",  # the bar moves
+                                                 batch_size=config.batch_size, precision=config.precision,  # per batch
                                                  show_progress=False))
                 bar.update(len(parts[-1]))
             vectors = np.vstack(parts).astype(np.float32)
