@@ -264,3 +264,18 @@ def test_a_model_retrained_in_place_is_a_changed_input_for_dense_mining_and_the_
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "model" in err and "other settings or inputs" in err and "--overwrite" in err, err
+
+
+def test_ray_engine_without_the_scale_extra_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    """Where `robustir[scale]` is not installed (CI), `--engine ray` names the extra instead of a traceback."""
+    import importlib.util
+
+    from robustir.cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("ray", "lance_ray") else real(name, *a))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "d1", "text": "x"}\n')
+    assert main(["encode", "--engine", "ray", "--input", str(corpus), "--output", str(tmp_path / "v.lance")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'robustir[scale]'" in err and "ray" in err
