@@ -6,7 +6,7 @@ The corpus: every document of the BEIR sets under ../shared/data chunked into pa
 (`robustir.data.chunking.chunk_document`, one sentence of overlap) until --passages are reached, SciFact's first,
 so that SciFact's train positives are in it. The queries: SciFact's train split (809 queries) as a training JSONL.
 Both runs mine the same queries against the same corpus with the bundled all-MiniLM-L6-v2 (dense, 128-token
-passages, precision auto, 15 negatives from the top 100, relative margin 0.05), from an empty cache:
+passages, --precision (auto: bf16 where native), 15 negatives from the top 100, relative margin 0.05), from an empty cache:
 * `process`: `mine_jsonl` with the corpus encoded in this process;
 * `ray-2nodes`: the same with `engine: ray` on `ray.cluster_utils.Cluster` (two raylets on 127.0.0.1, half the cores
   each, one encoder actor per node); the search and the mining rules run in the driver as without Ray.
@@ -46,7 +46,7 @@ def build(passages: int, work: Path) -> tuple[Path, Path]:
     corpus = work / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     train = work / "train.jsonl"
-    train.write_text("".join(json.dumps({"query": e.query, "pos": e.positives}) + "\n"
+    train.write_text("".join(json.dumps({"query": e.query, "pos": e.pos}) + "\n"
                              for e in examples_from_beir(shared / "scifact", "train")), encoding="utf-8")
     return corpus, train
 
@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--precision", default="auto", help="auto (bf16 where native) or fp32")
     args = parser.parse_args(argv)
     cores = os.cpu_count() or 2
     work = Path(tempfile.mkdtemp(prefix="ray-mine-"))
     corpus, train = build(args.passages, work)
     encoder = Encoder.from_pretrained(default_model_path(), passage_max_length=128)
-    common = dict(method="dense", num_negatives=15, range_max=100, relative_margin=0.05, precision="auto")
+    common = dict(method="dense", num_negatives=15, range_max=100, relative_margin=0.05, precision=args.precision)
     seconds = {}
 
     started = time.perf_counter()
@@ -90,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     a = [json.loads(x) for x in (work / "process.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (work / "ray.jsonl").read_text().splitlines()]
     same = sum(x["neg_ids"] == y["neg_ids"] for x, y in zip(a, b))
+    overlap = sum(len(set(x["neg_ids"]) & set(y["neg_ids"])) for x, y in zip(a, b)) / max(1, sum(
+        len(x["neg_ids"]) for x in a))
     print(f"\n{args.passages} passages, {len(a)} queries, {cores} cores: process {seconds['process']:.0f} s, "
           f"ray-2nodes {seconds['ray-2nodes']:.0f} s (x{seconds['process'] / seconds['ray-2nodes']:.2f} the "
-          f"throughput); the same negatives for {same} of {len(a)} queries")
+          f"throughput); the same negatives for {same} of {len(a)} queries, {overlap:.1%} of all negatives shared "
+          f"(precision {args.precision})")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -311,9 +311,12 @@ def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model
         # lance-ray's sink (Lance's own): fragments written by parallel tasks, one commit by the driver (Ray's
         # bundled Dataset.write_lance calls a write_fragments argument pylance 14 no longer has)
         # the write tasks ask for no CPU: the encoder actors may hold every CPU of the cluster (Ray Data warns that
-        # the job would hang), and writing a fragment is light next to encoding it
+        # the job would hang), and writing a fragment is light next to encoding it. Files of a few batches: with
+        # min_rows_per_file = part_rows one write task buffered the whole part in the object store (measured: a
+        # 100k-row part held the actors back-pressured until it was all encoded); the part is still one commit
         lance_ray.write_lance(dataset, str(output), schema=_schema(dim),
-                              mode="append" if output.exists() else "create", min_rows_per_file=config.part_rows,
+                              mode="append" if output.exists() else "create",
+                              min_rows_per_file=min(config.part_rows, 4 * config.batch_rows),
                               ray_remote_args={"num_cpus": 0})
         record.note(parts_committed=part + 1)
         if on_part is not None:
