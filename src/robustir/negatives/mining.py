@@ -484,8 +484,7 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
                                  concurrency=config.ray_actors, num_gpus=config.ray_gpus, address=config.ray_address,
                                  show_progress=len(documents) >= 2000)
     vectors = encode_documents_with_ray(encoder, lambda: list(texts()), target.stem,
-                                        target.with_suffix(".lance"), ray_config,
-                                        device="cuda" if config.ray_gpus else "cpu")
+                                        target.with_suffix(".lance"), ray_config)
     entry = encoder_module.corpus_cache_entry(target)
     entry.start(fingerprint("corpus-embeddings", {"key": target.stem, "engine": "ray", "documents": len(vectors)}))
     partial = target.with_name(target.name + ".partial")

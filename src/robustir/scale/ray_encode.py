@@ -82,41 +82,6 @@ class RayEncodeReport:
         return f"{self.rows} rows in {self.parts} parts{resumed} ({self.seconds:.1f} s)"
 
 
-class _EncodeBatch:
-    """A Ray Data actor: one model load, then each batch encoded with :meth:`Encoder.encode`."""
-
-    def __init__(self, model: str, kind: str, options: dict, precision: str, batch_size: int, device: str,
-                 on_batch: Callable[[int], None] | None = None) -> None:
-        from ..models.encoder import Encoder
-
-        self.encoder = Encoder.from_pretrained(model, device=device, **options)
-        self.kind, self.precision, self.batch_size, self.on_batch, self.calls = kind, precision, batch_size, on_batch, 0
-
-    def __call__(self, batch):
-        import pyarrow as pa
-
-        self.calls += 1
-        if self.on_batch is not None:  # progress, or a fault injected by a test
-            self.on_batch(self.calls)
-        texts = batch.column("text").to_pylist()
-        vectors = self.encoder.encode(texts, self.kind, batch_size=self.batch_size, precision=self.precision,
-                                      show_progress=False)
-        flat = pa.array(vectors.reshape(-1), type=pa.float32())
-        return pa.table({"id": batch.column("id"), "part": batch.column("part"),
-                         "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
-
-
-def require_scale_extra(what: str) -> None:
-    """A :class:`ConfigError` naming the missing package when the optional extra ``robustir[scale]`` is not
-    installed (Ray Data, pylance, lance-ray)."""
-    import importlib.util
-
-    missing = [name for name in ("ray", "lance", "lance_ray") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ConfigError(f"{what} needs the optional extra: pip install 'robustir[scale]' ({', '.join(missing)} "
-                          "not installed)")
-
-
 class _PoolActor:
     """One model load; :meth:`encode` is :meth:`Encoder.encode` on a piece of the caller's texts."""
 
@@ -131,6 +96,34 @@ class _PoolActor:
         if self.on_call is not None:  # progress, or a fault injected by a test
             self.on_call(self.calls)
         return self.encoder.encode(texts, kind, batch_size=batch_size, precision=precision, show_progress=False)
+
+
+class _EncodeBatch(_PoolActor):
+    """A Ray Data actor: one model load, then each batch (a pyarrow table of id, text, part) encoded."""
+
+    def __init__(self, model: str, kind: str, options: dict, precision: str, batch_size: int, device: str,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+        super().__init__(model, options, device, on_batch)
+        self.kind, self.precision, self.batch_size = kind, precision, batch_size
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        vectors = self.encode(batch.column("text").to_pylist(), self.kind, self.batch_size, self.precision)
+        flat = pa.array(vectors.reshape(-1), type=pa.float32())
+        return pa.table({"id": batch.column("id"), "part": batch.column("part"),
+                         "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
+
+
+def require_scale_extra(what: str) -> None:
+    """A :class:`ConfigError` naming the missing package when the optional extra ``robustir[scale]`` is not
+    installed (Ray Data, pylance, lance-ray)."""
+    import importlib.util
+
+    missing = [name for name in ("ray", "lance", "lance_ray") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"{what} needs the optional extra: pip install 'robustir[scale]' ({', '.join(missing)} "
+                          "not installed)")
 
 
 class RayEncoderPool:
@@ -265,8 +258,7 @@ def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model
     import lance_ray
     import pyarrow as pa
     import ray.data
-
-    from ..models.encoder import Encoder
+    from transformers import AutoConfig
 
     encoder_options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
     started = time.perf_counter()
@@ -292,7 +284,7 @@ def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model
                     parts - len(done))
     _init_ray(config.address)
     ray.data.DataContext.get_current().enable_progress_bars = config.show_progress
-    dim = int(Encoder.from_pretrained(model, **encoder_options).dim)
+    dim = int(AutoConfig.from_pretrained(model).hidden_size)  # Encoder.dim, without loading the weights here
     device = device or ("cuda" if config.num_gpus else "cpu")
     for part in range(parts):
         if part in done:
@@ -318,7 +310,6 @@ def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model
                               mode="append" if output.exists() else "create",
                               min_rows_per_file=min(config.part_rows, 4 * config.batch_rows),
                               ray_remote_args={"num_cpus": 0})
-        record.note(parts_committed=part + 1)
         if on_part is not None:
             on_part(part)
     seconds = time.perf_counter() - started
