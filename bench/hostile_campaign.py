@@ -1,7 +1,7 @@
 """Hostile-user campaign (issue 11): every stage of the CLI fed bad input, and valid-but-unusual input, as a user
 would type it -- each case a subprocess with a time limit -- and each outcome classified.
 
-    python bench/hostile_campaign.py                 # all 423 cases (about 17 minutes on 2 cores)
+    python bench/hostile_campaign.py                 # all 447 cases (about 18 minutes on 2 cores)
     python bench/hostile_campaign.py --only 'train|mine' --keep   # a subset; keep the temp folder to look at
 
 What a case expects and what counts as a failure:
@@ -922,7 +922,57 @@ def cases() -> list[Case]:
            lambda out, text: None if "compact: 6 documents" in text else "wrong count", protect_setup=False,
            setup=[*made, new, ["index", "--upsert", "{out}/new.jsonl", "--output", "{out}/idx"],
                   ["index", "--delete-id", "d1", "--output", "{out}/idx"]]))
+
+    # issue 37: the index on S3 (a moto server on 127.0.0.1, bucket "campaign"; skipped without robustir[scale])
+    # and the Ray engine's flags, refused before anything starts
+    n = "index-s3"
+    opts = ["--storage-option", "aws_endpoint={s3}", "--storage-option", "aws_access_key_id=campaign",
+            "--storage-option", "aws_secret_access_key=campaign", "--storage-option", "aws_region=us-east-1"]
+
+    def s3(case: str, argv: list[str]) -> list[str]:
+        return [a.replace("{out}/idx", f"s3://campaign/{case}") for a in argv] + opts
+
+    if _has_moto():
+        s3_made = [s3("check", IDX)]
+        add(OK("index-s3-build-check", s3("check", ["index", "--check", "--output", "{out}/idx"]),
+               lambda out, text: None if "data files verified" in text else "no verification", setup=s3_made))
+        add(E("index-s3-no-prefix", n, IDX[:6] + ["s3://campaign"] + IDX[7:] + opts, "s3://BUCKET/PREFIX"))
+        add(E("index-s3-dotdot", n, IDX[:6] + ["s3://campaign/a/../b"] + IDX[7:] + opts, "'..'"))
+        add(E("index-s3-missing-bucket", n, IDX[:6] + ["s3://no-such-bucket/idx"] + IDX[7:] + opts,
+              "create the bucket no-such-bucket"))
+        add(E("index-s3-no-credentials", n, IDX[:6] + ["s3://campaign/nocred"] + IDX[7:] +
+              ["--storage-option", "aws_endpoint={s3}", "--storage-option", "aws_region=us-east-1"],
+              "no AWS credentials"))
+        add(E("index-s3-unknown-option", n, s3("unknown", IDX) + ["--storage-option", "aws_regoin=x"], "aws_regoin"))
+        add(E("index-s3-option-without-value", n, s3("noval", IDX) + ["--storage-option", "aws_region"], "KEY=VALUE"))
+        add(E("index-s3-check-empty-prefix", n, s3("empty", ["index", "--check", "--output", "{out}/idx"]),
+              "no index here"))
+        add(E("index-s3-add-while-empty", n, s3("empty2", ["index", "--add", "{docs}", "--output", "{out}/idx"]),
+              "no index here"))
+        add(E("serve-s3-empty-prefix", n, s3("empty3", ["serve", "--index", "{out}/idx", "--port", "0"]),
+              "no index here"))
+        add(E("index-s3-other-corpus", n, s3("check", IDX[:4] + ["{docs}"] + IDX[5:]), "other settings or inputs",
+              setup=s3_made))
+        add(E("index-s3-bad-refresh", n, s3("check", ["serve", "--index", "{out}/idx", "--port", "0",
+                                                      "--index-refresh-s", "-1"]), "index_refresh_s",
+              setup=s3_made))
+    add(E("index-gs-location", n, IDX[:6] + ["gs://bucket/idx"] + IDX[7:], "gs:// is not supported"))
+    add(E("index-storage-option-local-folder", n, IDX + ["--storage-option", "aws_region=x"],
+          "goes with an object-store index"))
+    add(E("serve-storage-option-without-index", n, ["serve", "--port", "0", "--storage-option", "aws_region=x"],
+          "goes with --index"))
+    add(E("eval-storage-option-without-search-index", n, EVAL + ["--storage-option", "aws_region=x"],
+          "goes with --search-index"))
+    add(E("index-ray-negative-gpus", n, IDX + ["--engine", "ray", "--ray-gpus", "-1"], "ray_gpus"))
+    add(E("index-ray-zero-actors", n, IDX + ["--engine", "ray", "--ray-actors", "0"], "ray_actors"))
     return c
+
+
+def _has_moto() -> bool:
+    """Whether the S3 cases can run (boto3 and moto's server, from robustir[scale])."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("boto3", "moto"))
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -1136,7 +1186,8 @@ def main() -> int:
         return 0
     from fake_llm_server import FakeLLMServer
 
-    env = {k: v for k, v in os.environ.items() if k not in ("ROBUSTIR_DEBUG", "OPENAI_API_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("ROBUSTIR_DEBUG", "OPENAI_API_KEY")
+           and not k.startswith("AWS_")}  # the S3 cases pass their own credentials
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HOME=str(Path(tempfile.gettempdir()) / "campaign-hf-home"),
                TQDM_DISABLE="1", MPLBACKEND="Agg")
@@ -1155,6 +1206,19 @@ def main() -> int:
             }
             values = {name: stack.enter_context(server).url for name, server in servers.items()}
             values["dead_url"] = f"http://127.0.0.1:{free_port()}/v1"
+            if _has_moto():  # a local S3 endpoint for the index-on-S3 cases
+                import logging
+
+                import boto3
+                from moto.server import ThreadedMotoServer
+
+                logging.getLogger("werkzeug").setLevel(logging.WARNING)
+                moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+                moto.start()
+                stack.callback(moto.stop)
+                values["s3"] = "http://%s:%d" % moto.get_host_and_port()
+                boto3.client("s3", endpoint_url=values["s3"], aws_access_key_id="campaign",
+                             aws_secret_access_key="campaign", region_name="us-east-1").create_bucket(Bucket="campaign")
             print(f"building fixtures in {work} ...", flush=True)
             values.update(build_fixtures(work / "fx", env))
             pristine = work / "fx.pristine"

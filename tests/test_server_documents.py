@@ -87,15 +87,15 @@ def test_bad_documents_and_deletes_are_refused_naming_them(served):
 
 
 def test_a_cli_writer_holding_the_lock_makes_http_writes_answer_409(served, index_path):
-    from robustir.serving.index import _lock, _unlock
+    from robustir.serving.storage import LocalStore
 
     client, _ = served
-    held = _lock(index_path)  # what a running `robustir index --upsert` holds
+    held = LocalStore(index_path).lock()  # what a running `robustir index --upsert` holds
     try:
         reply = client.post("/documents", json={"documents": [{"_id": "z", "text": "zz"}]})
         assert reply.status_code == 409 and "another process" in reply.json()["error"]["message"]
     finally:
-        _unlock(held)
+        held.release()
     assert client.post("/documents", json={"documents": [{"_id": "z", "text": "zz"}]}).status_code == 200
 
 

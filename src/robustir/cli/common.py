@@ -88,6 +88,24 @@ def add_device_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     parser.add_argument("--device", default=None, help=f"{DEVICE_HELP} (default: auto)")
 
 
+def add_storage_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--storage-option KEY=VALUE`` (repeatable): the object store of an ``s3://`` index
+    (:mod:`robustir.serving.storage`)."""
+    parser.add_argument("--storage-option", action="append", default=None, metavar="KEY=VALUE",
+                        help="for an index on S3 (s3://bucket/prefix): an object-store option such as "
+                             "aws_endpoint=http://127.0.0.1:9000, aws_region=eu-west-1, aws_access_key_id=...; "
+                             "repeatable; credentials otherwise come from the AWS environment (AWS_ACCESS_KEY_ID, a "
+                             "profile, a role)")
+
+
+def storage_options(args: argparse.Namespace) -> dict | None:
+    """The ``--storage-option`` flags as a dict (None when none were given); a malformed or unknown one is
+    refused."""
+    from ..serving.storage import parse_storage_options
+
+    return parse_storage_options(args.storage_option) or None
+
+
 def encoder_options(args: argparse.Namespace) -> dict:
     """The :class:`~robustir.models.encoder.EncoderConfig` overrides of :func:`add_encoder_args` (None: the model
     folder's value)."""

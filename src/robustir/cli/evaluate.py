@@ -13,8 +13,8 @@ import argparse
 from ..errors import ConfigError
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
-from .common import (add_config_flags, add_encoder_args, config_from_flags, data_or_default, encoder_options,
-                     model_or_default)
+from .common import (add_config_flags, add_encoder_args, add_storage_arg, config_from_flags, data_or_default,
+                     encoder_options, model_or_default, storage_options)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--output", default=None, help="folder for metrics.json and run.trec")
     keys = add_config_flags(parser, EvalConfig)
+    add_storage_arg(parser)
     parser.set_defaults(_flag_keys=keys)
 
 
@@ -41,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
     options = {} if lexical else encoder_options(args)
     if config.search_index is not None and any(v is not None for v in options.values()):
         raise ConfigError("encoder options come from the index's manifest with --search-index: leave them out")
-    result = evaluate("bm25" if lexical else model, data, args.split, config, output=args.output, **options)
+    storage = storage_options(args)
+    if storage and config.search_index is None:
+        raise ConfigError("--storage-option goes with --search-index s3://...")
+    result = evaluate("bm25" if lexical else model, data, args.split, config, output=args.output,
+                      storage_options=storage, **options)
     if config.search_index is not None:
         name = result.system
     else:

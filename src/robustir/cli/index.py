@@ -10,6 +10,7 @@ Examples::
     robustir index --delete ids.txt --output runs/index                                         # ids, one per line
     robustir index --compact --output runs/index                                                # merge small files
     robustir index --check --output runs/index                                                  # verify, summarise
+    robustir index --corpus corpus.jsonl --output s3://bucket/indexes/docs                      # on S3 (AWS_* env)
 
 A killed build, add or upsert resumes when the same command is run again (at most one chunk of ``--chunk-size``
 documents is encoded twice). A server (``robustir serve --index runs/index``) sees every change on its next query.
@@ -21,7 +22,8 @@ import argparse
 
 from ..errors import ConfigError
 from ..serving.index import IndexConfig, SearchIndex, read_id_list
-from .common import add_config_flags, add_encoder_args, config_from_flags, encoder_options, model_or_default
+from .common import (add_config_flags, add_encoder_args, add_storage_arg, config_from_flags, encoder_options,
+                     model_or_default, storage_options)
 
 ACTIONS = ("--corpus (build), --add, --upsert, --delete/--delete-id, --compact, --check, --discard-unfinished")
 
@@ -39,11 +41,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     action.add_argument("--delete-id", metavar="ID", action="append", help="delete this document (repeatable)")
     action.add_argument("--compact", action="store_true", help="merge small data files, fold deletions and new rows "
                                                                "into the full-text index, drop old versions")
-    action.add_argument("--check", action="store_true", help="verify the index (every data file's size and SHA-256, "
-                                                             "the count) and print a summary; repairs nothing")
+    action.add_argument("--check", action="store_true", help="verify the index (every data file's size and SHA-256 "
+                                                             "-- on S3 its ETag --, the count) and print a summary; "
+                                                             "repairs nothing")
     action.add_argument("--discard-unfinished", action="store_true",
                         help="drop the documents of an interrupted --add instead of finishing it")
-    parser.add_argument("--output", required=True, help="the index folder")
+    parser.add_argument("--output", required=True, help="the index folder, or s3://bucket/prefix (an S3 or "
+                                                        "S3-compatible object store; docs/scale.md)")
+    add_storage_arg(parser)
     parser.add_argument("--overwrite", action="store_true", help="with --corpus: rebuild from scratch, beside the index: "
                         "readers (a running server) keep the old index until the new one is complete, then follow it; "
                         "a killed rebuild resumes when run again")
@@ -63,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.overwrite and not args.corpus:
         raise ConfigError("--overwrite goes with --corpus (a rebuild)")
     config = config_from_flags(IndexConfig, args)
+    storage = storage_options(args)
     if not args.corpus:
         fixed = [f"--{dest.replace('_', '-')}" for dest, key in args._flag_keys.items()
                  if key.startswith("ann.") and getattr(args, dest, None) is not None]
@@ -75,18 +81,20 @@ def run(args: argparse.Namespace) -> int:
         from ..serving.index import INDEX
 
         job = Job(args.output, {"corpus": args.corpus, "model": model_or_default(args.model)},
-                  settings={"encoder": encoder_options(args)})
+                  settings={"encoder": encoder_options(args)}, runtime={"storage_options": storage})
         report = execute(INDEX, config, job, overwrite=args.overwrite, say=None).report
         print(f"robustir index: {args.output} is complete; nothing to do (--add / --upsert to add documents, "
               "--overwrite to rebuild)" if report.nothing_to_do else f"robustir index: {report.format()}")
         print(report.summary)
         return 0
     if args.check:
-        with SearchIndex.open(args.output, model=args.model or None, device=args.device) as index:
+        with SearchIndex.open(args.output, model=args.model or None, device=args.device,
+                              storage_options=storage) as index:
             print(f"robustir index: checked {index.check()}")
             print(index.summary())
         return 0
-    with SearchIndex.open(args.output, writable=True, model=args.model or None, device=args.device) as index:
+    with SearchIndex.open(args.output, writable=True, model=args.model or None, device=args.device,
+                          storage_options=storage) as index:
         if args.add:
             report = index.add(args.add, config=config)
         elif args.upsert:

@@ -26,12 +26,14 @@ from ..errors import ConfigError
 
 def register(parser: argparse.ArgumentParser) -> None:
     from ..serving.config import ServeConfig
-    from .common import add_config_flags, add_precision_arg
+    from .common import add_config_flags, add_precision_arg, add_storage_arg
 
     parser.add_argument("--model", default=None, help="model folder or hub id (default: the index's model, else the "
                                                       "bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--index", default=None, help="index folder built by robustir index (enables POST /search and "
-                                                      "POST|DELETE /documents, GET /documents/ID)")
+    parser.add_argument("--index", default=None, help="index folder built by robustir index, or s3://bucket/prefix "
+                                                      "(enables POST /search and POST|DELETE /documents, GET "
+                                                      "/documents/ID)")
+    add_storage_arg(parser)
     group = parser.add_argument_group("encoder settings (without --index; an index brings its own)")
     group.add_argument("--pooling", choices=["cls", "mean"], default=None)
     group.add_argument("--query-instruction", default=None, help="prefix added to inputs with input_type=query")
@@ -46,7 +48,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..serving.app import ServeConfig, create_app
     from ..serving.server import serve
-    from .common import flags_from_args, model_or_default
+    from .common import flags_from_args, model_or_default, storage_options
 
     config = load_config(ServeConfig, None, None, flags_from_args(args, args._flag_keys)).validate()
     options = {"pooling": args.pooling, "query_instruction": args.query_instruction,
@@ -59,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if config.host not in ("127.0.0.1", "localhost", "::1") and not key:
         logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
                                             "can use the server", config.host)
-    app = create_app(model, args.index, config, encoder_options=options)
+    storage = storage_options(args)
+    if storage and not args.index:
+        raise ConfigError("--storage-option goes with --index s3://...")
+    app = create_app(model, args.index, config, encoder_options=options, storage_options=storage)
     index = app.state.server.index
     print(f"robustir serve: model {app.state.server.name} ({app.state.server.encoder.source}), "
           + (f"index {index.path} ({index.count} documents), " if index is not None else "no index, ")

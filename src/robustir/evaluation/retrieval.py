@@ -129,13 +129,13 @@ def in_rank_order(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 
 def retrieve_from_index(model: "Encoder | str | None", dataset: BeirDataset, config: EvalConfig,
-                        mode: str) -> tuple[dict[str, dict[str, float]], str]:
+                        mode: str, storage_options: dict | None = None) -> tuple[dict[str, dict[str, float]], str]:
     """The run of ``config.search_index`` (:class:`robustir.serving.index.SearchIndex`) in ``mode``: the same calls
     as ``POST /search`` makes, so its ranking is the served one. The index must hold the dataset's corpus (its count
     is checked; a document it holds that the qrels do not know simply counts as not relevant)."""
     from ..serving.index import SearchIndex
 
-    index = SearchIndex.open(config.search_index, device=config.device)
+    index = SearchIndex.open(config.search_index, device=config.device, storage_options=storage_options)
     with index:
         if index.count != len(dataset.corpus.ids):
             raise ConfigError(f"index {config.search_index} holds {index.count} documents, the corpus of the dataset "
@@ -160,10 +160,12 @@ def retrieve_from_index(model: "Encoder | str | None", dataset: BeirDataset, con
 
 
 def evaluate(model: "Encoder | str | None", data: "BeirDataset | str | Path", split: str = "test",
-             config: EvalConfig | None = None, output: str | Path | None = None, **encoder_options) -> EvalResult:
+             config: EvalConfig | None = None, output: str | Path | None = None,
+             storage_options: dict | None = None, **encoder_options) -> EvalResult:
     """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``, the same as ``mode:
     lexical``) on a BEIR folder, in ``config.mode``: dense, lexical (BM25) or hybrid (both, fused by rank). With
-    ``config.search_index``, through that persistent index (``model`` None: the index's model).
+    ``config.search_index``, through that persistent index (``model`` None: the index's model; an ``s3://`` index
+    with ``storage_options``, :mod:`robustir.serving.storage`).
 
     ``output``: folder for ``metrics.json`` and ``run.trec``. A dense model runs on ``config.device`` (an
     :class:`Encoder` given is moved there); BM25 runs on the CPU whatever the device (which is still checked).
@@ -179,7 +181,7 @@ def evaluate(model: "Encoder | str | None", data: "BeirDataset | str | Path", sp
         if any(v is not None for v in encoder_options.values()):
             raise ConfigError("encoder options come from the index's manifest with search_index: leave them out")
         given = model.to(device) if isinstance(model, Encoder) else model
-        run, system = retrieve_from_index(None if given == "bm25" else given, dataset, config, mode)
+        run, system = retrieve_from_index(None if given == "bm25" else given, dataset, config, mode, storage_options)
     elif mode == "lexical":
         run = retrieve_bm25(dataset, config)
         system = "bm25"

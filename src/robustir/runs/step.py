@@ -29,12 +29,15 @@ C = TypeVar("C")
 class Job:
     """Where one run of a step reads and writes: ``inputs`` (name -> path or hub id; read by content, a name
     ending in ``model`` as a model), the ``output`` path, the ``shard`` (``"I/N"``) and ``settings`` that decide
-    the result without being options of the step's config (``format``, ``split``, encoder overrides)."""
+    the result without being options of the step's config (``format``, ``split``, encoder overrides), and
+    ``runtime``: what the run needs that decides nothing and is never recorded nor shown (an object store's
+    credentials and endpoint: ``{"storage_options": {...}}``)."""
 
     output: str
     inputs: Mapping[str, Any] = field(default_factory=dict)
     shard: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    runtime: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)

@@ -439,7 +439,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
             _check_document(document, i, c.max_chars_per_input)
         async with s.write_lock:
             try:
-                report = await s.batcher.run(upsert_documents, s.index.path, s.encoder, body.documents)
+                report = await s.batcher.run(upsert_documents, s.index.store, s.encoder, body.documents)
             except DocumentError as exc:
                 raise ApiError(400, str(exc), param=exc.param) from None
             except ConfigError as exc:  # another process holds the index's writer lock
@@ -459,7 +459,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                 raise ApiError(400, str(exc), param="filter") from None
         async with s.write_lock:
             try:
-                report = await s.searching(delete_documents, s.index.path, body.ids, body.filter,
+                report = await s.searching(delete_documents, s.index.store, body.ids, body.filter,
                                              s.config.max_inputs_per_request)
             except DataError as exc:  # an id not in the index: nothing deleted
                 raise ApiError(404, exc.problem + (f" ({exc.fix})" if exc.fix else ""), param="ids",
@@ -641,7 +641,7 @@ async def _error_response(request: Request, exc: Exception) -> JSONResponse:
 # ------------------------------------------------------------------------------------------------ the app
 
 def create_app(model: Any = None, index: Any = None, config: ServeConfig | None = None, *,
-               encoder_options: dict | None = None) -> FastAPI:
+               encoder_options: dict | None = None, storage_options: dict | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (a folder, hub id or :class:`~robustir.models.encoder.Encoder`; default: the
     index's model, else the bundled MiniLM) and, optionally, ``index`` (a folder or an open
     :class:`~robustir.serving.index.SearchIndex`, checked to be built with ``model``).
@@ -671,9 +671,12 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                               "index is served: leave them out")
         if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
             from .ingest import finish_incoming
+            from .storage import open_store
 
-            finish_incoming(Path(index), model if isinstance(model, Encoder) else None, str(device))
-        search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index)
+            index = open_store(index, storage_options)  # a folder, or s3://... (robustir.serving.storage)
+            finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))
+        search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index,
+                                                                                      refresh_s=config.index_refresh_s)
         try:
             if isinstance(model, Encoder):
                 search_index.use_model(model.to(device))

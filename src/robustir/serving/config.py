@@ -38,6 +38,10 @@ class ServeConfig:
     """Where the model runs: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
     precision: Precision = "auto"
     """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
+    index_refresh_s: NonNegativeFloat = 0.0
+    """How stale a search may be, in seconds: 0 (default) checks for a writer's commits on every query; on an S3 index
+    each check is a few requests (docs/scale.md: ~7 per query against a local endpoint), so a replica under load can
+    check at most this often instead."""
     max_batch_size: PositiveInt = 64
     """Texts batched together at most."""
     max_wait_ms: NonNegativeFloat = 0.0

@@ -8,15 +8,17 @@ only, and its own job runner, generations and checksums. LanceDB gives versioned
 prefiltered vector search, a BM25 full-text index and ``merge_insert``; what is kept here is what LanceDB does not do:
 the model identity, resumable encoding jobs, the checks, the filter language.
 
-A folder ``IDX`` holds
+A folder ``IDX`` -- or a prefix on S3, ``s3://bucket/prefix``: the same layout as objects, read and written through
+:mod:`robustir.serving.storage` (an atomic put for the manifest, its ETag for "changed?", a conditional-put lease for
+``writer.lock``, data files checked by size + ETag) -- holds
 
 ===================  ==================================================================================================
 ``manifest.json``    what the index is: the model (absolute path, name, file digest) and its encoder settings, the
                      dimension, the data folder, the known metadata fields, the vector-index settings (``ann``), the
                      unfinished job (if any) and, after each finished job, the Lance version it left, the document
-                     count and the size + SHA-256 of every data file of that version; and its own ``digest`` (SHA-256
-                     of the rest): an edited manifest is refused, never trusted. Written atomically; every part is
-                     type-checked when read.
+                     count and the size + SHA-256 (on S3: size + ETag) of every data file of that version; and its
+                     own ``digest`` (SHA-256 of the rest): an edited manifest is refused, never trusted. Written
+                     atomically; every part is type-checked when read.
 ``lance/docs.lance`` the LanceDB table: ``id``, ``title``, ``text``, ``content`` (title and text joined as they are
                      encoded: what BM25 indexes), ``fields`` (the record's other keys, a Lance JSON column, so filters
                      reach nested values), ``t0``, ``t1`` ... (a typed copy of each top-level field of one kind, with a
@@ -25,7 +27,8 @@ A folder ``IDX`` holds
                      killed job resumable), ``vector``. A rebuild (``--overwrite``) writes ``lance.1``, ``lance.2``
                      ...: the manifest names the one in use.
 ``building.json``    the manifest of a rebuild in progress beside the live index (gone when it is swapped in).
-``writer.lock``      ``flock``-ed by the one process changing the index (released when it closes or dies).
+``writer.lock``      ``flock``-ed by the one process changing the index (released when it closes or dies); on S3 a
+                     lease object with an expiry, renewed while the writer works (:mod:`robustir.serving.storage`).
 ===================  ==================================================================================================
 
 **Rebuilds.** ``build(overwrite=True)`` over a finished index builds the new one aside (its own data folder and
@@ -76,11 +79,11 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..index.fusion import FusionConfig
-from ..io import input_digest, read_jsonl, write_json
+from ..io import input_digest, read_jsonl
 from ..precision import Precision
 from ..runs import Artifact, Fingerprint, Job, Step, fingerprint, register
-from ..runs.artifact import file_sha256
 from ..validation import PositiveInt, Range, cli, config_dataclass
+from .storage import IndexStore, ObjectPath, WriterLock, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -377,52 +380,57 @@ class SearchIndex:
     """A persistent LanceDB search index (see the module docstring): :meth:`build` / :meth:`open`, then
     :meth:`add`, :meth:`upsert`, :meth:`delete` and :meth:`search` (dense, lexical or hybrid, with filters)."""
 
-    def __init__(self, path: Path, table: Any, manifest: dict, *, writable: bool, encoder: Any = None,
+    def __init__(self, store: IndexStore, table: Any, manifest: dict, *, writable: bool, encoder: Any = None,
                  manifest_name: str = MANIFEST) -> None:
         import threading
 
-        self.path = path
+        self.store = store
+        self.path = store.path  # a Path, or an ObjectPath (s3://...)
         self._table = table
         self.manifest = manifest
         self.writable = writable
         self._encoder = encoder
         self.device: str | None = None
         self._manifest_name = manifest_name  # BUILDING while a rebuild beside the live index runs
-        self._manifest_stat = _stat(path / manifest_name)  # a reader re-reads the manifest when this changes
+        self._manifest_stat = store.token(manifest_name)  # a reader re-reads the manifest when this changes
         self._following = threading.Lock()
-        self._lock: int | None = None
+        self._lock: WriterLock | None = None
         self._pool: Any = None  # engine ray: the encoder actors of the job under way
+        self._refresh_s = 0.0  # a reader checks for a writer's commits at most this often (0: every query)
+        self._checked_at = time.monotonic()
 
     # ------------------------------------------------------------------ making and opening
     @classmethod
-    def build(cls, path: str | os.PathLike, model: Any, corpus: str | os.PathLike, *,
+    def build(cls, path: str | os.PathLike | IndexStore, model: Any, corpus: str | os.PathLike, *,
               config: IndexConfig | None = None, encoder_options: dict | None = None, overwrite: bool = False,
-              on_chunk: Any = None, on_change: Literal["refuse", "redo"] = "refuse") -> tuple["SearchIndex", IndexReport]:
-        """Encode ``corpus`` with ``model`` into a new index at ``path``; a killed build of the same corpus is resumed,
+              on_chunk: Any = None, on_change: Literal["refuse", "redo"] = "refuse",
+              storage_options: dict | None = None) -> tuple["SearchIndex", IndexReport]:
+        """Encode ``corpus`` with ``model`` into a new index at ``path`` (a folder, or ``s3://bucket/prefix`` with
+        ``storage_options``: :mod:`robustir.serving.storage`); a killed build of the same corpus is resumed,
         a finished one left as it is (``overwrite`` starts afresh). An index of another corpus, model or encoding is
         refused naming the difference, or (``on_change="redo"``) rebuilt as with ``overwrite``. ``config.ann``, the
         vector index, is kept in the manifest and applied after every job. ``on_chunk(position)`` runs after each
         commit."""
         config = config or IndexConfig()
-        path = Path(path)
+        store = open_store(path, storage_options)
         started = time.perf_counter()
         kinds: dict[str, set] = {}
         scanned = _scan_corpus(corpus, config.format, kinds)  # a missing corpus or bad input fails before the model
         if not scanned[1]:
             raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
-        lock = _lock(path)  # one writer at a time; held by the index returned, released by close()
+        lock = store.lock()  # one writer at a time; held by the index returned, released by close()
         try:
-            index, report = cls._build(path, model, corpus, config, encoder_options, overwrite, on_chunk, scanned,
+            index, report = cls._build(store, model, corpus, config, encoder_options, overwrite, on_chunk, scanned,
                                        kinds, on_change)
             index._lock = lock
         except BaseException:
-            _unlock(lock)
+            lock.release()
             raise
         report.seconds = time.perf_counter() - started
         return index, report
 
     @classmethod
-    def _build(cls, path: Path, model: Any, corpus: str | os.PathLike, config: IndexConfig,
+    def _build(cls, store: IndexStore, model: Any, corpus: str | os.PathLike, config: IndexConfig,
                encoder_options: dict | None, overwrite: bool, on_chunk: Any, scanned: tuple[int, dict[str, int]],
                kinds: dict[str, set] | None = None, on_change: str = "refuse") -> tuple["SearchIndex", IndexReport]:
         encoder, label = _load_encoder(model, config, encoder_options or {})
@@ -435,7 +443,7 @@ class SearchIndex:
                               "digest": _model_digest(source) if local and source.is_dir() else None},  # type: ignore
                     "encoder": dataclasses.asdict(encoder.config)}
         build = {"input": str(corpus), "digest": _corpus_digest(corpus, config.format)}
-        live = path / MANIFEST
+        path = store.path
         made = _index_fingerprint({**identity, "build": build})
 
         def changes(manifest: dict) -> list[str]:
@@ -448,86 +456,97 @@ class SearchIndex:
                     "ann": {**dataclasses.asdict(config.ann), "indexed": False}}
 
         # a rebuild beside a live index (--overwrite) killed earlier: resumed when it is of this corpus and model
-        pending = _pending_rebuild(path)
+        pending = _pending_rebuild(store)
         if pending is not None and changes(pending):
             if overwrite or on_change == "redo":
-                _discard_rebuild(path, pending)
+                _discard_rebuild(store, pending)
             pending = None
         if pending is not None:
-            index = cls(path, _open_table(path, pending, writable=True), pending, writable=True, encoder=encoder,
+            index = cls(store, _open_table(store, pending, writable=True), pending, writable=True, encoder=encoder,
                         manifest_name=BUILDING)
             return index, index._run("build", corpus, config, on_chunk, scanned)
-        current = _usable_manifest(path) if live.exists() else None
+        live = store.exists(MANIFEST)
+        current = _usable_manifest(store) if live else None
         if current is not None and (current.get("job") or {}).get("kind") in _ATOMIC:  # a killed delete / compact
-            cls(path, _open_table(path, current, writable=True), current, writable=True)._finish_job()
-            current = _read_manifest(path)
+            cls(store, _open_table(store, current, writable=True), current, writable=True)._finish_job()
+            current = _read_manifest(store)
         if on_change == "redo" and not overwrite and current is not None and changes(current):
             logger.warning("search index: %s was made with other settings or inputs (%s): making it again", path,
                            "; ".join(changes(current)[:5]))
             overwrite = True
         if overwrite and current is not None and current.get("job") is None and current.get("version") is not None:
             # build aside and swap: readers keep the finished index until the new one is complete and checked
-            manifest = fresh(_free_data_name(path, int(current.get("generation", 0)) + 1),
+            manifest = fresh(_free_data_name(store, int(current.get("generation", 0)) + 1),
                              int(current.get("generation", 0)) + 1)
-            _create_table(path, manifest, int(encoder.dim))
-            _write_manifest(path, manifest, BUILDING)
-            index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True, encoder=encoder,
+            _create_table(store, manifest, int(encoder.dim))
+            _write_manifest(store, manifest, BUILDING)
+            index = cls(store, _open_table(store, manifest, writable=True), manifest, writable=True, encoder=encoder,
                         manifest_name=BUILDING)
             return index, index._run("build", corpus, config, on_chunk, scanned)
         if overwrite:  # nothing finished to keep serving (none, damaged, or an unfinished build): start afresh here
-            _remove(path)
-        if live.exists():
-            manifest = _read_manifest(path)
+            _remove(store)
+            live = False
+        if live:
+            manifest = _read_manifest(store)
             finished = _finished(manifest)
             fix = ("Fix: add documents with --add / --upsert, or rebuild with --overwrite (the index is served as it "
                    "is until the new one is complete)" if finished else
                    "Fix: re-run the first command to finish it, or add --overwrite to start afresh")
             # the one "done?" rule, on the manifest (robustir.runs.Artifact.decide): reuse, resume, or refuse
-            if _IndexRecord(path, manifest).decide(made, on_change="refuse", fix=fix).state == "reuse":
-                index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True,
+            if _IndexRecord(store, manifest).decide(made, on_change="refuse", fix=fix).state == "reuse":
+                index = cls(store, _open_table(store, manifest, writable=True), manifest, writable=True,
                             encoder=encoder)
                 index._verify()
                 return index, IndexReport("build", documents=index.count, nothing_to_do=True)
         else:
-            path.mkdir(parents=True, exist_ok=True)
+            store.prepare()
             manifest = fresh(DATA, 0)
-            _create_table(path, manifest, int(encoder.dim))
-            _write_manifest(path, manifest)
-        index = cls(path, _open_table(path, manifest, writable=True), manifest, writable=True, encoder=encoder)
+            _create_table(store, manifest, int(encoder.dim))
+            _write_manifest(store, manifest)
+        index = cls(store, _open_table(store, manifest, writable=True), manifest, writable=True, encoder=encoder)
         return index, index._run("build", corpus, config, on_chunk, scanned)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, model: Any = None, writable: bool = False,
-             device: str | None = None) -> "SearchIndex":
-        """Open the index at ``path`` (see the module docstring for what is checked). A reader follows the writer:
-        each query sees the latest committed version."""
-        path = Path(path)
-        if not path.is_dir():
-            raise DataError(path, "no index here" if not path.exists() else "is not a folder",
+    def open(cls, path: str | os.PathLike | IndexStore, *, model: Any = None, writable: bool = False,
+             device: str | None = None, storage_options: dict | None = None, refresh_s: float = 0.0) -> "SearchIndex":
+        """Open the index at ``path`` (a folder, or ``s3://bucket/prefix`` with ``storage_options``; see the module
+        docstring for what is checked). A reader follows the writer: each query sees the latest committed version --
+        or, with ``refresh_s`` > 0, checks for new commits at most that often (on an object store each check costs
+        requests)."""
+        if not (isinstance(refresh_s, (int, float)) and math.isfinite(refresh_s) and refresh_s >= 0):
+            raise ConfigError(f"refresh_s must be a number of seconds >= 0, got {refresh_s!r}")
+        store = open_store(path, storage_options)
+        path = store.path
+        if not store.holds_index():
+            raise DataError(path, "no index here",
                             fix="build one with: robustir index --corpus CORPUS --output " + str(path))
-        lock = _lock(path) if writable else None
+        lock = store.lock() if writable else None
         try:
-            seen = _stat(path / MANIFEST)  # before the read: a change made while opening is seen by the first query
-            manifest = _read_manifest(path)
+            seen = store.token(MANIFEST)  # before the read: a change made while opening is seen by the first query
+            manifest = _read_manifest(store)
             job = _Job.from_json(manifest["job"], path / MANIFEST) if manifest.get("job") is not None else None
-            if job is not None and job.kind not in _ATOMIC and not writable and not _writer_running(path):
+            if job is not None and job.kind not in _ATOMIC and not writable and not store.writer_running():
                 flag = "corpus" if job.kind == "build" else job.kind
                 fix = f"re-run that command to finish it (robustir index --{flag} {job.input} --output {path})"
-                if Path(job.input).parent.name == "incoming":  # an HTTP upsert of a server that was stopped
+                spooled = Path(job.input).parent.resolve() == store.incoming_dir().resolve()
+                if spooled:  # an HTTP upsert of a server that was stopped
                     fix = (f"start robustir serve on it (it finishes an HTTP upsert before serving), or {fix}"
                            if Path(job.input).exists() else
                            f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with "
                            f"robustir index --discard-unfinished --output {path}")
                 raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input "
                                 "records) and no process is working on it", fix=fix)
-            index = cls(path, _open_table(path, manifest, writable=writable), manifest, writable=writable)
-            index._lock, index._manifest_stat = lock, seen
+            refresh_s = 0.0 if writable else float(refresh_s)
+            index = cls(store, _open_table(store, manifest, writable=writable, refresh_s=refresh_s), manifest,
+                        writable=writable)
+            index._lock, index._manifest_stat, index._refresh_s = lock, seen, refresh_s
             if writable and job is not None and job.kind in _ATOMIC:  # killed after (or before) its commit: either
                 logger.info("index %s: recording the state an interrupted %s left", path, job.kind)  # is whole
                 index._finish_job()
             index._verify()
         except BaseException:
-            _unlock(lock)
+            if lock is not None:
+                lock.release()
             raise
         index.device = device
         if model is not None:
@@ -750,14 +769,17 @@ class SearchIndex:
         wrong model."""
         if self.writable:
             return
-        stat = _stat(self.path / MANIFEST)
+        if self._refresh_s and time.monotonic() - self._checked_at < self._refresh_s:
+            return
+        self._checked_at = time.monotonic()
+        stat = self.store.token(MANIFEST)
         if stat == self._manifest_stat:
             return
         with self._following:
             if stat == self._manifest_stat:
                 return
             try:
-                manifest = _read_manifest(self.path)
+                manifest = _read_manifest(self.store)
             except DataError as exc:  # a damaged manifest is reported by the next open / check, not mid-search
                 logger.warning("index %s: kept the manifest read before (%s)", self.path, exc)
                 self._manifest_stat = stat
@@ -771,7 +793,8 @@ class SearchIndex:
                                     f"this process loaded ({manifest['model']['path']})",
                                     fix="restart the server (or open the index again) to search the new index")
                 previous = (self._table, self.manifest)
-                self._table, self.manifest = _open_table(self.path, manifest, writable=False), manifest
+                self._table, self.manifest = (_open_table(self.store, manifest, writable=False,
+                                                          refresh_s=self._refresh_s), manifest)
                 try:
                     self._verify(digests=False, follow=False)
                 except DataError:
@@ -835,7 +858,7 @@ class SearchIndex:
         except ConfigError:
             if self.writable:
                 raise
-            self._manifest_stat = None
+            self._manifest_stat, self._checked_at = None, float("-inf")  # look now, whatever refresh_s says
             self._follow()
             return compiled()
 
@@ -859,14 +882,19 @@ class SearchIndex:
         if self.manifest.get("documents") and not recorded:
             raise DataError(self.path / self._manifest_name, f"records {self.manifest['documents']} documents but no "
                             "data file", field="files", fix=fix)
+        present = self.store.listing(self.manifest["data"]) if recorded else {}
         for name, meta in sorted(recorded.items()):
-            file = self.path / name
-            if not file.is_file():
+            file, have = self.store.where(name), present.get(name)
+            if have is None:
                 raise DataError(file, "is missing", fix=fix)
-            if file.stat().st_size != meta["size"]:
-                raise DataError(file, f"is {file.stat().st_size} bytes, the index recorded {meta['size']} (truncated or "
+            if have["size"] != meta["size"]:
+                raise DataError(file, f"is {have['size']} bytes, the index recorded {meta['size']} (truncated or "
                                 "overwritten)", fix=fix)
-            if digests and file_sha256(file) != meta["sha256"]:
+            if "etag" in meta:  # an object store: a rewritten object has another ETag (known from the listing)
+                if have.get("etag") != meta["etag"]:
+                    raise DataError(file, "was rewritten after it was written (its ETag differs from the recorded "
+                                    "one)", fix=fix)
+            elif digests and self.store.sha256(name) != meta["sha256"]:
                 raise DataError(file, "was edited after it was written (its SHA-256 differs from the recorded one)",
                                 fix=fix)
         version, recorded_version = int(self._table.version), self.manifest.get("version")
@@ -875,7 +903,7 @@ class SearchIndex:
                             f"recorded version {recorded_version}: the newest version files (_versions/) are missing",
                             fix=fix)
         if self.manifest.get("job") is None and recorded_version is not None:
-            if version != recorded_version and (self.writable or not _writer_running(self.path)):
+            if version != recorded_version and (self.writable or not self.store.writer_running()):
                 raise DataError(self.path / self.manifest["data"], f"is at Lance version {version} but the index "
                                 f"recorded {recorded_version} and no robustir job is at work: it was changed outside "
                                 "robustir", fix=fix)
@@ -892,7 +920,8 @@ class SearchIndex:
     def close(self) -> None:
         self._close_pool()
         self._table = None
-        _unlock(self._lock)
+        if self._lock is not None:
+            self._lock.release()
         self._lock = None
 
     def _close_pool(self) -> None:
@@ -989,6 +1018,13 @@ class SearchIndex:
                     on_chunk(position)
         self._close_pool()
         report.skipped_empty = job.skipped
+        if kind == "build" and self.store.remote:
+            # one Lance fragment per chunk costs a search on an object store one request per fragment at least
+            # (bench/index_s3.py: 13 -> 7 requests a dense query for 4 fragments -> 1): merged once, before the
+            # full-text and vector indexes are made; later jobs' fragments wait for --compact
+            if self._lock is not None:
+                self._lock.check()
+            self._table.optimize(delete_unverified=False)
         self._finish_job()
         if self._manifest_name == BUILDING:
             self._swap()
@@ -1004,14 +1040,14 @@ class SearchIndex:
         self._verify(digests=False)
         retired = []
         try:
-            old = _read_manifest(self.path)
+            old = _read_manifest(self.store)
             retired = [*old.get("retired", []), {"data": old["data"], "at": time.time()}]
         except DataError as exc:  # damaged since the rebuild began: nothing of it is served any more
             logger.warning("index %s: the index replaced was damaged (%s); its files are left as they are",
                            self.path, exc)
         self.manifest["retired"] = retired
-        _write_manifest(self.path, self.manifest, MANIFEST)  # the swap
-        (self.path / BUILDING).unlink(missing_ok=True)
+        self._write(MANIFEST)  # the swap
+        self.store.delete(BUILDING)
         self._manifest_name = MANIFEST
 
     def _commit(self, job: _Job, records: list[_Record], position: int, config: IndexConfig, corpus_cls: type,
@@ -1037,7 +1073,7 @@ class SearchIndex:
             if new or any(changed) or unfit:  # recorded before the rows are: a reader may filter on them at once
                 fields.update(new)
                 self.manifest["fields"] = sorted(fields)
-                _write_manifest(self.path, self.manifest, self._manifest_name)
+                self._write()
             parts = []
             if self._pool is not None:  # engine ray: the chunk split among the actors
                 parts.append(self._pool.encode(texts, "passage", batch_size=config.batch_size,
@@ -1060,6 +1096,8 @@ class SearchIndex:
                              "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()),
                                                                          self.dim)},
                             schema=_schema(self.dim, columns))
+            if self._lock is not None:
+                self._lock.check()  # a lost lease (object store): stop before committing
             if job.kind == "upsert":
                 self._table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
             else:
@@ -1119,7 +1157,14 @@ class SearchIndex:
 
     def _save_job(self, job: _Job) -> None:
         self.manifest["job"] = dataclasses.asdict(job)
-        _write_manifest(self.path, self.manifest, self._manifest_name)
+        self._write()
+
+    def _write(self, name: str | None = None) -> None:
+        """Write this writer's manifest (``name``: another one, for the swap) -- after checking its writer lock
+        still holds (a lease on an object store can be lost: the job stops before it writes anything more)."""
+        if self._lock is not None:
+            self._lock.check()
+        _write_manifest(self.store, self.manifest, name or self._manifest_name)
 
     def _finish_job(self, keep: timedelta = RETIRED_KEEP) -> None:
         """Make the full-text index once (rows added later are searched beside it until :meth:`compact` folds them
@@ -1134,18 +1179,16 @@ class SearchIndex:
             self._vector_index()
         self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
                              jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
-                             files=_data_files(self.path, self.manifest["data"], self.manifest.get("files") or {}),
+                             files=_data_files(self.store, self.manifest["data"], self.manifest.get("files") or {}),
                              retired=self._drop_retired(keep))
-        _write_manifest(self.path, self.manifest, self._manifest_name)
+        self._write()
 
     def _drop_retired(self, keep: timedelta) -> list[dict]:
         """Remove the data folders a swap retired more than ``keep`` ago; returns the ones kept."""
-        import shutil
-
         kept = []
         for entry in self.manifest.get("retired") or []:
             if time.time() - entry["at"] >= keep.total_seconds() and entry["data"] != self.manifest["data"]:
-                shutil.rmtree(self.path / entry["data"], ignore_errors=True)
+                self.store.remove_tree(entry["data"])
             else:
                 kept.append(entry)
         return kept
@@ -1184,17 +1227,18 @@ def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | No
     return total, ids
 
 
-def _data_files(path: Path, data: str, known: dict) -> dict:
-    """Size and SHA-256 of every file of the table's data folder ``path / data``. Lance never rewrites a file, so a
-    file already in ``known`` (the last record) with the same size keeps its checksum: a job hashes only the files it
-    wrote."""
-    root = path / data
+def _data_files(store: IndexStore, data: str, known: dict) -> dict:
+    """Size and checksum of every file of the table's data folder ``data``: on a local folder the SHA-256 (Lance
+    never rewrites a file, so a file already in ``known`` -- the last record -- with the same size keeps its checksum:
+    a job hashes only the files it wrote); on an object store the ETag the listing gives (no download)."""
     out = {}
-    for file in sorted(root.rglob("*")):
-        if file.is_file() and "/_versions/" not in file.as_posix() and "/_transactions/" not in file.as_posix():
-            name, size = file.relative_to(path).as_posix(), file.stat().st_size
-            recorded = known.get(name)
-            out[name] = recorded if recorded and recorded["size"] == size else {"size": size, "sha256": file_sha256(file)}
+    for name, meta in store.listing(data).items():
+        if "etag" in meta:
+            out[name] = {"size": meta["size"], "etag": meta["etag"]}
+            continue
+        recorded = known.get(name)
+        out[name] = (recorded if recorded and recorded["size"] == meta["size"] and "sha256" in recorded
+                     else {"size": meta["size"], "sha256": store.sha256(name)})
     return out
 
 
@@ -1206,18 +1250,23 @@ def _manifest_digest(manifest: dict) -> str:
                           .encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _read_manifest(path: Path, name: str = MANIFEST) -> dict:
-    """The manifest ``path / name``, checked: JSON, this format, its own digest (an edited manifest -- other encoder
-    settings, no file records, a hand-written job -- is refused rather than trusted), every part typed."""
-    file = path / name
-    if not file.is_file():
-        raise DataError(file, "is missing: this folder is not a robustir index, or the index is damaged",
-                        fix=f"rebuild it: robustir index --corpus CORPUS --output {path} --overwrite")
+def _read_manifest(store: IndexStore, name: str = MANIFEST) -> dict:
+    """The manifest ``name`` of the index, checked: JSON, this format, its own digest (an edited manifest -- other
+    encoder settings, no file records, a hand-written job -- is refused rather than trusted), every part typed."""
+    file = store.where(name)
     from ..io import parse_json_line
 
     try:
-        manifest = parse_json_line(file.read_text(encoding="utf-8"), file, 1)
-    except (DataError, OSError, ValueError) as exc:  # ValueError: not UTF-8
+        text = store.read_text(name)
+        if text is None:
+            raise DataError(file, "is missing: this folder is not a robustir index, or the index is damaged",
+                            fix=f"rebuild it: robustir index --corpus CORPUS --output {store.path} --overwrite")
+        manifest = parse_json_line(text, file, 1)
+    except DataError as exc:
+        if exc.problem.startswith("is missing"):
+            raise
+        raise DataError(file, f"cannot be read ({exc})", fix="rebuild the index with --overwrite") from None
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8
         raise DataError(file, f"cannot be read ({exc})", fix="rebuild the index with --overwrite") from None
     if isinstance(manifest, dict) and isinstance(manifest.get("format"), str) and manifest["format"] != FORMAT:
         raise DataError(file, f"index format {manifest['format']!r} is not {FORMAT!r} (made by another robustir)",
@@ -1262,7 +1311,8 @@ def _check_manifest_parts(manifest: dict, file: Path) -> None:
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise DataError(file, f"field {key!r} is not a {kind.__name__}", field=key, fix=damaged)
     for name, meta in manifest["files"].items():
-        if not isinstance(meta, dict) or not isinstance(meta.get("size"), int) or not isinstance(meta.get("sha256"), str):
+        if not isinstance(meta, dict) or not isinstance(meta.get("size"), int) \
+                or not isinstance(meta.get("sha256", meta.get("etag")), str):
             raise DataError(file, f"the record of data file {name!r} is malformed", field="files", fix=damaged)
     if manifest.get("job") is not None:
         job = _Job.from_json(manifest["job"], file)
@@ -1279,24 +1329,15 @@ def _check_manifest_parts(manifest: dict, file: Path) -> None:
         raise DataError(file, "field 'ann.indexed' is not true or false", field="ann", fix=damaged)
 
 
-def _write_manifest(path: Path, manifest: dict, name: str = MANIFEST) -> None:
+def _write_manifest(store: IndexStore, manifest: dict, name: str = MANIFEST) -> None:
     """Write ``manifest`` atomically with its digest (the SHA-256 of the rest, keys sorted)."""
     manifest["digest"] = _manifest_digest(manifest)
-    write_json(path / name, manifest)
+    store.write_text(name, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
 def _is_data_name(name: str) -> bool:
     """A data folder of the index: ``lance``, or ``lance.N`` written by a rebuild."""
     return name == DATA or (name.startswith(DATA + ".") and name[len(DATA) + 1:].isdigit())
-
-
-def _stat(file: Path) -> tuple | None:
-    """What tells a reader the manifest was rewritten (an atomic rename makes a new file)."""
-    try:
-        st = file.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 def _model_key(model: dict) -> Any:
@@ -1327,8 +1368,9 @@ class _IndexRecord(Artifact):
     one file readers follow and a rebuild swaps atomically (a ``run.json`` beside it could not be swapped with it);
     its files are verified when the index opens (:meth:`SearchIndex._verify`)."""
 
-    def __init__(self, path: Path, manifest: dict) -> None:
-        super().__init__(path, what="search index", inside=True)
+    def __init__(self, store: IndexStore, manifest: dict) -> None:
+        super().__init__(store.path if not store.remote else ".", what="search index", inside=True)
+        self.path = store.path if not store.remote else _RemoteFolder(store)  # type: ignore[assignment]
         self.manifest = manifest
 
     def record(self) -> dict | None:
@@ -1338,117 +1380,95 @@ class _IndexRecord(Artifact):
         return []
 
 
-def _usable_manifest(path: Path) -> dict | None:
+class _RemoteFolder(ObjectPath):
+    """An object-store index's location where :class:`~robustir.runs.Artifact` expects a folder: ``exists`` asks
+    the store."""
+
+    def __new__(cls, store: IndexStore) -> "_RemoteFolder":
+        made = super().__new__(cls, str(store.path))
+        made.store = store  # type: ignore[attr-defined]
+        return made
+
+    def exists(self) -> bool:
+        return self.store.holds_index()  # type: ignore[attr-defined]
+
+
+def _usable_manifest(store: IndexStore) -> dict | None:
     try:
-        return _read_manifest(path)
+        return _read_manifest(store)
     except DataError:
         return None
 
 
-def _pending_rebuild(path: Path) -> dict | None:
+def _pending_rebuild(store: IndexStore) -> dict | None:
     """The manifest of a rebuild beside the live index (``--overwrite``) that did not finish, if any (a damaged one is
     discarded: it was never served)."""
-    if not (path / BUILDING).exists():
+    if not store.exists(BUILDING):
         return None
     try:
-        manifest = _read_manifest(path, BUILDING)
+        manifest = _read_manifest(store, BUILDING)
     except DataError as exc:
-        logger.warning("index %s: discarded an unreadable unfinished rebuild (%s)", path, exc)
-        _discard_rebuild(path, None)
+        logger.warning("index %s: discarded an unreadable unfinished rebuild (%s)", store.path, exc)
+        _discard_rebuild(store, None)
         return None
     return manifest
 
 
-def _discard_rebuild(path: Path, manifest: dict | None) -> None:
-    import shutil
-
-    live = _usable_manifest(path) if (path / MANIFEST).exists() else None
+def _discard_rebuild(store: IndexStore, manifest: dict | None) -> None:
+    live = _usable_manifest(store) if store.exists(MANIFEST) else None
     keep = {live["data"], *(r["data"] for r in live.get("retired", []))} if live else {DATA}
     if manifest is not None and manifest["data"] not in keep:
-        shutil.rmtree(path / manifest["data"], ignore_errors=True)
-    (path / BUILDING).unlink(missing_ok=True)
+        store.remove_tree(manifest["data"])
+    store.delete(BUILDING)
 
 
-def _free_data_name(path: Path, generation: int) -> str:
-    import shutil
-
+def _free_data_name(store: IndexStore, generation: int) -> str:
     name = f"{DATA}.{generation}"
-    shutil.rmtree(path / name, ignore_errors=True)  # left by a rebuild that was discarded
+    store.remove_tree(name)  # left by a rebuild that was discarded
     return name
 
 
-def _create_table(path: Path, manifest: dict, dim: int) -> None:
-    db = _lancedb().connect(str(path / manifest["data"]))
-    db.create_table(TABLE, schema=_schema(dim, manifest.get("columns")), exist_ok=True)
-
-
-def _open_table(path: Path, manifest: dict, *, writable: bool) -> Any:
-    """The table, opened so that every read sees the latest committed version (live reads)."""
-    lancedb = _lancedb()
+def _create_table(store: IndexStore, manifest: dict, dim: int) -> None:
     try:
-        db = lancedb.connect(str(path / manifest["data"]), read_consistency_interval=timedelta(0))
+        db = _lancedb().connect(store.lance_uri(manifest["data"]), storage_options=store.lance_options)
+        db.create_table(TABLE, schema=_schema(dim, manifest.get("columns")), exist_ok=True)
+    except (OSError, RuntimeError, ValueError) as exc:  # lance's errors: a folder not writable, a store refusing
+        raise ConfigError(f"index {store.path}: cannot create its table at {store.where(manifest['data'])} "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); check that the location is "
+                          "writable (for S3: the credentials and the endpoint)") from None
+
+
+def _open_table(store: IndexStore, manifest: dict, *, writable: bool, refresh_s: float = 0.0) -> Any:
+    """The table, opened so that every read sees the latest committed version (live reads) -- or one at most
+    ``refresh_s`` seconds old (a reader that chose to check less often)."""
+    lancedb = _lancedb()
+    where = store.where(manifest["data"])
+    try:
+        db = lancedb.connect(store.lance_uri(manifest["data"]), read_consistency_interval=timedelta(seconds=refresh_s),
+                             storage_options=store.lance_options)
         table = db.open_table(TABLE)
         dim = table.schema.field("vector").type.list_size
     except Exception as exc:  # lance raises its own error types for a missing or unreadable table
-        raise DataError(path / manifest["data"], f"cannot be opened as the index's table ({type(exc).__name__}: "
+        raise DataError(where, f"cannot be opened as the index's table ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:200]})", fix="the index is damaged: rebuild it with --overwrite") \
             from None
     if dim != manifest["dim"]:
-        raise DataError(path / manifest["data"], f"holds {dim}-d vectors but the manifest says {manifest['dim']}",
+        raise DataError(where, f"holds {dim}-d vectors but the manifest says {manifest['dim']}",
                         fix="the index is damaged: rebuild it with --overwrite")
     return table
 
 
-def _lock(path: Path) -> int:
-    """Take the index's writer lock (``flock`` on ``writer.lock``, released by :func:`_unlock` or when the process
-    dies, even by kill -9): one writer at a time, and readers can tell a running job from a dead one."""
-    from ..io import try_lock
-
-    if path.exists() and not path.is_dir():
-        raise DataError(path, "is a file, not an index folder", fix="choose another --output")
-    path.mkdir(parents=True, exist_ok=True)
-    fd = try_lock(path / LOCK)  # a reader's probe (_writer_running) holds the lock for microseconds: retried
-    if fd is not None:
-        return fd
-    raise ConfigError(f"index {path} is being changed by another process (a build, --add, --upsert, --delete or "
-                      "--compact): wait for it to finish, then run this again")
-
-
-def _unlock(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)  # closing the descriptor releases the flock
-
-
-def _writer_running(path: Path) -> bool:
-    """Whether a process holds the index's writer lock now (a job in the manifest is then running, not dead)."""
-    import fcntl
-
-    try:
-        fd = os.open(path / LOCK, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    (path / MANIFEST).unlink(missing_ok=True)
-    (path / BUILDING).unlink(missing_ok=True)
-    for folder in path.glob(DATA + "*"):
-        if folder.is_dir() and _is_data_name(folder.name):
-            shutil.rmtree(folder, ignore_errors=True)
+def _remove(store: IndexStore) -> None:
+    store.delete(MANIFEST)
+    store.delete(BUILDING)
+    for folder in store.folders():
+        if _is_data_name(folder):
+            store.remove_tree(folder)
 
 
 def _run_index_step(config: IndexConfig, job: Job, *, on_change: str | None = None,
                     overwrite: bool = False) -> IndexReport:
-    index, report = SearchIndex.build(job.output, job.inputs["model"], job.inputs["corpus"], config=config,
+    index, report = SearchIndex.build(_job_store(job), job.inputs["model"], job.inputs["corpus"], config=config,
                                       encoder_options=dict(job.settings.get("encoder") or {}), overwrite=overwrite,
                                       on_change=on_change or "refuse")
     with index:
@@ -1462,8 +1482,18 @@ def _check_index_job(config: IndexConfig, job: Job) -> None:
         raise ConfigError(f"the index step needs inputs {missing} (the corpus to encode and the model)")
 
 
-#: ``robustir index --corpus`` (a build) as a :class:`~robustir.runs.Step`: ``Job(output=INDEX_FOLDER,
-#: inputs={"corpus": ..., "model": ...}, settings={"encoder": {...}})``; the manifest is its record
-INDEX = register(Step("index", IndexConfig, run=_run_index_step, check=_check_index_job,
-                      output=lambda config, job: _IndexRecord(Path(job.output), _usable_manifest(Path(job.output)) or {}),
+def _job_store(job: Job) -> IndexStore:
+    """Where the index step's job writes: ``job.output`` with the ``storage_options`` of ``job.runtime``."""
+    return open_store(job.output, job.runtime.get("storage_options"))
+
+
+def _index_record(config: IndexConfig, job: Job) -> "_IndexRecord":
+    store = _job_store(job)
+    return _IndexRecord(store, _usable_manifest(store) or {})
+
+
+#: ``robustir index --corpus`` (a build) as a :class:`~robustir.runs.Step`: ``Job(output=INDEX_FOLDER or s3://...,
+#: inputs={"corpus": ..., "model": ...}, settings={"encoder": {...}}, runtime={"storage_options": {...}})``; the
+#: manifest is its record
+INDEX = register(Step("index", IndexConfig, run=_run_index_step, check=_check_index_job, output=_index_record,
                       decides=lambda report: report.nothing_to_do))

@@ -42,12 +42,16 @@ class DocumentError(ConfigError):
         self.param = param
 
 
-def _incoming(index: Path) -> Path:
-    return Path(index) / INCOMING
+def _incoming(index: Any) -> Path:
+    """The local folder of the index's HTTP upsert files (:meth:`~robustir.serving.storage.IndexStore.incoming_dir`:
+    inside a local index, in this machine's cache for one on an object store)."""
+    from .storage import open_store
+
+    return open_store(index).incoming_dir()
 
 
-def write_incoming(index: Path, documents: Iterable[dict]) -> Path:
-    """``documents`` as one JSONL file in ``index/incoming/`` (atomically: it exists whole or not at all)."""
+def write_incoming(index: Any, documents: Iterable[dict]) -> Path:
+    """``documents`` as one JSONL file in the index's ``incoming/`` folder (atomically: whole or not at all)."""
     folder = _incoming(index)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{time.time_ns()}-{os.getpid()}.jsonl"
@@ -57,15 +61,19 @@ def write_incoming(index: Path, documents: Iterable[dict]) -> Path:
     return path
 
 
-def finish_incoming(index: Path, encoder: Any = None, device: str | None = None) -> int:
+def finish_incoming(index: Any, encoder: Any = None, device: str | None = None) -> int:
     """Before serving: finish an upsert of an ``incoming/`` file that a killed server left (a resume of that job),
-    and remove incoming files no job is working on (never acknowledged). Returns the number of jobs finished."""
+    and remove incoming files no job is working on (never acknowledged). Returns the number of jobs finished.
+    ``index``: a folder or an :class:`~robustir.serving.storage.IndexStore`."""
     from .index import MANIFEST, SearchIndex, _read_manifest
+    from .storage import open_store
 
-    folder = _incoming(index)
+    store = open_store(index)
+    index = store
+    folder = store.incoming_dir()
     if not folder.is_dir():
         return 0
-    manifest = _read_manifest(Path(index)) if (Path(index) / MANIFEST).exists() else {}
+    manifest = _read_manifest(store) if store.exists(MANIFEST) else {}
     job = manifest.get("job") or {}
     pending = Path(job["input"]) if job.get("kind") == "upsert" and job.get("input") else None
     finished = 0
@@ -90,7 +98,7 @@ def _quiet() -> Any:
     return IndexConfig(show_progress=False)
 
 
-def upsert_documents(index: Path, encoder: Any, documents: Sequence[dict]) -> Any:
+def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any:
     """Insert ``documents`` (``robustir index`` corpus records: ``_id``, ``title``, ``text``, other fields), replacing
     those whose id exists, as one ``--upsert`` job; returns its :class:`~robustir.serving.index.IndexReport`. Raises
     :class:`ConfigError` when another process holds the index's writer lock, :class:`~robustir.errors.DataError`
@@ -115,15 +123,16 @@ def upsert_documents(index: Path, encoder: Any, documents: Sequence[dict]) -> An
             path.unlink(missing_ok=True)  # done, or refused before its job started
 
 
-def _job_of(index: Path, path: Path) -> bool:
+def _job_of(index: Any, path: Path) -> bool:
     """Whether the index's manifest still has an unfinished job reading ``path``."""
     from .index import _usable_manifest
+    from .storage import open_store
 
-    manifest = _usable_manifest(Path(index)) or {}
+    manifest = _usable_manifest(open_store(index)) or {}
     return (manifest.get("job") or {}).get("input") == str(path)
 
 
-def delete_documents(index: Path, ids: Sequence[str] | None = None, filter: dict | None = None,
+def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict | None = None,
                      limit: int = 10_000) -> Any:
     """Delete the documents with ``ids``, or those ``filter`` matches (at most ``limit``; more is refused, nothing
     deleted), as one ``--delete`` commit. An id not in the index is an error naming it (nothing deleted)."""
