@@ -23,11 +23,11 @@ moto_server = pytest.importorskip("moto.server")
 from robustir.errors import ConfigError, DataError  # noqa: E402
 from robustir.serving.index import IndexConfig, SearchIndex  # noqa: E402
 from robustir.serving.storage import LEASE_TTL_S, S3Store, open_store, parse_storage_options  # noqa: E402
+from test_serving_index import TOPICS, write_corpus  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 BUCKET = "robustir-test"
-TOPICS = ["sleep", "coffee", "exercise", "protein", "vitamin", "sugar", "memory", "stress"]
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +57,6 @@ def options(endpoint) -> dict:
 @pytest.fixture()
 def location(request) -> str:
     return f"s3://{BUCKET}/{request.node.name[:60]}"
-
-
-def write_corpus(path: Path, n: int = 24, start: int = 0, prefix: str = "d") -> Path:
-    with open(path, "w", encoding="utf-8") as handle:
-        for i in range(start, start + n):
-            topic = TOPICS[i % len(TOPICS)]
-            handle.write(json.dumps({"_id": f"{prefix}{i}", "title": f"On {topic} {i}",
-                                     "text": f"A study of {topic} and health, number {i}.",
-                                     "lang": ["en", "de", "fr"][i % 3], "meta": {"year": 2000 + i}}) + "\n")
-    return path
 
 
 def quiet(**kwargs) -> IndexConfig:
