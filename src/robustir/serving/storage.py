@@ -440,17 +440,22 @@ class S3Store(IndexStore):
     def exists(self, name: str) -> bool:
         return self.token(name) is not None
 
-    def _get(self, name: str) -> tuple[str, str] | None:
-        """The object's text and ETag, None when it does not exist."""
+    def _if_present(self, name: str, fn: Callable[..., Any]) -> Any:
+        """``fn`` (``get_object`` / ``head_object``) on the object ``name``; None when it does not exist."""
         import botocore.exceptions as bex
 
         try:
-            reply = self._call(f"reading {name}", self.client.get_object, passthrough=_MISSING, Bucket=self.bucket,
-                               Key=self.key(name))
+            return self._call(f"reading {name}", fn, passthrough=_MISSING, Bucket=self.bucket, Key=self.key(name))
         except bex.ClientError as exc:
             if self._code(exc) in _MISSING:
                 return None
             raise
+
+    def _get(self, name: str) -> tuple[str, str] | None:
+        """The object's text and ETag, None when it does not exist."""
+        reply = self._if_present(name, self.client.get_object)
+        if reply is None:
+            return None
         try:
             return reply["Body"].read().decode("utf-8"), reply["ETag"]
         except UnicodeDecodeError:
@@ -468,16 +473,8 @@ class S3Store(IndexStore):
         self._call(f"deleting {name}", self.client.delete_object, Bucket=self.bucket, Key=self.key(name))
 
     def token(self, name: str) -> Any:
-        import botocore.exceptions as bex
-
-        try:
-            head = self._call(f"reading {name}", self.client.head_object, passthrough=_MISSING, Bucket=self.bucket,
-                              Key=self.key(name))
-        except bex.ClientError as exc:
-            if self._code(exc) in _MISSING:
-                return None
-            raise
-        return head["ETag"]
+        head = self._if_present(name, self.client.head_object)
+        return head["ETag"] if head is not None else None
 
     def _objects(self, prefix: str, delimiter: str | None = None) -> Any:
         paginator = self.client.get_paginator("list_objects_v2")
