@@ -63,6 +63,11 @@ def quiet(**kwargs) -> IndexConfig:
     return IndexConfig(show_progress=False, **kwargs)
 
 
+def build(location: str, model: str, corpus: Path, options: dict) -> None:
+    """A finished index of ``corpus`` at ``location`` (the writer closed)."""
+    SearchIndex.build(location, model, corpus, config=quiet(), storage_options=options)[0].close()
+
+
 def hits(index: SearchIndex, queries: list[str], **kwargs) -> list[list[tuple[str, float]]]:
     return [[(h.id, round(h.score, 5)) for h in found] for found in index.search(queries, **kwargs)]
 
@@ -128,8 +133,7 @@ def test_credentials_and_endpoint_from_the_environment_alone(tmp_path, tiny_mode
 
 def test_two_writers_racing_one_wins_the_lease_and_a_reader_follows_both(tmp_path, tiny_model_dir, options,
                                                                         location):
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "base.jsonl", n=8), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "base.jsonl", n=8), options)
     reader = SearchIndex.open(location, storage_options=options)
     assert reader.count == 8
     for round_ in range(3):  # two writers (each its own client, as on two machines) ask at the same instant
@@ -166,8 +170,7 @@ def test_two_writers_racing_one_wins_the_lease_and_a_reader_follows_both(tmp_pat
 
 def test_a_dead_writers_lease_is_taken_over_once_it_expired_and_the_first_writer_stops(tmp_path, tiny_model_dir,
                                                                                         options, location):
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "base.jsonl", n=4), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "base.jsonl", n=4), options)
     clock = Clock()
     frozen = SearchIndex.open(store(location, options, clock), writable=True)  # then "freezes": never renews
     reader_store = store(location, options, clock)
@@ -242,8 +245,7 @@ def test_a_build_killed_mid_job_is_refused_then_resumed_after_the_lease_expired(
 
 def test_a_rebuild_on_s3_is_swapped_in_while_a_reader_serves_the_old_index(tmp_path, tiny_model_dir, options,
                                                                            location):
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=5), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=5), options)
     reader = SearchIndex.open(location, storage_options=options)
     assert reader.count == 5
     index, report = SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "b.jsonl", n=7, prefix="b"),
@@ -260,8 +262,7 @@ def test_a_rebuild_on_s3_is_swapped_in_while_a_reader_serves_the_old_index(tmp_p
 def test_a_rewritten_data_object_is_refused_by_its_etag(tmp_path, tiny_model_dir, options, location):
     import boto3
 
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "c.jsonl", n=6), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "c.jsonl", n=6), options)
     s3 = S3Store(location, options)
     name = next(n for n in s3.listing("lance") if "/data/" in n)
     client = boto3.client("s3", endpoint_url=options["aws_endpoint"], aws_access_key_id="testing",
@@ -357,8 +358,7 @@ def test_cli_index_check_and_eval_on_s3(tmp_path, tiny_model_dir, options, locat
 
 
 def test_a_reader_with_refresh_s_checks_for_commits_at_most_that_often(tmp_path, tiny_model_dir, options, location):
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=4), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=4), options)
     lazy = SearchIndex.open(location, storage_options=options, refresh_s=3600)
     eager = SearchIndex.open(location, storage_options=options)
     assert lazy.count == eager.count == 4
@@ -373,8 +373,7 @@ def test_a_reader_with_refresh_s_checks_for_commits_at_most_that_often(tmp_path,
 
 
 def test_a_damaged_manifest_or_lease_object_is_refused_or_taken_over(tmp_path, tiny_model_dir, options, location):
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=3), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=3), options)
     s3 = S3Store(location, options)
     good = s3.read_text("manifest.json")
     s3.write_text("writer.lock", "not json")  # an unreadable lease counts as expired: taken over, with a warning
@@ -395,8 +394,7 @@ def test_a_damaged_manifest_or_lease_object_is_refused_or_taken_over(tmp_path, t
 def test_delete_and_compact_on_s3_keep_the_index_verifiable(tmp_path, tiny_model_dir, options, location, capsys):
     from robustir.cli.main import main
 
-    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=10), config=quiet(),
-                      storage_options=options)[0].close()
+    build(location, tiny_model_dir, write_corpus(tmp_path / "a.jsonl", n=10), options)
     flags = [x for key, value in options.items() for x in ("--storage-option", f"{key}={value}")]
     assert main(["index", "--delete-id", "d3", "--delete-id", "d4", "--output", location, *flags]) == 0
     assert main(["index", "--compact", "--output", location, *flags]) == 0
