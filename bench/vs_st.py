@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="dense: the robustir side trains on rows from its own dense, positive-aware mining")
     parser.add_argument("--robustir-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="budget fields for the robustir side only (its recipe), e.g. num_negatives=7")
+    parser.add_argument("--robustir-chunk-size", type=int, default=None, metavar="N",
+                        help="GradCache for the robustir side: N rows per forward chunk (the same loss, less memory: "
+                             "a larger --robustir-set batch_size on the card)")
     parser.add_argument("--robustir-base-weight", type=float, nargs="*", default=[], metavar="W",
                         help="also score each robustir model moved back toward the base model by W (WiSE-FT, "
                              "robustir.models.interpolate; what train's base_weight saves), a row each")
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                 digest = hashlib.sha1(tag.encode()).hexdigest()[:8]  # stable across processes (resume)
                 name = f"robustir-{args.robustir_loss}-{digest}-seed{seed}"
                 outcome = train_robustir(ours_rows, out / name, ours_budget, seed, model=args.model,
-                                         loss=args.robustir_loss, loss_options=options)
+                                         loss=args.robustir_loss, loss_options=options,
+                                         chunk_size=args.robustir_chunk_size)
             metrics = evaluate_model(outcome.model_path, evaluation, args.split, budget, cache)
             side_rows, side_budget = (ours_rows, ours_budget) if side == "robustir" else (rows_path, budget)
             row = {"side": side, "seed": seed, "tag": key[2], "steps": outcome.steps,

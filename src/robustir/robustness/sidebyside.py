@@ -145,8 +145,10 @@ def _steps(rows_path: Path, budget: Budget) -> int:
 
 
 def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, seed: int, *, model: str | None = None,
-                   loss: str = "infonce", loss_options: dict | None = None) -> RunOutcome:
-    """robustir's trainer on the rows; loss options left empty = the library defaults."""
+                   loss: str = "infonce", loss_options: dict | None = None,
+                   chunk_size: int | None = None) -> RunOutcome:
+    """robustir's trainer on the rows; loss options left empty = the library defaults; ``chunk_size``: GradCache
+    rows per forward chunk (None: the whole batch at once)."""
     from ..runs import Job, execute
     from ..training.arguments import TrainConfig
     from ..training.trainer import TRAIN
@@ -154,7 +156,7 @@ def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, se
     rows_path = Path(rows_path)
     config = TrainConfig(
         model=model, train_data=str(rows_path), mine="none", num_negatives=budget.num_negatives, loss=loss,
-        loss_options=dict(loss_options or {}), batch_size=budget.batch_size, epochs=1.0,
+        loss_options=dict(loss_options or {}), batch_size=budget.batch_size, chunk_size=chunk_size, epochs=1.0,
         max_steps=_steps(rows_path, budget), lr=budget.lr, warmup_ratio=budget.warmup_ratio,
         weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, seed=seed, precision=budget.precision,
         query_max_length=budget.query_max_length, passage_max_length=budget.passage_max_length,
