@@ -177,6 +177,22 @@ def test_fingerprint_is_the_same_at_every_load_of_a_folder_without_pooler_weight
     assert changed.fingerprint() != first.fingerprint()
 
 
+
+def test_fingerprint_does_not_depend_on_the_thread_count():
+    """The embedding-cache key of the bundled model is the same with 1 and 2 torch threads (it was not: torch's
+    parallel sums round with the thread count, so another machine or OMP setting silently re-encoded a corpus)."""
+    from robustir.resources import default_model_path
+
+    encoder, threads = Encoder.from_pretrained(default_model_path()), torch.get_num_threads()
+    try:
+        keys = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            keys.append(encoder.fingerprint())
+    finally:
+        torch.set_num_threads(threads)
+    assert keys[0] == keys[1]
+
 def _long_texts() -> list[str]:
     """Texts far past any cut: prose, whitespace runs and tabs, long 'words' (base64-like, URLs), CJK without spaces,
     one giant word, accents and emoji, a text just past the untouched length."""

@@ -407,16 +407,20 @@ class Encoder(nn.Module):
 
         The HF pooler (``pooler.*``) is left out: the encoder pools the last hidden states itself, and a folder
         without pooler weights (a masked-LM checkpoint) gets a random one at every load, which changed the key at
-        every load and so never reused a cache."""
+        every load and so never reused a cache.
+
+        The sums are numpy's, in float64 on one thread: torch's multi-threaded ``sum`` rounds differently with the
+        thread count (measured: the bundled model's key changed between ``torch.set_num_threads(1)`` and ``2``), so a
+        cache made on one machine, or with other thread settings, was silently encoded again."""
         digest = hashlib.sha256(json.dumps(asdict(self.config), sort_keys=True).encode())
         with torch.no_grad():
             for name, param in self.transformer.state_dict().items():
                 if name.startswith("pooler.") or ".pooler." in name:
                     continue
-                flat = param.detach().float().flatten()
-                stats = torch.stack([flat.sum(), flat.abs().sum(), flat[:: max(1, flat.numel() // 64)].sum()])
+                flat = param.detach().to("cpu", torch.float64).numpy().ravel()
+                stats = np.array([flat.sum(), np.abs(flat).sum(), flat[:: max(1, flat.size // 64)].sum()])
                 digest.update(name.encode())
-                digest.update(stats.double().cpu().numpy().tobytes())
+                digest.update(stats.tobytes())
         return digest.hexdigest()[:16]
 
     # ------------------------------------------------------------------ training path
