@@ -965,6 +965,14 @@ def cases() -> list[Case]:
           "goes with --search-index"))
     add(E("index-ray-negative-gpus", n, IDX + ["--engine", "ray", "--ray-gpus", "-1"], "ray_gpus"))
     add(E("index-ray-zero-actors", n, IDX + ["--engine", "ray", "--ray-actors", "0"], "ray_actors"))
+    n = "scale"
+    dense = MINE_B + ["--method", "dense", "--model", "{tiny}"]
+    add(E("mine-search-shards-without-ray", n, dense + ["--ray-search-shards", "2"], "goes with engine: ray"))
+    add(E("mine-search-shards-zero", n, dense + ["--engine", "ray", "--ray-search-shards", "0"], "ray_search_shards"))
+    add(E("mine-search-shards-ivf", n, dense + ["--engine", "ray", "--ray-search-shards", "2", "--index", "ivf"],
+          "flat index"))
+    add(E("mine-search-shards-chunked", n, dense + ["--engine", "ray", "--ray-search-shards", "2", "--corpus-chunk",
+                                                   "100"], "no corpus_chunk"))
     return c
 
 

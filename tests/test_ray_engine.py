@@ -236,3 +236,58 @@ def test_the_encoder_pool_survives_a_killed_actor(tmp_path, tiny_model_dir):
         pool.close()
     assert marker.exists()
     np.testing.assert_allclose(got, encoder.encode(texts, "passage", batch_size=8, precision="fp32"), atol=1e-5)
+
+
+def test_shards_start_on_faiss_blocks_and_cover_every_row():
+    from robustir.scale.ray_search import shard_bounds
+
+    assert shard_bounds(2540, 3) == [(0, 1024), (1024, 2048), (2048, 2540)]
+    assert shard_bounds(2540, 2) == [(0, 2048), (2048, 2540)]
+    assert shard_bounds(500, 4) == [(0, 500)]
+    assert shard_bounds(10_000, 7)[-1][1] == 10_000 and all(a % 1024 == 0 for a, _ in shard_bounds(10_000, 7))
+    with pytest.raises(ConfigError, match="search shards"):
+        shard_bounds(10, 0)
+
+
+def test_mining_with_the_corpus_split_among_search_actors_gives_the_same_negatives(tmp_path, tiny_model_dir):
+    """`mine --method dense --engine ray --ray-search-shards 2`: a SciFact slice of ~2,500 abstracts (three FAISS
+    blocks, split 2 + 1 between two shards) gives the very records -- negatives, ids, scores -- of the search in the
+    driver over the same cached vectors; a shard actor killed between two searches is restarted by Ray and answers
+    the same; more shards than the cluster has CPUs is refused rather than waited for."""
+    from robustir.index.dense import DenseIndex, DenseIndexConfig, EmbeddingFile
+    from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import MiningConfig, mine_beir
+    from robustir.scale.ray_search import RayShardedFlatIndex
+
+    data = _scifact_slice(tmp_path / "slice", queries=30, extra_docs=2500)
+    encoder = Encoder.from_pretrained(tiny_model_dir, passage_max_length=64)
+    common = dict(method="dense", num_negatives=5, range_max=30, precision="fp32", engine="ray", ray_actors=2,
+                  cache_dir=str(tmp_path / "cache"))
+    mine_beir(data, "train", tmp_path / "driver.jsonl", MiningConfig(**common), encoder=encoder)
+    mine_beir(data, "train", tmp_path / "sharded.jsonl", MiningConfig(**common, ray_search_shards=2),
+              encoder=encoder)  # the same cached vectors: only the search differs
+    driver = [json.loads(x) for x in (tmp_path / "driver.jsonl").read_text().splitlines()]
+    sharded = [json.loads(x) for x in (tmp_path / "sharded.jsonl").read_text().splitlines()]
+    assert len(driver) == 30 and sum(len(r["neg_ids"]) for r in driver) > 100
+    assert sharded == driver
+
+    vectors = EmbeddingFile(next((tmp_path / "cache").glob("*.npy")))
+    with pytest.raises(ConfigError, match="need 3 CPUs, and the Ray cluster has 2"):
+        RayShardedFlatIndex(vectors, 3)
+    index = RayShardedFlatIndex(vectors, 2)
+    queries = np.random.default_rng(0).standard_normal((8, vectors.dim)).astype(np.float32)
+    whole = DenseIndex(DenseIndexConfig(), device="cpu").index(vectors.rows(0, len(vectors)))
+    expected = whole.search(queries, 20)
+    first = index.search(queries, 20)
+    ray.kill(index.actors[1], no_restart=False)  # kill -9 of a shard: Ray restarts it, the call is retried
+    again = index.search(queries, 20)
+    index.close()
+    assert index.bounds == [(0, 2048), (2048, len(vectors))]
+    np.testing.assert_array_equal(first[1], again[1])
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], expected[1])
+    np.testing.assert_array_equal(first[0], expected[0])
+    with pytest.raises(ConfigError, match="goes with engine: ray"):
+        MiningConfig(method="dense", ray_search_shards=2).validate()
+    with pytest.raises(ConfigError, match="flat index"):
+        MiningConfig(method="dense", engine="ray", ray_search_shards=2, corpus_chunk=100).validate()

@@ -101,13 +101,17 @@ class MiningConfig:
     """Dense: where model and search run: auto (first GPU if any, else CPU), cpu, cuda, cuda:N."""
     engine: Literal["process", "ray"] = operational("process")
     """Dense: where the corpus is encoded: this process, or Ray Data actors writing a resumable Lance dataset
-    (robustir[scale]; docs/scale.md). The same vectors and negatives; the search runs here either way."""
+    (robustir[scale]; docs/scale.md). The same vectors and negatives; the search runs here unless
+    ray_search_shards is set."""
     ray_address: str | None = operational(None)
     """engine ray: the cluster to join (ray://head:10001, auto); None: a local Ray session."""
     ray_actors: PositiveInt = operational(1)
     """engine ray: encoder actors (one model load each)."""
     ray_gpus: Annotated[float, Range(ge=0.0)] = operational(0.0)
     """engine ray: GPUs per actor (0: CPU actors)."""
+    ray_search_shards: PositiveInt | None = operational(None)
+    """engine ray: split the corpus vectors among this many Ray actors and search every shard (exact, the same hits
+    as one process): for a corpus too large for one machine's memory. Unset: the search runs here."""
     index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
     bm25: BM25Config = field(default_factory=BM25Config)
 
@@ -126,6 +130,12 @@ class MiningConfig:
         if self.engine == "ray" and self.method != "dense":
             raise ConfigError("engine: ray encodes the corpus for dense mining; BM25 mining runs in this process "
                               "(set method dense, or engine process)")
+        if self.ray_search_shards is not None:
+            if self.engine != "ray":
+                raise ConfigError("ray_search_shards goes with engine: ray (--engine ray)")
+            if self.index.kind != "flat" or self.corpus_chunk is not None:
+                raise ConfigError("ray_search_shards is an exact search split among Ray actors: it takes the flat "
+                                  "index (the default) and no corpus_chunk (each shard is held in its actor's memory)")
 
 
 @dataclass
@@ -354,7 +364,12 @@ class _Retriever:
             device = resolve_device(config.device)
             self.encoder = encoder.to(device) if hasattr(encoder, "to") else encoder
             self.embeddings = corpus_embeddings(self.encoder, documents, config, work_dir)
-            if config.corpus_chunk is None:
+            if config.ray_search_shards is not None:  # the corpus vectors split among Ray actors, searched there
+                from ..scale.ray_search import RayShardedFlatIndex
+
+                self.dense = RayShardedFlatIndex(self.embeddings, config.ray_search_shards,
+                                                 address=config.ray_address)
+            elif config.corpus_chunk is None:
                 self.doc_emb = self.embeddings.load()
                 self.dense = DenseIndex(config.index, device=device).index(self.doc_emb)
             elif config.index.kind == "flat":
@@ -368,8 +383,8 @@ class _Retriever:
             return scores, indices, None
         q = self.encoder.encode(queries, "query", batch_size=self.config.encode_batch_size,
                                 precision=self.config.precision)
-        if isinstance(self.dense, ChunkedFlatIndex):
-            scores, indices = self.dense.search(q, k)  # already in sort_hits order, ties settled by row
+        if not isinstance(self.dense, DenseIndex):  # chunked or sharded: already in sort_hits order, ties by row
+            scores, indices = self.dense.search(q, k)
         else:  # a few more hits, so that rows tied at the k-th place are chosen by row here too
             scores, indices = sort_hits(*self.dense.search(q, min(k + TIE_MARGIN, self.dense.size)), k)
         return scores, indices, q
@@ -384,6 +399,11 @@ class _Retriever:
         vectors = self.doc_emb[doc_rows] if self.doc_emb is not None else \
             self.embeddings.take(np.asarray(doc_rows), chunk_rows=self.config.corpus_chunk or 65536)
         return [float(v @ query_emb) for v in vectors]
+
+    def close(self) -> None:
+        """Stop the search actors, if any (``ray_search_shards``)."""
+        if hasattr(getattr(self, "dense", None), "close"):
+            self.dense.close()
 
 
 def corpus_embeddings(encoder, documents: Documents, config: MiningConfig, work_dir: str | Path) -> EmbeddingFile:
@@ -616,6 +636,8 @@ def mine_documents(queries: Iterable[MiningQuery], documents: Documents, output:
         finally:
             writer.close()
             bar.close()
+            if retriever is not None:
+                retriever.close()
     StageOutput(output).write_report({"config": _plain(config), **report.as_dict()})
     return report
 
