@@ -274,6 +274,9 @@ def test_mining_with_the_corpus_split_among_search_actors_gives_the_same_negativ
     vectors = EmbeddingFile(next((tmp_path / "cache").glob("*.npy")))
     with pytest.raises(ConfigError, match="need 3 CPUs, and the Ray cluster has 2"):
         RayShardedFlatIndex(vectors, 3)
+    gone = tmp_path / "elsewhere.npy"  # a node that does not see the cache folder: the file named, not a Ray trace
+    with pytest.raises(ConfigError, match=r"could not read the corpus vectors .*elsewhere\.npy: FileNotFoundError"):
+        RayShardedFlatIndex(type("Vectors", (), {"path": str(gone), "__len__": lambda self: len(vectors)})(), 2)
     index = RayShardedFlatIndex(vectors, 2)
     queries = np.random.default_rng(0).standard_normal((8, vectors.dim)).astype(np.float32)
     whole = DenseIndex(DenseIndexConfig(), device="cpu").index(vectors.rows(0, len(vectors)))

@@ -82,7 +82,15 @@ class RayShardedFlatIndex:
         remote = ray.remote(num_cpus=num_cpus, max_restarts=-1, max_task_retries=-1)(_ShardActor)
         path = str(Path(vectors.path).resolve())
         self.actors = [remote.remote(path, a, b) for a, b in self.bounds]
-        held = ray.get([actor.rows.remote() for actor in self.actors])  # loaded (and a bad file fails) here
+        try:
+            held = ray.get([actor.rows.remote() for actor in self.actors])  # loaded (and a bad file fails) here
+        except ray.exceptions.RayError as error:  # a shard that cannot be read: say which file and why, once
+            self.close()
+            detail = (str(error).strip().splitlines() or [type(error).__name__])[-1]  # the actor's own exception
+            raise ConfigError(f"ray_search_shards: a search actor could not read the corpus vectors {path}: "
+                              f"{detail}. Every "
+                              "node reads that file: set --cache-dir to a folder every node sees (NFS, a shared "
+                              "volume)") from None
         if sum(held) != self.size:
             raise ConfigError(f"the search shards hold {sum(held)} of {self.size} corpus vectors")
         self.backend = f"ray-sharded-faiss-cpu ({len(self.actors)} shards)"
