@@ -295,6 +295,19 @@ def test_a_group_without_positives_list_still_collates(encoder):
     assert got[3].tolist() == [[-1], [-1]]
 
 
+
+def test_rows_of_one_query_share_their_positives_in_the_batch(encoder):
+    """Data with one positive per line: two rows of "q one" (positives "p a" and "p b") in one batch each know the
+    other's positive, so neither trains against it as a negative (sentence-transformers keeps such rows apart with
+    its NO_DUPLICATES sampler). Another prompt or query keeps its own."""
+    from robustir.training.data import text_id
+
+    groups = [Group("q one", None, ["p a", "n 1"], ("p a",)), Group("q two", None, ["p c", "n 2"], ("p c",)),
+              Group("q one", None, ["p b", "n 3"], ("p b",)), Group("q one", "other: ", ["p d", "n 4"], ("p d",))]
+    for made in (Collator.for_encoder(encoder, 16, 24)(groups), collate(groups, encoder, 16, 24)):
+        known = [{text_id(t) for t in row} for row in ([["p a", "p b"], ["p c"], ["p a", "p b"], ["p d"]])]
+        assert [set(row) - {-1} for row in made[3].tolist()] == known
+
 def test_pipeline_settings_have_ranges_and_are_checked():
     from robustir.errors import ConfigError
     from robustir.training.arguments import TrainConfig

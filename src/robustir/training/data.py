@@ -376,12 +376,21 @@ def _batch_texts(groups: list[Group], instructions: EncoderConfig) -> tuple[list
 
 
 def _passage_ids(groups: list[Group], passages: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids of the passages, ``(b, P)`` ids of each query's known positives, -1 padded)."""
+    """(ids of the passages, ``(b, P)`` ids of each query's known positives, -1 padded).
+
+    A query's known positives are those of every group of the batch with the same query and prompt: data with one
+    positive per line (FlagEmbedding rows, ``--train-data`` records of a query split over lines, the side-by-side
+    rows) otherwise meets another positive of the same query in the batch as a negative. sentence-transformers'
+    ``NO_DUPLICATES`` sampler keeps such rows out of one batch; here they stay and the column is masked."""
     ids = torch.tensor([text_id(x) for x in passages], dtype=torch.long)
-    width = max(1, max(len(g.positives) for g in groups))
+    shared: dict[tuple[str, str | None], dict[str, None]] = {}
+    for group in groups:
+        shared.setdefault((group.query, group.prompt), {}).update(dict.fromkeys(group.positives))
+    known = [tuple(shared[(group.query, group.prompt)]) for group in groups]
+    width = max(1, max(len(k) for k in known))
     positive_ids = torch.full((len(groups), width), -1, dtype=torch.long)
-    for row, group in enumerate(groups):
-        for col, text in enumerate(group.positives):
+    for row, texts in enumerate(known):
+        for col, text in enumerate(texts):
             positive_ids[row, col] = text_id(text)
     return ids, positive_ids
 
