@@ -88,10 +88,10 @@ class RayShardedFlatIndex:
             self.close()
             detail = (str(error).strip().splitlines() or [type(error).__name__])[-1]  # the actor's own exception
             raise ConfigError(f"ray_search_shards: a search actor could not read the corpus vectors {path}: "
-                              f"{detail}. Every "
-                              "node reads that file: set --cache-dir to a folder every node sees (NFS, a shared "
-                              "volume)") from None
+                              f"{detail}. Every node reads that file: set --cache-dir to a folder every node sees "
+                              "(NFS, a shared volume)") from None
         if sum(held) != self.size:
+            self.close()
             raise ConfigError(f"the search shards hold {sum(held)} of {self.size} corpus vectors")
         self.backend = f"ray-sharded-faiss-cpu ({len(self.actors)} shards)"
 
