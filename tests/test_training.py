@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 from pathlib import Path
 
@@ -438,6 +440,7 @@ def test_a_frozen_node_fails_the_other_within_the_process_timeout_and_the_job_re
         "def step(self, *args, **kwargs):\n"
         "    calls.append(1)\n"
         "    if os.environ['RANK'] == '1' and len(calls) == 4:\n"
+        f"        open({str(tmp_path / 'frozen.pid')!r}, 'w').write(str(os.getpid()))\n"
         "        os.kill(os.getpid(), signal.SIGSTOP)\n"
         "    return original(self, *args, **kwargs)\n"
         "batch_engine.BatchEngine.step = step\n"
@@ -460,6 +463,9 @@ def test_a_frozen_node_fails_the_other_within_the_process_timeout_and_the_job_re
         code = nodes[0][0].wait(timeout=240)
     finally:
         os.killpg(nodes[1][0].pid, signal.SIGKILL)  # the frozen node, as a scheduler kills it
+        if (tmp_path / "frozen.pid").exists():  # its worker, in a session of its own, would stay stopped for good
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int((tmp_path / "frozen.pid").read_text()), signal.SIGKILL)
         nodes[1][0].wait(timeout=60)
         if nodes[0][0].poll() is None:
             os.killpg(nodes[0][0].pid, signal.SIGKILL)
