@@ -422,7 +422,7 @@ def cases() -> list[Case]:
     n = "numbers"
     # one mechanism (pydantic, validation.config_dataclass) checks every range: a few fields of every stage and type, not all of them
     for flag, value, key in [("--top-k", "0", "top_k = 0"), ("--passage-max-length", "-5", "passage_max_length = -5"),
-                             ("--batch-size", "abc", "invalid int value"), ("--query-max-length", "100000", "128")]:
+                             ("--batch-size", "abc", "batch_size: expected an integer"), ("--query-max-length", "100000", "128")]:
         add(E(f"eval{flag}={value}", n, EVAL + ["--index", "ivf", flag, value], key))
     add(Case("eval-top-k-huge", n, BM25 + ["--top-k", "99999999999999"], "any"))
     add(E("encode-query-max-length-0", n, ENC + ["--queries", "--query-max-length", "0"], "query_max_length = 0"))
@@ -450,15 +450,15 @@ def cases() -> list[Case]:
     add(E("merge-shards-negative", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "-2"], "shards = -2"))
     # flags generated from every config field (issue 22): a field that had no flag before, a switch given a number,
     # a flag of another --method, a mapping field (no flag: key=value only)
-    add(E("eval-mode-sparse", n, BM25 + ["--mode", "sparse"], "invalid choice"))
+    add(E("eval-mode-sparse", n, BM25 + ["--mode", "sparse"], "'sparse' is not one of"))
     add(E("eval-hybrid-rrf-k-0", n, BM25 + ["--mode", "hybrid", "--rrf-k", "0"], "rrf_k = 0"))
     add(Case("eval-hybrid-tiny", n, EVAL + ["--mode", "hybrid", "--top-k", "5", "--candidates", "5"], "ok"))
     add(E("eval-hybrid-weight-nan", n, BM25 + ["--mode", "hybrid", "--dense-weight", "nan"], "dense_weight = nan"))
     add(E("train--prefetch-batches=-1", n, TRAIN + ["--prefetch-batches", "-1"], "prefetch_batches = -1"))
     add(E("train--loss-block-rows=true", n, TRAIN + ["loss_block_rows=true"], "loss_block_rows: expected an integer"))
     add(E("teacher--base-url", n, TEACH + ["--base-url", "http://127.0.0.1:9/v1"], "--method teacher does not use"))
-    add(E("train--loss-options-flag", n, TRAIN + ["--loss-options", "{beta: 1}"], "unrecognized arguments"))
-    add(E("merge-shards-abc", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "abc"], "invalid int value"))
+    add(E("train--loss-options-flag", n, TRAIN + ["--loss-options", "{beta: 1}"], "beta: unknown option of the infonce loss"))
+    add(E("merge-shards-abc", n, ["merge", "--output", "{out}/m.jsonl", "--shards", "abc"], 'unable to convert "abc" into int'))
     for extra, key in [(["--lr", "0"], "lr = 0"), (["--lr", "inf"], "lr = inf"), (["--epochs", "nan"], "epochs = nan"),
                        (["warmup_ratio=-0.1"], "warmup_ratio = -0.1"), (["max_grad_norm=0"], "max_grad_norm = 0"),
                        (["--chunk-size", "0"], "chunk_size = 0"), (["--passage-max-length", "100000"], "128"),
@@ -657,22 +657,22 @@ def cases() -> list[Case]:
         add(E(f"train-config-{cid}", n, ["train", "--config", "{cfg}/" + cid], msg))
     for extra, msg in [(["lr"], "lr"), (["lrr=1e-5"], "did you mean 'lr'"), (["lr.x=1"], "lr"),
                        (["batch_size=2.5"], "2.5"), (["batch_size=true"], "True"), (["bf16=maybe"], "maybe"),
-                       (["loss=foo"], "foo"), (["mine=foo"], "foo"), (["--loss", "foo"], "invalid choice"),
-                       (["output="], "output"), (["--output", ""], "output"), (["--bogus-flag", "1"], "unrecognized"),
+                       (["loss=foo"], "foo"), (["mine=foo"], "foo"), (["--loss", "foo"], "'foo' is not one of"),
+                       (["output="], "output"), (["--output", ""], "output"), (["--bogus-flag", "1"], "Unknown option: --bogus-flag"),
                        (["query_instruction=[1, 2]"], "query_instruction"), (["=5"], "no key")]:
         add(E("train-override-" + "".join(extra), n, TRAIN + extra, msg))
-    add(E("pretrain-mode-foo", n, PRE_R[:1] + ["--mode", "foo"] + PRE_R[3:], "invalid choice"))
+    add(E("pretrain-mode-foo", n, PRE_R[:1] + ["--mode", "foo"] + PRE_R[3:], "'foo' is not one of"))
     add(E("pretrain-data-format-foo", n, PRE_R + ["data_format=xyz"], "xyz"))
     add(E("run-unknown-stage", n, ["run", "{cfg}/pipeline-unknown-stage.yaml", "--work-dir", "{out}/w"], "rerank"))
     add(E("run-filter-method-foo", n, RUN + ["filter.method=foo"], "foo"))
     add(E("run-queries-source-foo", n, RUN + ["queries.source=foo"], "foo"))
     add(E("run-generate-input-set", n, ["run", "{cfg}/pipeline-gen-input.yaml", "--work-dir", "{out}/w"], "set by the runner"))
     add(E("run-force-typo", n, RUN + ["--force", "trian"], "trian"))
-    add(E("run-until-foo", n, ["run", "{pipe}", "--until", "foo"], "invalid choice"))
+    add(E("run-until-foo", n, ["run", "{pipe}", "--until", "foo"], 'Invalid value "foo" for --until'))
     add(E("run-config-yaml-list", n, ["run", "{cfg}/list.yaml"], "mapping"))
     add(E("run-train-section-scalar", n, RUN + ["train=5"], "train"))
-    add(E("generate-language-fr", n, GEN + ["--language", "fr"], "invalid choice"))
-    add(E("filter-method-foo", n, ["filter", "--method", "foo", "--input", "{train}", "--output", "{out}/f.jsonl"], "invalid choice"))
+    add(E("generate-language-fr", n, GEN + ["--language", "fr"], "'fr' is not one of"))
+    add(E("filter-method-foo", n, ["filter", "--method", "foo", "--input", "{train}", "--output", "{out}/f.jsonl"], 'Unknown command "foo"'))
     add(E("filter-sieve-flag-for-teacher", n, TEACH + ["--beta", "0.5"], "beta"))
     add(E("filter-teacher-option-for-llm", n, JUDGE + ["relative_margin=0.1"], "relative_margin"))
     add(E("eval-override-positional", n, BM25 + ["top_k=5"], "top_k=5"))
@@ -912,7 +912,7 @@ def cases() -> list[Case]:
     add(E("index-build-output-is-a-file", n, IDX[:6] + ["{out}/afile"] + IDX[7:], "is a file",
           setup=[["@write", "{out}/afile", "x"]]))
     add(E("index-build-other-corpus", n, IDX[:4] + ["{docs}"] + IDX[5:], "another corpus or model", setup=made))
-    add(E("index-build-bad-ann", n, IDX + ["--ann", "annoy"], "invalid choice"))
+    add(E("index-build-bad-ann", n, IDX + ["--ann", "annoy"], "'annoy' is not one of"))
     add(E("index-build-bad-nprobes", n, IDX + ["--nprobes", "0"], "nprobes = 0"))
     add(E("index-check-not-an-index", n, ["index", "--check", "--output", "{out}/d"], "is missing",
           setup=[["@write", "{out}/d/notes.txt", "x"]]))

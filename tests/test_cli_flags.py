@@ -1,24 +1,24 @@
-"""CLI flags generated from the stage configs' pydantic field info (robustir.cli.common.add_config_flags)."""
+"""CLI flags from the stage configs' pydantic fields, built by cyclopts (robustir.cli.common), and the layers."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import field
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import pytest
+from cyclopts import App, Parameter
 
-from robustir.cli.common import _argparse_kind, add_config_flags, config_flags, flags_from_args
-from robustir.cli.main import build_parser, main
-from robustir.config import load_config
-from robustir.validation import cli, config_dataclass, field_help
+from robustir.cli.common import CONFIG, ConfigFile, Overrides, given, record_flags, stage_config
+from robustir.cli.main import build_app, main, parse
+from robustir.errors import ConfigError
+from robustir.validation import cli, config_dataclass
 
 
 @config_dataclass
 class Inner:
     base_url: str = "http://localhost:8000/v1"
     """Where the server listens."""
-    retries: int = field(default=3, metadata=cli("tries"))
+    retries: Annotated[int, cli("tries")] = 3
     """Tries after a failure."""
 
 
@@ -35,9 +35,8 @@ class Small:
     names: list[str] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     """Shares, e.g. 0 0.5."""
-    inner: Inner = field(default_factory=Inner, metadata=cli(flatten=True))
+    inner: Annotated[Inner, cli(flatten=True)] = field(default_factory=Inner)
     options: dict = field(default_factory=dict)
-    internal: int = field(default=1, metadata=cli(hidden=True))
     plain: str = ""
     """A plain string."""
 
@@ -48,140 +47,135 @@ class Derived(Small):
     """A field of the subclass."""
 
 
-def _small_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="t")
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--config")
-    return parser, add_config_flags(parser, Small)
+def _small_app(cls: type = Small) -> App:
+    app = App(name="t", version_flags=[], help_format="plaintext", result_action="return_value", config=[record_flags],
+              default_parameter=Parameter(consume_multiple=True, negative_iterable=()))
+
+    def small(*overrides: Overrides, config_file: ConfigFile = None,
+              config: Annotated[Small | None, CONFIG] = None):
+        assert config is None  # the flags are taken out of the parse into the flags layer
+        return stage_config(cls, config_file, overrides)
+
+    small.__annotations__["config"] = Annotated[cls | None, CONFIG]  # the class under test
+    app.default(small)
+
+    return app
 
 
-def test_generator_gives_every_field_a_flag_from_its_type_and_metadata():
-    parser, keys = _small_parser()
-    # no field list anywhere: every field that can be a flag is one; the section's fields under their own names,
-    # a renamed one under its new name; the mapping and the hidden field have none
-    assert keys == {"lr": "lr", "steps": "steps", "mode": "mode", "bf16": "bf16", "names": "names", "rates": "rates",
-                    "base_url": "inner.base_url", "tries": "inner.retries", "plain": "plain"}
-    args = parser.parse_args(["--lr", "0.5", "--steps", "7", "--mode", "slow", "--bf16", "--names", "a", "b",
-                              "--rates", "0", "0.5", "--base-url", "http://h/v1", "--tries", "4", "--plain", "p"])
-    assert (args.lr, args.steps, args.mode, args.bf16, args.names, args.rates) == (0.5, 7, "slow", True, ["a", "b"],
-                                                                                     [0.0, 0.5])
-    assert type(args.steps) is int and type(args.lr) is float
-    assert flags_from_args(args, keys) == {"lr": 0.5, "steps": 7, "mode": "slow", "bf16": True, "names": ["a", "b"],
-                                           "rates": [0.0, 0.5], "inner": {"base_url": "http://h/v1", "retries": 4},
-                                           "plain": "p"}
-    assert parser.parse_args(["--no-bf16"]).bf16 is False
-    # every flag defaults to None: nothing given, nothing overrides a config file
-    absent = parser.parse_args([])
-    assert all(getattr(absent, dest) is None for dest in keys) and flags_from_args(absent, keys) == {}
+def _run_small(argv: list[str]) -> Small:
+    return _small_app()(argv, exit_on_error=False, print_error=False)
 
 
-def test_a_subclass_gets_its_bases_flags_and_help():
-    parser = argparse.ArgumentParser()
-    keys = add_config_flags(parser, Derived)
-    assert keys["extra"] == "extra" and keys["lr"] == "lr"
-    assert field_help(Derived, "lr") == "Learning rate."  # pydantic documents a field in the class declaring it
-    assert field_help(Derived, "extra") == "A field of the subclass."
+def test_every_field_is_a_flag_from_its_type_and_metadata():
+    config = _run_small(["--lr", "0.1", "--steps", "3", "--mode", "slow", "--bf16", "--names", "a", "b", "--rates",
+                         "0", "0.5", "--base-url", "http://h/v1", "--tries", "7", "--options.k", "0.25", "--plain", "x"])
+    assert (config.lr, config.steps, config.mode, config.bf16, config.names, config.rates) == \
+        (0.1, 3, "slow", True, ["a", "b"], [0.0, 0.5])
+    assert (config.inner.base_url, config.inner.retries) == ("http://h/v1", 7)  # flattened, renamed
+    assert config.options == {"k": 0.25} and config.plain == "x"  # a mapping's value is read as in key=value
+    assert _run_small(["--no-bf16"]).bf16 is False
 
 
-@pytest.mark.parametrize("argv", [["--mode", "medium"], ["--steps", "1.5"], ["--lr", "x"], ["--retries", "1"],
-                                  ["--options", "{}"], ["--internal", "2"]])
-def test_generator_rejects_bad_values_old_names_and_fields_without_a_flag(argv):
-    parser, _ = _small_parser()
-    with pytest.raises(SystemExit):
-        parser.parse_args(argv)
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "medium"], "mode: 'medium' is not one of ['fast', 'slow']"),
+    (["--steps", "1.5"], "steps: expected an integer"),
+    (["--lr", "x"], "lr: expected a number"),
+    (["--retries", "1"], "Unknown option: --retries"),  # renamed to --tries
+    (["--base-url"], "requires an argument"),
+    (["--mdoe", "slow"], "Did you mean --mode"),
+])
+def test_bad_values_old_names_and_typos_are_refused_naming_the_flag(argv, message):
+    import cyclopts
+
+    with pytest.raises((ConfigError, cyclopts.CycloptsError)) as info:
+        _run_small(argv)
+    assert message in " ".join(str(info.value).split())
 
 
-def test_generator_help_from_field_docstrings_and_defaults():
-    assert field_help(Small, "lr") == "Learning rate."
-    assert field_help(Small, "steps") == "Stop after this many steps."  # attribute docstring, one line
-    assert field_help(Inner, "retries") == "Tries after a failure."
-    assert field_help(Small, "mode") == ""
-    parser, _ = _small_parser()
-    text = " ".join(parser.format_help().split())
-    assert "--lr LR Learning rate (default: 2e-05)" in text
-    assert "--steps STEPS Stop after this many steps (default: None)" in text
-    assert "--mode {fast,slow} default: fast" in text
-    assert "--bf16, --no-bf16 bf16 autocast; 100% optional (default: False)" in text  # % survives argparse
-    assert "--base-url BASE_URL Where the server listens (default: http://localhost:8000/v1)" in text
-    assert "--rates RATES [RATES ...] Shares, e.g. 0 0.5 (default: [])" in text
-    assert "--plain PLAIN A plain string (default: '')" in text
-
-
-def test_a_flag_the_command_defines_itself_is_left_to_it():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--lr", type=str, help="the command's own")
-    keys = add_config_flags(parser, Small)
-    assert "lr" not in keys and parser.parse_args(["--lr", "x"]).lr == "x"
+def test_help_from_field_docstrings_and_defaults(capsys):
+    _small_app()(["--help"], exit_on_error=False, print_error=False)
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    for part in ("--lr", "Learning rate.", "[default: 2e-05]", "--steps", "Stop after this many steps.", "--mode",
+                 "[choices: fast, slow]", "--bf16 --no-bf16", "100% optional", "--base-url",
+                 "Where the server listens.", "--tries", "--rates", "Shares, e.g. 0 0.5"):
+        assert part in text, part
+    assert "--retries" not in text and "--inner.base-url" not in text and "--empty-names" not in text
+    _small_app(Derived)(["--help"], exit_on_error=False, print_error=False)  # a subclass: its own and its bases' help
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "--extra" in text and "A field of the subclass." in text and "Learning rate." in text
 
 
 def test_precedence_defaults_file_flags_overrides(tmp_path):
-    parser, keys = _small_parser()
     cfg = tmp_path / "c.yaml"
     cfg.write_text("lr: 0.1\nsteps: 5\nmode: slow\nbf16: true\ninner:\n  retries: 9\n  base_url: http://file/v1\n")
-    args = parser.parse_args(["--config", str(cfg), "--lr", "0.2", "--tries", "1", "--no-bf16", "steps=6",
-                              "inner.retries=2"])
-    config = load_config(Small, args.config, args.overrides, flags_from_args(args, keys))
+    config = _run_small(["--config", str(cfg), "--lr", "0.2", "--tries", "1", "--no-bf16", "steps=6",
+                         "inner.retries=2"])
     assert config.lr == 0.2  # flag over file
     assert config.steps == 6  # key=value over file
     assert config.inner.retries == 2  # key=value over flag over file
     assert config.inner.base_url == "http://file/v1" and config.mode == "slow"  # file over default (no flag given)
     assert config.bf16 is False  # --no-bf16 over the file's true
     assert config.plain == ""  # default
+    assert given() == {"lr": "0.2", "inner": {"retries": "1"}, "bf16": False}  # the flags layer, as given
 
 
 # ------------------------------------------------------------------------------------------ every converted CLI
 
 HELP_FLAGS = {
-    "train": ["--model", "--train-data", "--eval-data", "--loss {infonce,peg,ccr,auto}", "--audit AUDIT",
-              "--filter-positives, --no-filter-positives",
-              "--batch-size", "--chunk-size",
-              "--epochs", "--max-steps", "--lr", "--seed", "--num-negatives", "--mine {bm25,dense,none}", "--no-mine",
-              "--query-max-length", "--passage-max-length", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing",
-              "--device"],
-    "pretrain": ["--mode {retromae,gur}", "--model", "--data", "--data-format", "--output", "--resume-heads",
-                 "--max-length", "--batch-size", "--epochs", "--max-steps", "--lr", "--seed", "--save-steps",
-                 "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--gradient-checkpointing", "--device"],
-    "generate": ["--input", "--output", "--base-url", "--model", "--api-key-env", "--backend {openai,hf}",
-                 "--num-queries", "--prompt-template", "--prompt-template-zh", "--language {auto,en,zh}",
-                 "--concurrency", "--rpm", "--temperature", "--max-tokens", "--timeout", "--max-retries",
-                 "--on-failure {raise,skip}", "--cache", "--shard", "--beir-dir", "--overwrite, --no-overwrite",
-                 "--progress, --no-progress", "--preflight, --no-preflight"],
-    "filter": ["--method", "--model", "--removed, --no-removed", "--shard", "--overwrite", "--no-progress",
-               "--base-url", "--api-key-env", "--concurrency", "--prompt-template", "--cache",
-               "--teacher-kind {auto,embedding,cross-encoder}", "--absolute-margin", "--relative-margin",
-               "--suspect-positive-share", "--max-length", "--num-negatives", "--train, --no-train",
-               "--strict, --no-strict", "--variant {authors_code,paper}", "--beta", "--temperature", "--lr",
-               "--max-steps", "--work-dir", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
-    "mine": ["--data", "--split", "--input", "--corpus", "--method {bm25,dense}", "--num-negatives", "--range-min",
-             "--range-max", "--max-score", "--min-score", "--absolute-margin", "--relative-margin",
-             "--sampling {top,random}", "--seed", "--cache-dir", "--corpus-chunk", "--index {flat,ivf,hnsw}",
-             "--query-batch-size",
-             "--shard", "--overwrite", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
-    "pairs": ["--format", "--text-unit", "--seed", "--repeat", "--window", "--min-weight", "--title, --no-title",
-              "--lcs, --no-lcs", "--shard", "--overwrite"],
-    "noise-bench": ["--data", "--model", "--preset {cpu,cpu-long,gpu}", "--kinds {chunk-fn,", "--rates RATES [RATES ...]",
-                    "--methods {infonce,", "--seeds SEEDS [SEEDS ...]", "--output", "--eval-split", "--dev", "--jobs",
-                    "--keep-steps, --no-keep-steps"],
-    "eval": ["--data", "--split", "--output", "--top-k", "--index {flat,ivf,hnsw}", "--nprobe",
-             "--ignore-identical-ids, --no-ignore-identical-ids", "--cache-dir", "--batch-size", "--precision {auto,fp32,bf16,fp16}", "--bf16", "--no-bf16", "--device"],
+    "train": ["--config", "--model", "--train-data", "--eval-data", "--loss", "[choices: infonce, peg, ccr, auto]",
+              "--audit", "--filter-positives --no-filter-positives", "--batch-size", "--chunk-size", "--epochs",
+              "--max-steps", "--lr", "--seed", "--num-negatives", "--mine", "[choices: bm25, dense, none]",
+              "--query-max-length", "--passage-max-length", "--precision", "--gradient-checkpointing", "--device",
+              "--loss-options"],
+    "pretrain": ["--mode", "[choices: retromae, gur]", "--model", "--data", "--data-format", "--output",
+                 "--resume-heads", "--max-length", "--batch-size", "--epochs", "--max-steps", "--lr", "--seed",
+                 "--save-steps", "--precision", "--gradient-checkpointing", "--device"],
+    "generate": ["--input", "--output", "--base-url", "--model", "--api-key-env", "--backend", "--num-queries",
+                 "--prompt-template", "--prompt-template-zh", "--language", "--concurrency", "--rpm", "--temperature",
+                 "--max-tokens", "--timeout", "--max-retries", "--on-failure", "--cache", "--shard", "--beir-dir",
+                 "--overwrite --no-overwrite", "--progress --no-progress", "--preflight --no-preflight"],
+    "filter llm": ["--input", "--output", "--model", "--removed --no-removed", "--shard", "--overwrite",
+                   "--no-progress", "--base-url", "--api-key-env", "--concurrency", "--prompt-template", "--cache"],
+    "filter teacher": ["--input", "--output", "--model", "--teacher-kind", "[choices: auto, embedding, cross-encoder]",
+                       "--absolute-margin", "--relative-margin", "--suspect-positive-share", "--max-length",
+                       "--batch-size", "--precision", "--device", "--removed --no-removed"],
+    "filter sieve": ["--input", "--output", "--num-negatives", "--train --no-train", "--strict --no-strict",
+                     "--variant", "[choices: authors_code, paper]", "--beta", "--temperature", "--lr", "--max-steps",
+                     "--work-dir", "--batch-size", "--precision", "--device"],
+    "mine": ["--data", "--split", "--input", "--corpus", "--method", "[choices: bm25, dense]", "--num-negatives",
+             "--range-min", "--range-max", "--max-score", "--min-score", "--absolute-margin", "--relative-margin",
+             "--sampling", "--seed", "--cache-dir", "--corpus-chunk", "--index", "[choices: flat, ivf, hnsw]",
+             "--query-batch-size", "--shard", "--overwrite", "--batch-size", "--precision", "--device", "--pooling"],
+    "pairs": ["--format", "--text-unit", "--seed", "--repeat", "--window", "--min-weight", "--title --no-title",
+              "--lcs --no-lcs", "--shard", "--overwrite"],
+    "noise-bench": ["--data", "--model", "--preset", "[choices: cpu, cpu-long, gpu]", "--kinds", "--rates",
+                    "--methods", "--seeds", "--output", "--eval-split", "--dev", "--jobs", "--keep-steps --no-keep-steps"],
+    "eval": ["--data", "--split", "--output", "--top-k", "--index", "--nprobe",
+             "--ignore-identical-ids --no-ignore-identical-ids", "--cache-dir", "--batch-size", "--precision",
+             "--device", "--storage-option", "--pooling"],
     "chunk": ["--format", "--text-unit", "--max-tokens", "--overlap", "--min-tokens", "--tokenizer", "--shard"],
+    "index": ["--corpus", "--add", "--upsert", "--delete", "--delete-id", "--compact", "--check", "--output",
+              "--ann", "--ann-threshold", "--chunk-size", "--storage-option", "--pooling"],
+    "serve": ["--model", "--index", "--host", "--port", "--api-key", "--pooling", "--query-instruction",
+              "--precision", "--storage-option"],
+    "run": ["CONFIG", "--work-dir", "--force", "--until", "--device"],
 }
 
 
 @pytest.mark.parametrize("stage", sorted(HELP_FLAGS))
 def test_cli_help_lists_the_flags_with_their_defaults(stage, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
-    with pytest.raises(SystemExit) as info:
-        main([stage, "--help"])
-    assert info.value.code == 0
-    text = capsys.readouterr().out
+    assert main([*stage.split(), "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     missing = [flag for flag in HELP_FLAGS[stage] if flag not in text]
     assert not missing, f"robustir {stage} --help lacks {missing}"
-    assert "(default: " in text
+    assert "[default: " in text
 
 
-def _args(argv: list[str]) -> argparse.Namespace:
-    return build_parser(only=argv[0]).parse_args(argv)
+def _parsed(argv: list[str]) -> tuple[tuple, dict]:
+    """The positional arguments (key=value overrides) and keywords of a command line; the flags layer recorded."""
+    _, bound = parse(argv)
+    return tuple(bound.args), dict(bound.kwargs)
 
 
 def test_train_flags_reach_the_config(tmp_path):
@@ -189,17 +183,22 @@ def test_train_flags_reach_the_config(tmp_path):
 
     cfg = tmp_path / "t.yaml"
     cfg.write_text("bf16: true\nlr: 1.0e-5\nmine: dense\n")
-    config = build_config(_args(["train", "--config", str(cfg), "--lr", "3e-5", "--no-mine", "--chunk-size", "4"]))
+    overrides, kw = _parsed(["train", "--config", str(cfg), "--lr", "3e-5", "--no-mine", "--chunk-size", "4"])
+    config = build_config(overrides, kw["config_file"])
     assert (config.lr, config.mine, config.chunk_size, config.precision) == (3e-5, "none", 4, "bf16")  # bf16: true
-    config = build_config(_args(["train", "--config", str(cfg), "--no-bf16", "--mine", "bm25", "lr=4e-5"]))
+    overrides, kw = _parsed(["train", "--config", str(cfg), "--no-bf16", "--mine", "bm25", "lr=4e-5",
+                             "--loss-options.temperature", "0.02"])
+    config = build_config(overrides, kw["config_file"])
     assert (config.precision, config.mine, config.lr) == ("fp32", "bm25", 4e-5)  # --no-bf16
+    assert config.loss_options == {"temperature": 0.02}
 
 
 def test_pretrain_flags_reach_the_config():
     from robustir.cli.pretrain import build_config
 
-    config = build_config(_args(["pretrain", "--mode", "gur", "--resume-heads", "h", "--gradient-checkpointing",
-                                 "--max-length", "64", "temperature=0.05"]))
+    overrides, kw = _parsed(["pretrain", "--mode", "gur", "--resume-heads", "h", "--gradient-checkpointing",
+                             "--max-length", "64", "temperature=0.05"])
+    config = build_config(overrides, kw.get("config_file"))
     assert (config.mode, config.heads, config.gradient_checkpointing, config.max_length, config.temperature) == \
         ("gur", "h", True, 64, 0.05)
 
@@ -209,78 +208,112 @@ def test_generate_flags_reach_the_config(tmp_path):
 
     cfg = tmp_path / "g.yaml"
     cfg.write_text("num_queries: 5\nllm:\n  temperature: 0.1\n  model: from-file\n")
-    config = build_config(_args(["generate", "--config", str(cfg), "--model", "m", "--rpm", "30", "--timeout", "5",
-                                 "--cache", "none", "--no-preflight", "--temperature", "0.3", "llm.temperature=0.5"]))
+    overrides, kw = _parsed(["generate", "--config", str(cfg), "--model", "m", "--rpm", "30", "--timeout", "5",
+                             "--cache", "none", "--no-preflight", "--temperature", "0.3", "llm.temperature=0.5"])
+    config = build_config(overrides, kw["config_file"])
     assert (config.llm.model, config.llm.requests_per_minute, config.llm.timeout_s, config.llm.cache_path) == \
         ("m", 30.0, 5.0, "none")
     assert config.preflight is False and config.progress is True and config.num_queries == 5
     assert config.llm.temperature == 0.5  # key=value over flag over file
 
 
-def test_filter_flags_reach_each_methods_config(tmp_path):
+@pytest.mark.parametrize("spelling", ["method-flag", "sub-command"])
+def test_filter_flags_reach_each_methods_config(spelling):
     from robustir.cli.filter import build_config
     from robustir.filtering.llm_judge import JudgeConfig
     from robustir.filtering.sieve import SieveConfig
     from robustir.filtering.teacher import TeacherFilterConfig
 
+    def method(name: str) -> list[str]:
+        return ["filter", "--method", name] if spelling == "method-flag" else ["filter", name]
+
     io = ["--input", "in.jsonl", "--output", "out.jsonl"]
-    config = build_config(_args(["filter", "--method", "llm", *io, "--model", "m", "--base-url", "http://h/v1",
-                                 "--cache", "c.sqlite", "--no-removed", "--shard", "1/2"]))
+    overrides, _ = _parsed([*method("llm"), *io, "--model", "m", "--base-url", "http://h/v1", "--cache", "c.sqlite",
+                            "--no-removed", "--shard", "1/2"])
+    config = build_config("llm", overrides)
     assert isinstance(config, JudgeConfig)
+    assert (config.input, config.output) == ("in.jsonl", "out.jsonl")
     assert (config.llm.model, config.llm.base_url, config.llm.cache_path) == ("m", "http://h/v1", "c.sqlite")
     assert (config.keep_removed, config.shard) == (False, "1/2")
-    config = build_config(_args(["filter", "--method", "teacher", *io, "--model", "t", "--teacher-kind",
-                                 "cross-encoder", "--relative-margin", "0.1", "--bf16", "--batch-size", "8"]))
-    assert isinstance(config, TeacherFilterConfig)
+    overrides, kw = _parsed([*method("teacher"), *io, "--model", "t", "--teacher-kind", "cross-encoder",
+                             "--relative-margin", "0.1", "--bf16", "--batch-size", "8"])
+    config = build_config("teacher", overrides)
+    assert isinstance(config, TeacherFilterConfig) and (kw["input"], kw["output"]) == ("in.jsonl", "out.jsonl")
     assert (config.model, config.kind, config.relative_margin, config.precision, config.batch_size) == \
         ("t", "cross-encoder", 0.1, "bf16", 8)
-    config = build_config(_args(["filter", "--method", "sieve", *io, "--no-train", "--strict", "--num-negatives", "3",
-                                 "--lr", "1e-6", "--no-progress", "beta=0.5"]))
+    overrides, _ = _parsed([*method("sieve"), *io, "--no-train", "--strict", "--num-negatives", "3", "--lr", "1e-6",
+                            "--no-progress", "beta=0.5"])
+    config = build_config("sieve", overrides)
     assert isinstance(config, SieveConfig)
     assert (config.train, config.strict, config.num_negatives, config.lr, config.progress, config.beta) == \
         (False, True, 3, 1e-6, False, 0.5)
 
 
+def test_a_flag_given_twice_takes_the_last_value_and_a_list_flag_collects():
+    from robustir.cli.mine import mining_config
+    from robustir.cli.noise_bench import build_config
+
+    _parsed(["mine", "--output", "o", "--num-negatives", "3", "--index", "ivf", "--num-negatives", "5"])
+    assert (mining_config().num_negatives, mining_config().index.kind) == (5, "ivf")
+    overrides, _ = _parsed(["noise-bench", "--seeds", "1", "--seeds", "2", "3"])
+    assert build_config(overrides).seeds == [1, 2, 3]
+
+
+def test_filter_names_the_method_of_another_methods_flag_and_suggests_for_a_typo(capsys):
+    assert main(["filter", "--method", "teacher", "--input", "i", "--output", "o", "--beta", "0.5"]) == 2
+    assert "--method teacher does not use --beta (an option of --method sieve)" in capsys.readouterr().err
+    assert main(["filter", "sieve", "--input", "i", "--output", "o", "--bta", "0.5"]) == 2
+    assert "Unknown option: --bta. Did you mean --beta?" in capsys.readouterr().err
+
+
 def test_mine_flags_reach_the_config():
     from robustir.cli.mine import mining_config
 
-    config = mining_config(_args(["mine", "--data", "d", "--output", "o", "--index", "hnsw", "--num-negatives", "5",
-                                  "--relative-margin", "0.05", "--batch-size", "8", "--bf16"]))
+    _parsed(["mine", "--data", "d", "--output", "o", "--index", "hnsw", "--num-negatives", "5", "--relative-margin",
+             "0.05", "--batch-size", "8", "--bf16"])
+    config = mining_config()
     assert (config.index.kind, config.num_negatives, config.relative_margin) == ("hnsw", 5, 0.05)
     assert (config.encode_batch_size, config.precision, config.method, config.range_max) == (8, "bf16", "bm25", 100)
 
 
 def test_pairs_flags_reach_the_config():
+    from types import SimpleNamespace
+
     from robustir.cli.pairs import build_config
 
-    config = build_config(_args(["pairs", "--input", "i", "--output", "o", "--no-title", "--no-lcs",
-                                 "--min-weight", "2.5", "max_candidates=50"]))
+    overrides, kw = _parsed(["pairs", "--input", "i", "--output", "o", "--no-title", "--no-lcs", "--min-weight", "2.5",
+                             "max_candidates=50"])
+    config = build_config(SimpleNamespace(config=kw.get("config_file"), overrides=overrides))
     assert (config.use_title, config.require_lcs, config.min_weight, config.max_candidates) == (False, False, 2.5, 50)
-    assert build_config(_args(["pairs", "--input", "i", "--output", "o"])).use_title is True
+    _parsed(["pairs", "--input", "i", "--output", "o"])
+    assert build_config(SimpleNamespace(config=None, overrides=())).use_title is True
 
 
-def test_noise_bench_flags_reach_the_config(capsys):
+def test_noise_bench_flags_reach_the_config():
     from robustir.cli.noise_bench import build_config
 
-    config = build_config(_args(["noise-bench", "budget.epochs=2", "--preset", "gpu", "--kinds", "chunk-fn", "fp-hard",
-                                 "--rates", "0", "0.2", "--seeds", "1", "2", "--methods", "peg"]))
+    overrides, _ = _parsed(["noise-bench", "budget.epochs=2", "--preset", "gpu", "--kinds", "chunk-fn", "fp-hard",
+                            "--rates", "0", "0.2", "--seeds", "1", "2", "--methods", "peg"])
+    config = build_config(overrides)
     assert (config.preset, config.kinds, config.rates, config.seeds, config.methods, config.budget) == \
         ("gpu", ["chunk-fn", "fp-hard"], [0.0, 0.2], [1, 2], ["peg"], {"epochs": 2})
-    with pytest.raises(SystemExit):
-        _args(["noise-bench", "--kinds", "no-such-kind"])
-    capsys.readouterr()
+    overrides, _ = _parsed(["noise-bench", "--kinds", "no-such-kind"])
+    with pytest.raises(ConfigError, match="no-such-kind"):
+        build_config(overrides)
 
 
 def test_eval_and_chunk_flags_reach_the_config():
     from robustir.cli.chunk import build_config as chunk_config
     from robustir.cli.evaluate import build_config as eval_config
 
-    config = eval_config(_args(["eval", "--top-k", "10", "--index", "ivf", "--nprobe", "4", "--ignore-identical-ids",
-                                "--batch-size", "16"]))
+    _parsed(["eval", "--top-k", "10", "--index", "ivf", "--nprobe", "4", "--ignore-identical-ids", "--batch-size", "16"])
+    config = eval_config()
     assert (config.top_k, config.index.kind, config.index.nprobe, config.ignore_identical_ids, config.batch_size,
             config.precision) == (10, "ivf", 4, True, 16, "auto")
-    assert eval_config(_args(["eval", "--precision", "fp16"])).precision == "fp16"
-    config = chunk_config(_args(["chunk", "--input", "i", "--output", "o", "--max-tokens", "10", "--tokenizer", "tok"]))
+    _parsed(["eval", "--precision", "fp16"])
+    assert eval_config().precision == "fp16"
+    _parsed(["chunk", "--input", "i", "--output", "o", "--max-tokens", "10", "--tokenizer", "tok"])
+    config = chunk_config()
     assert (config.max_tokens, config.overlap, config.min_tokens, config.tokenizer) == (10, 1, 32, "tok")
 
 
@@ -296,7 +329,26 @@ COMMAND_CONFIGS = {  # command -> its config class (module, name)
     "classify": ("robustir.evaluation.classify", "ClassifyConfig"),
     "pairs": ("robustir.queries.pairs", "PairMiningConfig"),
     "chunk": ("robustir.data.chunking", "ChunkConfig"),
+    "audit": ("robustir.audit.run", "AuditConfig"),
+    "filter llm": ("robustir.filtering.llm_judge", "JudgeConfig"),
+    "filter teacher": ("robustir.filtering.teacher", "TeacherFilterConfig"),
+    "filter sieve": ("robustir.filtering.sieve", "SieveConfig"),
 }
+
+
+def _field_paths(cls: type, prefix: str = "") -> set[str]:
+    """Every field of config ``cls`` by its path, a section's fields in its place."""
+    import dataclasses
+    import typing
+
+    from robustir.cli.common import _section
+
+    paths: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        section = _section(hints[f.name])
+        paths |= _field_paths(section, f"{prefix}{f.name}.") if section else {prefix + f.name}
+    return paths
 
 
 @pytest.mark.parametrize("command", sorted(COMMAND_CONFIGS))
@@ -306,28 +358,12 @@ def test_every_field_of_a_stage_config_has_a_flag(command):
 
     module, name = COMMAND_CONFIGS[command]
     cls = getattr(importlib.import_module(module), name)
-    parser = build_parser(only=command)
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    keys = sub.get_default("_flag_keys")
-    wanted = {path for path, _, _, hint, _, _ in config_flags(cls) if _argparse_kind(hint) is not None}
-    taken = {path for path, _, _, hint, _, flag in config_flags(cls)
-             if _argparse_kind(hint) is not None and path not in keys.values()}
-    # the only fields without a generated flag are those whose flag the command defines itself (--input, --output)
-    assert all(f"--{dict((p, f) for p, *_, f in config_flags(cls))[path]}" in sub._option_string_actions
-               for path in taken), taken
-    assert wanted - taken == set(keys.values())
-
-
-def test_filter_exposes_every_field_of_the_three_methods():
-    from robustir.cli.filter import CONFIGS
-
-    parser = build_parser(only="filter")
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["filter"]
-    keys = sub.get_default("_flag_keys")
-    for method, cls in CONFIGS.items():
-        wanted = {path for path, _, _, hint, _, flag in config_flags(cls)
-                  if _argparse_kind(hint) is not None and flag not in ("input", "output")}
-        assert wanted == set(keys[method].values()), method
+    app = build_app()
+    for part in command.split():
+        app = app[part]
+    root = next(a for a in app.assemble_argument_collection() if not a.keys and a.field_info.name == "config")
+    flagged = {".".join(a.keys) for a in root.children_recursive if a.parse and a.name}
+    assert _field_paths(cls) - flagged == set()
 
 
 def test_bm25s_keeps_the_log_level_set_before_it_is_imported():

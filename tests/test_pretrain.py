@@ -153,14 +153,14 @@ def test_gur_steps_go_through_the_batch_engine_with_grad_cache(no_dropout_model_
 
 
 def test_cli_flags_overrides_and_errors(tiny_model_dir, tmp_path, capsys):
-    from robustir.cli.main import build_parser, main
+    from robustir.cli.main import main, parse
     from robustir.cli.pretrain import build_config
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("mode: gur\nlr: 5.0e-5\nbatch_size: 16\ntemperature: 0.05\n")
-    args = build_parser().parse_args(["pretrain", "--config", str(cfg), "--batch-size", "8", "--resume-heads", "h",
-                                      "alpha=0.5", "mask_ratio_range=[0.1, 0.29]"])
-    config = build_config(args)
+    _, bound = parse(["pretrain", "--config", str(cfg), "--batch-size", "8", "--resume-heads", "h", "alpha=0.5",
+                      "mask_ratio_range=[0.1, 0.29]"])
+    config = build_config(bound.args, bound.kwargs["config_file"])
     assert (config.mode, config.lr, config.batch_size, config.temperature, config.alpha) == ("gur", 5e-5, 8, 0.05, 0.5)
     assert config.heads == "h" and config.mask_ratio_range == [0.1, 0.29]
     assert config.resolved_max_length() == 128

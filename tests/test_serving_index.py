@@ -554,14 +554,12 @@ def test_cli_check_names_damage_and_changes_nothing(built_beir, capsys):
 
 
 def test_cli_help_and_bad_flags(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["index", "--help"])
+    assert main(["index", "--help"]) == 0
     help_text = capsys.readouterr().out
-    assert exc.value.code == 0 and "--delete-id" in help_text and "--upsert" in help_text and "--ann" in help_text
-    with pytest.raises(SystemExit) as exc:
-        main(["index", "--corpus", "c", "--output", "o", "--ann", "annoy"])
+    assert "--delete-id" in help_text and "--upsert" in help_text and "--ann" in help_text
+    assert main(["index", "--corpus", "c", "--output", "o", "--ann", "annoy"]) == 2
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "invalid choice: 'annoy'" in err and "Traceback" not in err
+    assert "ann.kind: 'annoy' is not one of" in err and "Traceback" not in err
 
 
 def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tmp_path, tiny_model_dir, capsys):

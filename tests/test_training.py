@@ -155,14 +155,13 @@ def test_beir_folder_with_bm25_mining(tiny_model_dir, tmp_path):
 
 
 def test_config_file_flags_and_overrides(tmp_path):
-    from robustir.cli.main import build_parser
+    from robustir.cli.main import parse
     from robustir.cli.train import build_config
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("loss: peg\nlr: 1.0e-5\nbatch_size: 16\nloss_options:\n  beta: 0.2\n")
-    args = build_parser().parse_args(["train", "--config", str(cfg), "--batch-size", "8",
-                                      "loss_options.alpha=0.3", "epochs=2"])
-    config = build_config(args)
+    _, bound = parse(["train", "--config", str(cfg), "--batch-size", "8", "loss_options.alpha=0.3", "epochs=2"])
+    config = build_config(bound.args, bound.kwargs["config_file"])
     assert (config.loss, config.lr, config.batch_size, config.epochs) == ("peg", 1e-5, 8, 2.0)
     assert config.loss_options == {"beta": 0.2, "alpha": 0.3}
     with pytest.raises(ConfigError, match="did you mean 'batch_size'"):

@@ -26,7 +26,6 @@ import difflib
 import functools
 import math
 import os
-import re
 import types
 import typing
 from typing import Annotated, Any, TypeVar
@@ -37,7 +36,7 @@ from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from .errors import ConfigError
 
-__all__ = ["config_dataclass", "Range", "OptionError", "cli", "field_help", "field_range", "PositiveInt",
+__all__ = ["config_dataclass", "Range", "OptionError", "cli", "field_range", "PositiveInt",
            "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "Fraction", "OpenFraction", "Probability", "Items"]
 
 T = TypeVar("T")
@@ -67,12 +66,14 @@ OpenFraction = Annotated[float, Range(ge=0, lt=1)]  # 0 <= x < 1 (a warm-up shar
 Probability = Fraction
 
 
-def cli(flag: str | None = None, *, hidden: bool = False, flatten: bool = False) -> dict:
-    """Field metadata for the generated CLI flags (:func:`robustir.cli.common.add_config_flags`): ``flag`` renames
-    the flag (``cli("title")`` → ``--title``), ``hidden`` gives the field no flag, ``flatten`` gives the fields of
-    a section field their own flags (``llm.base_url`` → ``--base-url``). Use as ``field(..., metadata=cli(...))``
-    or ``operational(..., metadata=cli(...))``."""
-    return {"cli": {"flag": flag, "hidden": hidden, "flatten": flatten}}
+def cli(flag: str | None = None, *, flatten: bool = False) -> Any:
+    """A config field's command-line form, put in its type: ``kind: Annotated[IndexKind, cli("index")] = "flat"``.
+    ``flag`` renames the flag (``--index`` instead of ``--kind``); ``flatten`` gives a section's fields flags of
+    their own (``llm.base_url`` → ``--base-url`` instead of ``--llm.base-url``). It is cyclopts' ``Parameter``
+    (:mod:`robustir.cli.common`)."""
+    from cyclopts import Parameter
+
+    return Parameter(name="*") if flatten else Parameter(name=f"--{flag}") if flag else Parameter()
 
 
 def config_dataclass(cls: type[T]) -> type[T]:
@@ -259,15 +260,3 @@ def _describe(rng: annotated_types.Interval | None, ctx: dict) -> str:
 def _num(value: float) -> str:
     return str(int(value)) if isinstance(value, (int, float)) and math.isfinite(value) and float(value).is_integer() \
         else str(value)
-
-
-def field_help(cls: type, name: str) -> str:
-    """The description of field ``name`` (its attribute docstring, read by pydantic) from ``cls`` or the nearest base
-    that documents it (pydantic reads docstrings per class, so inherited fields are looked up in the bases)."""
-    for klass in cls.__mro__:
-        info = getattr(klass, "__pydantic_fields__", {}).get(name)
-        if info is not None and info.description:
-            text = " ".join(info.description.split())
-            text = re.sub(r":[a-z]+:`~?([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)  # Sphinx roles
-            return text.replace("``", "")
-    return ""

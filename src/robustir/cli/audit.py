@@ -11,25 +11,25 @@ Writes ``audit/report.md`` (read this), ``report.json``, ``audit.png`` and ``fla
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated
 
 from ..audit.run import AuditConfig
-from ..config import load_config
-from .common import add_config_flags, add_precision_arg, flags_from_args
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML or JSON file with AuditConfig fields")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. random_passages=500")
-    keys = add_config_flags(parser, AuditConfig)
-    add_precision_arg(parser, generated=True)
-    parser.set_defaults(_flag_keys=keys)
+def command(*overrides: Overrides, config_file: ConfigFile = None,
+            config: Annotated[AuditConfig | None, CONFIG] = None) -> int:
+    """Measure a training set's noise (false positives / negatives, duplicates, leakage); pick the loss.
+
+    Every field is a flag, a --config key or a trailing key=value override (random_passages=500).
+    """
+    return run(overrides, config_file)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(overrides=(), config_file: str | None = None) -> int:
     from ..audit.run import MARKDOWN, audit
 
-    config = load_config(AuditConfig, args.config, args.overrides, flags=flags_from_args(args, args._flag_keys))
+    config = stage_config(AuditConfig, config_file, overrides)
     result = audit(config)
     report = result.report
     if result.already_complete:

@@ -10,40 +10,42 @@ Prints accuracy, macro-F1 and the confusion table; ``--output`` writes report.js
 
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
+from typing import Annotated
 
-from ..config import load_config
 from ..evaluation.classify import ClassifyConfig, classify, confusion_markdown
-from .common import add_config_flags, add_precision_arg, flags_from_args, model_or_default
-
-# ClassifyConfig fields with a flag (help from the dataclass)
+from .common import CONFIG, ConfigFile, Model, Overrides, model_or_default, stage_config
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="model folder or Hugging Face hub id (default: the bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--data", required=True, help='JSONL of {"text": ..., "label": ...} to classify')
-    parser.add_argument("--labels", required=True,
-                        help="the classes: a text file (one per line, name<TAB>description allowed) or JSON (a list "
-                             "of names, or {name: description})")
-    parser.add_argument("--descriptions", default=None,
-                        help="class descriptions: JSON {name: description} or name<TAB>description lines; a class is "
-                             "then embedded as 'name: description'")
-    parser.add_argument("--train", default=None, help="labelled JSONL the few-shot prototypes are drawn from "
-                                                      "(with --shots)")
-    parser.add_argument("--output", default=None, help="folder for report.json, report.md and predictions.jsonl")
-    parser.add_argument("--config", default=None, help="YAML or JSON file with ClassifyConfig fields")
-    keys = add_config_flags(parser, ClassifyConfig)
-    add_precision_arg(parser, generated=True)
-    parser.set_defaults(_flag_keys=keys)
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. seed=3")
+def command(*overrides: Overrides, data: str, labels: str, model: Model = None, descriptions: str | None = None,
+            train: str | None = None, output: str | None = None, config_file: ConfigFile = None,
+            config: Annotated[ClassifyConfig | None, CONFIG] = None) -> int:
+    """Zero-shot / few-shot classification by nearest label embedding (GUR).
+
+    Parameters
+    ----------
+    data
+        JSONL of {"text": ..., "label": ...} to classify
+    labels
+        the classes: a text file (one per line, name<TAB>description allowed) or JSON (a list of names, or
+        {name: description})
+    descriptions
+        class descriptions: JSON {name: description} or name<TAB>description lines; a class is then embedded as
+        'name: description'
+    train
+        labelled JSONL the few-shot prototypes are drawn from (with --shots)
+    output
+        folder for report.json, report.md and predictions.jsonl
+    """
+    return run(SimpleNamespace(data=data, labels=labels, model=model, descriptions=descriptions, train=train,
+                               output=output, config=config_file, overrides=overrides))
 
 
-def build_config(args: argparse.Namespace) -> ClassifyConfig:
-    return load_config(ClassifyConfig, args.config, args.overrides, flags_from_args(args, args._flag_keys))
+def build_config(args) -> ClassifyConfig:
+    return stage_config(ClassifyConfig, args.config, args.overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     config = build_config(args)
     result = classify(model_or_default(args.model), args.data, args.labels, config, descriptions=args.descriptions,
                       train=args.train, output=args.output)

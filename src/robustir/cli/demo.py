@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
 from ..resources import dataset_path, default_model_path
-from .common import add_device_arg, add_precision_arg
+from .common import Device, Precision
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", default="runs/demo", help="folder for metrics and runs")
-    add_precision_arg(parser)
-    parser.add_argument("--fp32", dest="precision", action="store_const", const="fp32",
-                        help="alias of --precision fp32")
-    add_device_arg(parser)
+def command(*, output: str = "runs/demo", precision: Precision = None, device: Device = None) -> int:
+    """Evaluate the bundled model and BM25 on the bundled dataset.
+
+    Parameters
+    ----------
+    output
+        folder for metrics and runs
+    """
+    return run(SimpleNamespace(output=output, precision=precision, device=device))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     data = dataset_path("scifact")
     out = Path(args.output)
     rows = {}

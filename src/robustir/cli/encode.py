@@ -2,37 +2,56 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Literal
 
 import numpy as np
 
 from ..data.beir import load_corpus, load_queries
-from ..io import atomic_write
-from ..models.encoder import Encoder
 from ..errors import ConfigError
+from ..io import atomic_write
+from ..models.encoder import Encoder, EncoderConfig
 from ..outputs import refuse_overwriting_inputs
-from .common import add_encoder_args, add_encoding_args, encoder_options, model_or_default
+from .common import CONFIG, Device, Model, Precision, encoder_options, model_or_default
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_encoder_args(parser)
-    add_encoding_args(parser)
-    parser.add_argument("--input", required=True, help="corpus.jsonl (passages) or queries.jsonl (with --queries)")
-    parser.add_argument("--queries", action="store_true", help="encode as queries (query instruction, query length)")
-    parser.add_argument("--output", required=True, help="output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same); "
-                        "with --engine ray a Lance dataset folder NAME.lance")
-    engine = parser.add_argument_group("engine (docs/scale.md)")
-    engine.add_argument("--engine", choices=["process", "ray"], default="process",
-                        help="process: this process (default); ray: Ray Data actors writing a Lance dataset, resumable "
-                             "by part (needs robustir[scale])")
-    engine.add_argument("--ray-address", default=None, help="Ray cluster to join (e.g. ray://head:10001, auto); "
-                                                            "default: a local Ray session")
-    engine.add_argument("--concurrency", type=int, default=None, help="encoder actors (default: 1)")
-    engine.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (default: 0, CPU actors)")
-    engine.add_argument("--part-rows", type=int, default=None, help="rows per Lance commit (default: 100000)")
-    engine.add_argument("--overwrite", action="store_true", help="--engine ray: encode again over an earlier output")
+def command(*, input: str, output: str, queries: bool = False, model: Model = None, batch_size: int = 64,
+            precision: Precision = None, device: Device = None, engine: Literal["process", "ray"] = "process",
+            ray_address: str | None = None, concurrency: int | None = None, num_gpus: float | None = None,
+            part_rows: int | None = None, overwrite: bool = False,
+            encoder: Annotated[EncoderConfig | None, CONFIG] = None) -> int:
+    """Encode a corpus or queries into an embedding file.
+
+    Parameters
+    ----------
+    input
+        corpus.jsonl (passages) or queries.jsonl (with --queries)
+    output
+        output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same); with --engine ray a Lance
+        dataset folder NAME.lance
+    queries
+        encode as queries (query instruction, query length)
+    batch_size
+        encoding batch size
+    engine
+        process: this process; ray: Ray Data actors writing a Lance dataset, resumable by part (needs
+        robustir[scale]; docs/scale.md)
+    ray_address
+        --engine ray: the Ray cluster to join (e.g. ray://head:10001, auto); default: a local Ray session
+    concurrency
+        --engine ray: encoder actors (default: 1)
+    num_gpus
+        --engine ray: GPUs per actor (default: 0, CPU actors)
+    part_rows
+        --engine ray: rows per Lance commit (default: 100000)
+    overwrite
+        --engine ray: encode again over an earlier output
+    """
+    return run(SimpleNamespace(input=input, output=output, queries=queries, model=model, batch_size=batch_size,
+                               precision=precision, device=device, engine=engine, ray_address=ray_address,
+                               concurrency=concurrency, num_gpus=num_gpus, part_rows=part_rows, overwrite=overwrite))
 
 
 def output_files(prefix: str | Path) -> tuple[Path, Path]:
@@ -43,7 +62,7 @@ def output_files(prefix: str | Path) -> tuple[Path, Path]:
     return Path(name + ".npy"), Path(name + ".ids.json")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     ray_only = [f"--{n.replace('_', '-')}" for n in ("ray_address", "concurrency", "num_gpus", "part_rows", "overwrite")
                 if getattr(args, n)]
     if args.engine == "ray":
@@ -57,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_overwriting_inputs(vectors, args.input, stage="encode")
     refuse_overwriting_inputs(id_file, args.input, stage="encode")
     encoder = Encoder.from_pretrained(model_or_default(args.model), device=args.device or "auto",
-                                      **encoder_options(args))
+                                      **encoder_options())
     if args.queries:
         queries, _ = load_queries(args.input)
         ids, texts, kind = list(queries), list(queries.values()), "query"
@@ -74,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_ray(args: argparse.Namespace) -> int:
+def _run_ray(args) -> int:
     from ..scale.ray_encode import RayEncodeConfig, encode_with_ray, require_scale_extra
 
     require_scale_extra("--engine ray")
@@ -85,6 +104,6 @@ def _run_ray(args: argparse.Namespace) -> int:
     device = None if args.device in (None, "auto") else args.device
     report = encode_with_ray(args.input, model_or_default(args.model), args.output,
                              kind="query" if args.queries else "passage", config=config,
-                             encoder_options=encoder_options(args), overwrite=args.overwrite, device=device)
+                             encoder_options=encoder_options(), overwrite=args.overwrite, device=device)
     print(f"robustir encode (ray): {args.output}: {report.format()}")
     return 0

@@ -8,41 +8,50 @@
 
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
+from typing import Annotated
 
 from ..errors import ConfigError
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
-from .common import (add_config_flags, add_encoder_args, add_storage_arg, config_from_flags, data_or_default,
-                     encoder_options, model_or_default, storage_options)
+from ..models.encoder import EncoderConfig
+from .common import (CONFIG, Model, StorageOption, data_or_default, encoder_options, model_or_default, stage_config,
+                     storage_options)
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_encoder_args(parser)
-    parser.add_argument("--data", default=None, help="BEIR folder (default: the bundled SciFact)")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--output", default=None, help="folder for metrics.json and run.trec")
-    keys = add_config_flags(parser, EvalConfig)
-    add_storage_arg(parser)
-    parser.set_defaults(_flag_keys=keys)
+def command(*, model: Model = None, data: str | None = None, split: str = "test", output: str | None = None,
+            storage_option: StorageOption = (), encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            config: Annotated[EvalConfig | None, CONFIG] = None) -> int:
+    """Evaluate a model (or bm25: --model bm25 or --mode lexical) on a BEIR folder.
+
+    Parameters
+    ----------
+    data
+        BEIR folder (default: the bundled SciFact)
+    split
+        qrels split to evaluate on
+    output
+        folder for metrics.json and run.trec
+    """
+    return run(SimpleNamespace(model=model, data=data, split=split, output=output, storage_option=storage_option))
 
 
-def build_config(args: argparse.Namespace) -> EvalConfig:
-    return config_from_flags(EvalConfig, args)
+def build_config() -> EvalConfig:
+    return stage_config(EvalConfig)
 
 
-def run(args: argparse.Namespace) -> int:
-    config = build_config(args)
+def run(args) -> int:
+    config = build_config()
     if config.search_index is not None and not args.model:
         model = None  # the index's model
     else:
         model = args.model if args.model and args.model.lower() == "bm25" else model_or_default(args.model)
     data = data_or_default(args.data)
     lexical = model == "bm25" or config.mode == "lexical"
-    options = {} if lexical else encoder_options(args)
+    options = {} if lexical else encoder_options()
     if config.search_index is not None and any(v is not None for v in options.values()):
         raise ConfigError("encoder options come from the index's manifest with --search-index: leave them out")
-    storage = storage_options(args)
+    storage = storage_options(args.storage_option)
     if storage and config.search_index is None:
         raise ConfigError("--storage-option goes with --search-index s3://...")
     result = evaluate("bm25" if lexical else model, data, args.split, config, output=args.output,

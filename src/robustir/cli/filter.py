@@ -18,68 +18,100 @@ Methods::
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import replace
+from typing import Annotated
 
-from ..config import load_config
+from cyclopts import App
+
 from ..errors import ConfigError
 from ..filtering.llm_judge import JudgeConfig
 from ..filtering.sieve import SieveConfig
 from ..filtering.teacher import TeacherFilterConfig
-from .common import add_method_flags, add_precision_arg, flags_from_args
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
 
-
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", required=True, choices=["llm", "teacher", "sieve"])
-    parser.add_argument("--input", required=True, help="training JSONL with query/pos/neg (e.g. from robustir mine)")
-    parser.add_argument("--output", required=True, help="new JSONL to write (never the input)")
-    parser.add_argument("--config", help="YAML/JSON file with the method's options")
-    # a flag for every field of the three configs: shared ones in the main group, the others by method
-    keys = add_method_flags(parser, CONFIGS)
-    add_precision_arg(parser, generated=True)
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. beta=0.5")
-    parser.set_defaults(_flag_keys=keys)  # method -> {dest: config key}
+command = App(name="filter", help="Remove false negatives from a training JSONL into a new file: robustir filter "
+                                  "llm|teacher|sieve --input IN --output OUT (--method NAME is the same).")
 
 
-def build_config(args: argparse.Namespace) -> JudgeConfig | TeacherFilterConfig | SieveConfig:
+@command.command(name="llm")
+def llm(*overrides: Overrides, config_file: ConfigFile = None,
+        config: Annotated[JudgeConfig | None, CONFIG] = None) -> int:
+    """PEG: ask an LLM whether each negative is relevant to its query (--input, --output, --base-url, --model)."""
+    return run("llm", overrides, config_file)
+
+
+@command.command(name="teacher")
+def teacher(*overrides: Overrides, input: str, output: str, config_file: ConfigFile = None,
+            config: Annotated[TeacherFilterConfig | None, CONFIG] = None) -> int:
+    """NV-Retriever: drop negatives a teacher scores close to the positive (embedding model or cross-encoder).
+
+    Parameters
+    ----------
+    input
+        training JSONL with query/pos/neg (e.g. from robustir mine)
+    output
+        new JSONL to write (never the input)
+    """
+    return run("teacher", overrides, config_file, input, output)
+
+
+@command.command(name="sieve")
+def sieve(*overrides: Overrides, input: str, output: str, config_file: ConfigFile = None,
+          config: Annotated[SieveConfig | None, CONFIG] = None) -> int:
+    """CCR passage sieve: brief CCR training, then drop negatives above the mean cosine of their pool.
+
+    Parameters
+    ----------
+    input
+        training JSONL with query/pos/neg (e.g. from robustir mine)
+    output
+        new JSONL to write (never the input)
+    """
+    return run("sieve", overrides, config_file, input, output)
+
+
+def flag_owners(flag: str) -> list[str]:
+    """The methods that have ``flag`` (``--beta``: sieve), for the error about a flag another method takes."""
+    owners = []
+    for method in CONFIGS:
+        arguments = command[method].assemble_argument_collection()
+        if any(flag in argument.names for argument in arguments):
+            owners.append(method)
+    return owners
+
+
+def build_config(method: str, overrides=(), config_file: str | None = None):
     """The method's config: defaults < --config file < flags < key=value overrides."""
-    own = args._flag_keys[args.method]
-    foreign = sorted({dest for keys in args._flag_keys.values() for dest in keys if dest not in own
-                      and getattr(args, dest, None) is not None})
-    if foreign:  # a flag of another method would be silently ignored
-        owners = {dest: "/".join(m for m, keys in args._flag_keys.items() if dest in keys) for dest in foreign}
-        raise ConfigError(f"--method {args.method} does not use {', '.join('--' + d.replace('_', '-') for d in foreign)} "
-                          f"(an option of --method {', '.join(sorted(set(owners.values())))}); remove it or change "
-                          "--method")
-    flags = flags_from_args(args, own)
-    return load_config(CONFIGS[args.method], args.config, args.overrides, flags)
+    return stage_config(CONFIGS[method], config_file, overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(method: str, overrides=(), config_file: str | None = None, input: str | None = None,
+        output: str | None = None) -> int:
     from ..runs import Job, execute
     from ..steps import get_step
 
-    config = build_config(args)  # checked first: a bad option is an error even when the output is complete
-    if args.method == "llm":  # the judge's output is complete only when no judgement failed (those are retried)
-        return _run_llm(args, config)
+    config = build_config(method, overrides, config_file)  # a bad option is an error even when the output is complete
+    if method == "llm":  # the judge's output is complete only when no judgement failed (those are retried)
+        return _run_llm(config)
     # the teacher / sieve model by its content (a model retrained in place is a changed input), not by its path
-    result = execute(get_step(f"filter {args.method}"), config, Job(args.output, {"input": args.input}, config.shard),
-                     overwrite=bool(args.overwrite))
+    result = execute(get_step(f"filter {method}"), config, Job(output, {"input": input}, config.shard),
+                     overwrite=config.overwrite)
     if not result.skipped:
         print(f"robustir filter: {result.report.summary()}")
         print(f"robustir filter: report {result.artifact.path}.report.json")
     return 0
 
 
-def _run_llm(args: argparse.Namespace, config: JudgeConfig) -> int:
+def _run_llm(config: JudgeConfig) -> int:
     from ..filtering.llm_judge import run_judge
 
+    if not config.input or not config.output:
+        raise ConfigError("filter llm needs --input (the training JSONL) and --output (a new JSONL), or input: / "
+                          "output: in --config")
     if not config.llm.model:
         raise ConfigError("--method llm needs --model (the model name the server serves) and --base-url")
-    report = run_judge(replace(config, overwrite=bool(args.overwrite) or config.overwrite), args.input, args.output,
-                       say=print)
+    report = run_judge(config, config.input, config.output, say=print)
     print(f"robustir filter: {report.summary()}")
     if report.failed_path:
         print(f"robustir filter: {report.failed_records} record(s) with failed judgements (negatives kept for now), "

@@ -18,32 +18,32 @@ made with another model, temperature, prompt template (its content) or option is
 
 from __future__ import annotations
 
-import argparse
 import logging
+from typing import Annotated
 
-from ..config import load_config
 from ..errors import ConfigError
 from ..queries.generate import GenerateConfig, run_generate
-from .common import add_config_flags, flags_from_args
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 logger = logging.getLogger(__name__)
 
 
+def command(*overrides: Overrides, config_file: ConfigFile = None,
+            config: Annotated[GenerateConfig | None, CONFIG] = None) -> int:
+    """Generate queries for passages with an LLM.
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML/JSON file with GenerateConfig fields (an llm: section for the LLM)")
-    keys = add_config_flags(parser, GenerateConfig)  # the llm: section's fields too (--base-url)
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. llm.top_p=0.9 llm.extra_body.seed=1")
-    parser.set_defaults(_flag_keys=keys)
-
-
-def build_config(args: argparse.Namespace) -> GenerateConfig:
-    return load_config(GenerateConfig, args.config, args.overrides, flags_from_args(args, args._flag_keys))
+    The llm: section's fields are flags of their own (--base-url, --model); trailing key=value overrides set any
+    option, e.g. llm.top_p=0.9 llm.extra_body.seed=1.
+    """
+    return run(overrides, config_file)
 
 
-def run(args: argparse.Namespace) -> int:
-    config = build_config(args)
+def build_config(overrides=(), config_file: str | None = None) -> GenerateConfig:
+    return stage_config(GenerateConfig, config_file, overrides)
+
+
+def run(overrides=(), config_file: str | None = None) -> int:
+    config = build_config(overrides, config_file)
     if not config.input or not config.output:
         raise ConfigError("give --input PASSAGES.jsonl and --output OUT.jsonl (or input:/output: in --config)")
     report = run_generate(config, say=print)

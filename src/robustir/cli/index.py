@@ -18,46 +18,62 @@ documents is encoded twice). A server (``robustir serve --index runs/index``) se
 
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
+from typing import Annotated
+
+from cyclopts import Parameter
 
 from ..errors import ConfigError
+from ..models.encoder import EncoderConfig
 from ..serving.index import IndexConfig, SearchIndex, read_id_list
-from .common import (add_config_flags, add_encoder_args, add_storage_arg, config_from_flags, encoder_options,
-                     model_or_default, storage_options)
+from .common import (CONFIG, Model, StorageOption, encoder_options, given, given_flags, model_or_default, stage_config,
+                     storage_options)
 
 ACTIONS = ("--corpus (build), --add, --upsert, --delete/--delete-id, --compact, --check, --discard-unfinished")
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    action = parser.add_argument_group("what to do (one of)")
-    action.add_argument("--corpus", help="build: documents to index (BEIR folder or corpus.jsonl, passages JSONL, or "
-                                         "plain text with one passage per line; .gz too)")
-    action.add_argument("--add", metavar="CORPUS", help="add the documents of CORPUS (an id already in the index is "
-                                                        "an error)")
-    action.add_argument("--upsert", metavar="CORPUS", help="insert the documents of CORPUS, replacing those whose id "
-                                                           "is in the index")
-    action.add_argument("--delete", metavar="IDS_FILE", help="delete the documents whose ids are listed in this file "
-                                                              "(one per line)")
-    action.add_argument("--delete-id", metavar="ID", action="append", help="delete this document (repeatable)")
-    action.add_argument("--compact", action="store_true", help="merge small data files, fold deletions and new rows "
-                                                               "into the full-text index, drop old versions")
-    action.add_argument("--check", action="store_true", help="verify the index (every data file's size and SHA-256 "
-                                                             "-- on S3 its ETag --, the count) and print a summary; "
-                                                             "repairs nothing")
-    action.add_argument("--discard-unfinished", action="store_true",
-                        help="drop the documents of an interrupted --add instead of finishing it")
-    parser.add_argument("--output", required=True, help="the index folder, or s3://bucket/prefix (an S3 or "
-                                                        "S3-compatible object store; docs/scale.md)")
-    add_storage_arg(parser)
-    parser.add_argument("--overwrite", action="store_true", help="with --corpus: rebuild from scratch, beside the index: "
-                        "readers (a running server) keep the old index until the new one is complete, then follow it; "
-                        "a killed rebuild resumes when run again")
-    keys = add_config_flags(parser, IndexConfig)
-    parser.set_defaults(_flag_keys=keys)
-    add_encoder_args(parser)
+def command(*, output: str, corpus: str | None = None, add: str | None = None, upsert: str | None = None,
+            delete: str | None = None, delete_id: Annotated[tuple[str, ...], Parameter(consume_multiple=False)] = (), compact: bool = False, check: bool = False,
+            discard_unfinished: bool = False, overwrite: bool = False, storage_option: StorageOption = (),
+            model: Model = None, encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            config: Annotated[IndexConfig | None, CONFIG] = None) -> int:
+    """Encode a corpus into a persistent search index (LanceDB: vectors, full text, metadata); add, upsert and
+    delete documents. What to do, one of: --corpus, --add, --upsert, --delete / --delete-id, --compact, --check,
+    --discard-unfinished.
+
+    Parameters
+    ----------
+    output
+        the index folder, or s3://bucket/prefix (an S3 or S3-compatible object store; docs/scale.md)
+    corpus
+        build: documents to index (BEIR folder or corpus.jsonl, passages JSONL, or plain text with one passage per
+        line; .gz too)
+    add
+        add the documents of this corpus (an id already in the index is an error)
+    upsert
+        insert the documents of this corpus, replacing those whose id is in the index
+    delete
+        delete the documents whose ids are listed in this file (one per line)
+    delete_id
+        delete this document (repeatable)
+    compact
+        merge small data files, fold deletions and new rows into the full-text index, drop old versions
+    check
+        verify the index (every data file's size and SHA-256 -- on S3 its ETag --, the count) and print a summary;
+        repairs nothing
+    discard_unfinished
+        drop the documents of an interrupted --add instead of finishing it
+    overwrite
+        with --corpus: rebuild from scratch, beside the index: readers (a running server) keep the old index until
+        the new one is complete, then follow it; a killed rebuild resumes when run again
+    """
+    return run(SimpleNamespace(output=output, corpus=corpus, add=add, upsert=upsert, delete=delete,
+                               delete_id=list(delete_id), compact=compact, check=check,
+                               discard_unfinished=discard_unfinished, overwrite=overwrite,
+                               storage_option=storage_option, model=model))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     deleting = bool(args.delete or args.delete_id)
     chosen = [name for name, given in (("--corpus", args.corpus), ("--add", args.add), ("--upsert", args.upsert),
                                        ("--delete", deleting), ("--compact", args.compact), ("--check", args.check),
@@ -67,12 +83,11 @@ def run(args: argparse.Namespace) -> int:
                           + ACTIONS)
     if args.overwrite and not args.corpus:
         raise ConfigError("--overwrite goes with --corpus (a rebuild)")
-    config = config_from_flags(IndexConfig, args)
-    storage = storage_options(args)
+    config = stage_config(IndexConfig)
+    storage = storage_options(args.storage_option)
     if not args.corpus:
-        fixed = [f"--{dest.replace('_', '-')}" for dest, key in args._flag_keys.items()
-                 if key.startswith("ann.") and getattr(args, dest, None) is not None]
-        fixed += [f"--{k.replace('_', '-')}" for k, v in encoder_options(args).items() if v is not None]
+        fixed = [flag for path, flag in given_flags().items() if path.startswith("ann.")]
+        fixed += [f"--{k.replace('_', '-')}" for k, v in encoder_options().items() if v is not None]
         if fixed:
             raise ConfigError(f"{', '.join(fixed)} can only be set when the index is built (--corpus); the index "
                               "keeps its own")
@@ -81,19 +96,19 @@ def run(args: argparse.Namespace) -> int:
         from ..serving.index import INDEX
 
         job = Job(args.output, {"corpus": args.corpus, "model": model_or_default(args.model)},
-                  settings={"encoder": encoder_options(args)}, runtime={"storage_options": storage})
+                  settings={"encoder": encoder_options()}, runtime={"storage_options": storage})
         report = execute(INDEX, config, job, overwrite=args.overwrite, say=None).report
         print(f"robustir index: {args.output} is complete; nothing to do (--add / --upsert to add documents, "
               "--overwrite to rebuild)" if report.nothing_to_do else f"robustir index: {report.format()}")
         print(report.summary)
         return 0
     if args.check:
-        with SearchIndex.open(args.output, model=args.model or None, device=args.device,
+        with SearchIndex.open(args.output, model=args.model or None, device=given().get("device"),
                               storage_options=storage) as index:
             print(f"robustir index: checked {index.check()}")
             print(index.summary())
         return 0
-    with SearchIndex.open(args.output, writable=True, model=args.model or None, device=args.device,
+    with SearchIndex.open(args.output, writable=True, model=args.model or None, device=given().get("device"),
                           storage_options=storage) as index:
         if args.add:
             report = index.add(args.add, config=config)

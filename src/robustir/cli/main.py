@@ -1,14 +1,13 @@
 """``robustir <stage>``: one sub-command per pipeline stage, each a thin layer over the Python API.
 
-Each stage lives in ``robustir/cli/<stage>.py`` and exposes ``register(subparsers)`` (adds its parser)
-and ``run(args) -> int``. Modules are imported lazily so ``robustir --help`` stays fast.
+Each stage lives in ``robustir/cli/<stage>.py`` as a function ``command(...)`` whose signature is its flags
+(cyclopts builds them, with the stage config's fields: :mod:`robustir.cli.common`). Modules are imported only for
+the command that runs, so ``robustir --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
-import importlib
 import logging
 import os
 import re
@@ -38,26 +37,39 @@ STAGES: dict[str, tuple[str, str]] = {
     "serve": ("serve", "OpenAI-compatible embeddings and search server (FastAPI)"),
 }
 
+#: older spellings, rewritten before parsing: flag -> the tokens it stands for
+ALIASES: dict[str, tuple[str, ...]] = {
+    "--bf16": ("--precision", "bf16"),
+    "--no-bf16": ("--precision", "fp32"),
+    "--fp32": ("--precision", "fp32"),
+    "--no-mine": ("--mine", "none"),
+}
+VERBOSE = ("-v", "--verbose", "--debug")
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="robustir", description="Train robust dense retrieval models: one sub-command per pipeline stage.")
-    parser.add_argument("-v", "--verbose", "--debug", action="store_true",
-                        help="debug logging and full tracebacks (for bug reports; also ROBUSTIR_DEBUG=1)")
-    sub = parser.add_subparsers(dest="stage", metavar="<stage>")
+
+def build_app():
+    """The ``robustir`` application: every stage a lazily imported command (``robustir.cli.<module>:command``)."""
+    from cyclopts import App, Parameter
+
+    from .common import record_flags
+
+    app = App(name="robustir", help="Train robust dense retrieval models: one sub-command per pipeline stage. "
+                                    "-v / --verbose / --debug before the stage: debug logging and full tracebacks "
+                                    "(for bug reports; also ROBUSTIR_DEBUG=1).",
+              version_flags=[], help_format="rst", result_action="return_value", config=[record_flags],
+              # a flag given twice: the last one counts (a script's flag overridden by one appended), as argparse did
+              default_parameter=Parameter(consume_multiple=True, negative_iterable=(), allow_repeating=True))
     for name, (module, help_text) in STAGES.items():
-        if only is not None and name != only:
-            sub.add_parser(name, help=help_text, add_help=False)
-            continue
-        try:
-            mod = importlib.import_module(f"robustir.cli.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"robustir.cli.{module}":
-                raise
-            continue  # stage not available in this build
-        stage_parser = sub.add_parser(name, help=help_text, description=help_text)
-        mod.register(stage_parser)
-        stage_parser.set_defaults(_module=mod)
-    return parser
+        app.command(f"robustir.cli.{module}:command", name=name, help=help_text)
+    return app
+
+
+def parse(argv: list[str]):
+    """``(command, bound arguments)`` for a command line, the flags layer recorded, without running the command (what
+    the tests use to check that flags reach a config)."""
+    argv, _, _ = _rewrite(list(argv))
+    command, bound, _ = build_app().parse_args(argv, exit_on_error=False, print_error=False)
+    return command, bound
 
 
 _BUNDLED = re.compile(r"^(?P<head>(?:--?[\w-]+=|[\w.]+=)?)bundled:(?P<name>[\w.-]+)$")
@@ -75,51 +87,90 @@ def _bundled(token: str) -> str:
     return match["head"] + str(dataset_path(match["name"]))
 
 
+def _rewrite(argv: list[str]) -> tuple[list[str], bool, str | None]:
+    """``argv`` with the leading -v and the older spellings rewritten; whether -v was given; the stage."""
+    verbose = False
+    while argv and argv[0] in VERBOSE:
+        verbose, argv = True, argv[1:]
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":  # the end of options: what follows is passed on as it is
+            out += argv[i:]
+            break
+        out.extend(ALIASES.get(token) or (_bundled(token),))
+    stage = out[0] if out and not out[0].startswith("-") else None
+    if stage == "filter":  # robustir filter --method llm ...: the method is the sub-command (robustir filter llm)
+        out = _method_first(out)
+    return out, verbose, stage
+
+
+def _method_first(argv: list[str]) -> list[str]:
+    for i, token in enumerate(argv[1:], 1):
+        if token == "--method" and i + 1 < len(argv):
+            return [argv[0], argv[i + 1], *argv[1:i], *argv[i + 2:]]
+        if token.startswith("--method="):
+            return [argv[0], token.split("=", 1)[1], *argv[1:i], *argv[i + 1:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    import cyclopts
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        argv = [_bundled(a) for a in argv]
+        argv, verbose, stage = _rewrite(argv)
     except RobustIRError as exc:
         print(f"robustir: error: {exc}", file=sys.stderr)
         return 2
-    stage = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only=stage if stage in STAGES else None)
-    args, extra = parser.parse_known_args(argv)
-    # ``key=value`` overrides may follow options (``run cfg.yaml --until filter lr=1``), which argparse alone
-    # cannot place once the positional list has been consumed: hand them to the stage's overrides.
-    if extra and isinstance(getattr(args, "overrides", None), list) and all(
-            "=" in item and not item.startswith("-") for item in extra):
-        args.overrides.extend(extra)
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if not args.verbose:  # libraries' per-file chatter (checkpoint writes, font cache) is noise at INFO
+    if not verbose:  # libraries' per-file chatter (checkpoint writes, font cache) is noise at INFO
         for name in ("accelerate", "matplotlib", "httpx", "openai", "urllib3", "faiss", "bm25s"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    if not getattr(args, "_module", None):
-        parser.print_help()
-        return 0 if args.stage is None else 2
-    debug = args.verbose or os.environ.get("ROBUSTIR_DEBUG", "").lower() in ("1", "true", "yes")
+    debug = verbose or os.environ.get("ROBUSTIR_DEBUG", "").lower() in ("1", "true", "yes")
     from ..hardware import configure_torch_threads
 
     configure_torch_threads()  # the CPUs this process may use (affinity, cgroup quota), not the host's core count
+    label = f"robustir {stage}" if stage in STAGES else "robustir"
     try:
-        return int(args._module.run(args) or 0)
+        result = build_app()(argv, exit_on_error=False, print_error=False)
+    except cyclopts.CycloptsError as exc:
+        if debug:
+            raise
+        print(f"{label}: error: {_cyclopts_message(exc, argv)}", file=sys.stderr)
+        return 2
     except RobustIRError as exc:
         if debug:
             raise
-        print(f"robustir {args.stage}: error: {exc}", file=sys.stderr)
+        print(f"{label}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # about a path the user gave (a genuine bug, without a file name, keeps its traceback)
         message = path_error(exc)
         if debug or message is None:
             raise
-        print(f"robustir {args.stage}: error: {message}", file=sys.stderr)
+        print(f"{label}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"robustir {args.stage}: interrupted; finished work is kept, re-run to resume", file=sys.stderr)
+        print(f"{label}: interrupted; finished work is kept, re-run to resume", file=sys.stderr)
         return 130
+    return int(result or 0) if isinstance(result, int) else 0
+
+
+def _cyclopts_message(exc: Exception, argv: list[str]) -> str:
+    """cyclopts' message on one line; for a flag of another filter method, which method takes it."""
+    import cyclopts
+
+    message = " ".join(str(exc).split())
+    token = getattr(getattr(exc, "token", None), "value", None)
+    if isinstance(exc, cyclopts.UnknownOptionError) and argv[:1] == ["filter"] and len(argv) > 1 and token:
+        from .filter import CONFIGS, flag_owners
+
+        flag = token.split("=", 1)[0]
+        owners = [m for m in flag_owners(flag) if m != argv[1]]
+        if owners and argv[1] in CONFIGS:
+            return (f"--method {argv[1]} does not use {flag} (an option of --method {' / '.join(owners)}); remove it "
+                    "or change --method")
+    return message
 
 
 _PATH_FIXES: dict[int, str] = {

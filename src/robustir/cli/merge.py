@@ -8,21 +8,22 @@ Example::
 
 from __future__ import annotations
 
-import argparse
-
 from ..outputs import StageOutput
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", required=True,
-                        help="the un-sharded output name the stage was given (its shards are found next to it)")
-    parser.add_argument("--shards", type=int, default=None, help="number of shards N (default: from the file names)")
-    parser.add_argument("--allow-failures", action="store_true",
-                        help="merge shards whose .failed.jsonl lists items still to retry (generate)")
+def command(*, output: str, shards: int | None = None, allow_failures: bool = False) -> int:
+    """Merge the shards of a stage after checking they are all complete.
 
-
-def run(args: argparse.Namespace) -> int:
-    result = StageOutput(args.output).merge(args.shards, args.allow_failures)
+    Parameters
+    ----------
+    output
+        the un-sharded output name the stage was given (its shards are found next to it)
+    shards
+        number of shards N (default: from the file names)
+    allow_failures
+        merge shards whose .failed.jsonl lists items still to retry (generate)
+    """
+    result = StageOutput(output).merge(shards, allow_failures)
     extra = f" and {result.report.name}" if result.report else ""
     print(f"robustir merge: {result.shards} shards, {result.lines} lines -> {result.output}{extra}")
     return 0

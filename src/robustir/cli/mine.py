@@ -17,48 +17,58 @@ A re-run resumes; a complete output is left alone (``--overwrite`` to redo).
 
 from __future__ import annotations
 
-import argparse
 import time
+from types import SimpleNamespace
+from typing import Annotated
 
+from ..models.encoder import EncoderConfig
 from ..negatives.mining import MiningConfig
-from .common import (add_config_flags, add_encoder_args, config_from_flags, encoder_options,
-                     model_or_default)
+from .common import CONFIG, Model, encoder_options, model_or_default, stage_config
 
 
+def command(*, output: str, data: str | None = None, split: str = "train", input: str | None = None,
+            corpus: str | None = None, shard: str | None = None, overwrite: bool = False, model: Model = None,
+            encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            config: Annotated[MiningConfig | None, CONFIG] = None) -> int:
+    """Mine hard negatives with BM25 or a dense model.
+
+    Parameters
+    ----------
+    output
+        training JSONL to write (with --shard i/n: .shard-0000i-of-0000n before the suffix)
+    data
+        input, one of: a BEIR folder: mine for the queries of --split against its corpus
+    split
+        qrels split of --data
+    input
+        input, one of: a training JSONL (query/pos[/neg]) to mine negatives for
+    corpus
+        with --input: candidate documents (BEIR corpus.jsonl); default: every pos/neg text of the input
+    shard
+        process shard I of N of the queries (round-robin), e.g. 2/8
+    overwrite
+        redo even if the output is complete
+    """
+    return run(SimpleNamespace(output=output, data=data, split=split, input=input, corpus=corpus, shard=shard,
+                               overwrite=overwrite, model=model))
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_argument_group("input (one of)")
-    source.add_argument("--data", help="BEIR folder: mine for the queries of --split against its corpus")
-    source.add_argument("--split", default="train", help="qrels split of --data (default train)")
-    source.add_argument("--input", help="training JSONL (query/pos[/neg]) to mine negatives for")
-    source.add_argument("--corpus", help="with --input: candidate documents (BEIR corpus.jsonl); "
-                                         "default: every pos/neg text of the input")
-    parser.add_argument("--output", required=True,
-                        help="training JSONL to write (with --shard i/n: .shard-0000i-of-0000n before the suffix)")
-    keys = add_config_flags(parser, MiningConfig)
-    parser.set_defaults(_flag_keys=keys)
-    parser.add_argument("--shard", help="process shard I of N of the queries (round-robin), e.g. 2/8")
-    parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")
-    add_encoder_args(parser)
-
-
-def mining_config(args: argparse.Namespace) -> MiningConfig:
+def mining_config() -> MiningConfig:
     """The :class:`MiningConfig` the flags describe (validated)."""
-    config = config_from_flags(MiningConfig, args)
+    config = stage_config(MiningConfig)
     config.validate()
     return config
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     from ..negatives.mining import MINE
     from ..runs import Job, execute
 
-    config = mining_config(args)
+    config = mining_config()
     settings: dict = {"split": args.split if args.data else None}
     inputs = {"data": args.data, "input": args.input, "corpus": args.corpus}
     if config.method == "dense":  # the model by its content: one retrained in place is a changed input
-        settings.update(encoder_options(args))
+        settings.update(encoder_options())
         inputs["model"] = model_or_default(args.model)
     started = time.perf_counter()
     result = execute(MINE, config, Job(args.output, inputs, args.shard, settings), overwrite=args.overwrite)

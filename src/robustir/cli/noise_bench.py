@@ -11,31 +11,29 @@ rewritten after each call.
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated
 
-from ..config import load_config
-from .common import add_config_flags, flags_from_args
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    from ..robustness.bench import NoiseBenchConfig
-
-    parser.add_argument("--config", help="YAML/JSON file with NoiseBenchConfig fields")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. budget.epochs=2 per_query=2")
-    keys = add_config_flags(parser, NoiseBenchConfig)
-    parser.set_defaults(_flag_keys=keys)
+from ..robustness.bench import NoiseBenchConfig
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 
-def build_config(args: argparse.Namespace):
-    from ..robustness.bench import NoiseBenchConfig
+def command(*overrides: Overrides, config_file: ConfigFile = None,
+            config: Annotated[NoiseBenchConfig | None, CONFIG] = None) -> int:
+    """Planted-noise benchmark: each method's NDCG@10 against noise kind and rate.
 
-    return load_config(NoiseBenchConfig, args.config, args.overrides, flags=flags_from_args(args, args._flag_keys))
+    Every field is a flag, a --config key or a trailing key=value override (budget.epochs=2 per_query=2).
+    """
+    return run(overrides, config_file)
 
 
-def run(args: argparse.Namespace) -> int:
+def build_config(overrides=(), config_file: str | None = None) -> NoiseBenchConfig:
+    return stage_config(NoiseBenchConfig, config_file, overrides)
+
+
+def run(overrides=(), config_file: str | None = None) -> int:
     from ..robustness.bench import run_noise_bench, write_table
 
-    config = build_config(args)
+    config = build_config(overrides, config_file)
 
     def progress(row: dict) -> None:
         print(f"noise-bench: {row['kind']} {100 * row['rate']:.0f}% {row['method']} seed {row['seed']}: "

@@ -2,36 +2,43 @@
 
 from __future__ import annotations
 
-import argparse
 import time
+from types import SimpleNamespace
+from typing import Annotated, Literal
 
-from ..config import load_config
 from ..queries.pairs import PairMiningConfig
-from .common import add_config_flags, flags_from_args
-
-# PairMiningConfig fields with a flag (help from the dataclass); the others via --config or key=value
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input", required=True, help="raw documents: JSONL, BEIR folder/corpus.jsonl, or text")
-    parser.add_argument("--output", required=True,
-                        help="FlagEmbedding JSONL (with --shard i/n: .shard-0000i-of-0000n is added before the suffix)")
-    parser.add_argument("--format", default="auto", choices=["auto", "jsonl", "text", "beir"])
-    parser.add_argument("--text-unit", default="block", choices=["block", "line"],
-                        help="plain text: one document per blank-line-separated block, or per line")
-    parser.add_argument("--config", default=None, help="YAML/JSON file of PairMiningConfig options")
-    keys = add_config_flags(parser, PairMiningConfig)
-    parser.set_defaults(_flag_keys=keys)
-    parser.add_argument("--shard", default=None, help="process shard I of N (round-robin over documents), e.g. 2/8")
-    parser.add_argument("--overwrite", action="store_true", help="redo even if the output is complete")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. short_text_weight=20")
+def command(*overrides: Overrides, input: str, output: str, format: Literal["auto", "jsonl", "text", "beir"] = "auto",
+            text_unit: Literal["block", "line"] = "block", shard: str | None = None, overwrite: bool = False,
+            config_file: ConfigFile = None, config: Annotated[PairMiningConfig | None, CONFIG] = None) -> int:
+    """Mine (sentence, sentence) pairs by longest common substring (GUR).
+
+    Parameters
+    ----------
+    input
+        raw documents: JSONL, BEIR folder/corpus.jsonl, or text
+    output
+        FlagEmbedding JSONL (with --shard i/n: .shard-0000i-of-0000n is added before the suffix)
+    format
+        input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)
+    text_unit
+        plain text: one document per blank-line-separated block, or per line
+    shard
+        process shard I of N (round-robin over documents), e.g. 2/8
+    overwrite
+        redo even if the output is complete
+    """
+    return run(SimpleNamespace(input=input, output=output, format=format, text_unit=text_unit, shard=shard,
+                               overwrite=overwrite, config=config_file, overrides=overrides))
 
 
-def build_config(args: argparse.Namespace) -> PairMiningConfig:
-    return load_config(PairMiningConfig, args.config, args.overrides, flags_from_args(args, args._flag_keys))
+def build_config(args) -> PairMiningConfig:
+    return stage_config(PairMiningConfig, args.config, args.overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     from ..queries.pairs import PAIRS
     from ..runs import Job, execute
 

@@ -10,24 +10,40 @@ Every stage is cached in ``work_dir``; a re-run skips completed stages and resum
 
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
+from typing import Annotated, Literal
+
+from cyclopts import Parameter
 
 from ..pipeline import STAGES
-from .common import add_device_arg
+from .common import Device, Overrides
+
+Stage = Literal[STAGES]
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="pipeline YAML/JSON (see configs/pipeline-example.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. work_dir=runs/x train.lr=3e-5")
-    parser.add_argument("--work-dir", help="folder for every stage's outputs (overrides work_dir)")
-    parser.add_argument("--force", action="append", default=[], metavar="STAGE",
-                        help="redo this stage even if complete (repeatable): " + ", ".join(STAGES))
-    parser.add_argument("--until", metavar="STAGE", choices=STAGES,
-                        help="stop after this stage, e.g. --until filter builds the training data only")
-    add_device_arg(parser)  # the config's top-level device: every stage's (a stage section's own, if set, wins)
+def command(config: str, *overrides: Overrides, work_dir: str | None = None, force: Annotated[tuple[Stage, ...], Parameter(consume_multiple=False)] = (),
+            until: Stage | None = None, device: Device = None) -> int:
+    """The whole pipeline from one config.
+
+    Parameters
+    ----------
+    config
+        pipeline YAML/JSON (see configs/pipeline-example.yaml); trailing key=value overrides, e.g. work_dir=runs/x
+        train.lr=3e-5
+    work_dir
+        folder for every stage's outputs (overrides work_dir)
+    force
+        redo this stage even if complete (repeatable)
+    until
+        stop after this stage, e.g. --until filter builds the training data only
+    device
+        the config's top-level device: every stage's (a stage section's own, if set, wins)
+    """
+    return run(SimpleNamespace(config=config, overrides=overrides, work_dir=work_dir, force=list(force), until=until,
+                               device=device))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     from ..pipeline import load_pipeline_config, run_pipeline
 
     overrides = list(args.overrides)

@@ -10,35 +10,33 @@ round-robin share of the data). The result's ``model/`` folder is what ``robusti
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
+from typing import Annotated
 
-from ..config import load_config
 from ..pretraining.pretrain import PretrainConfig
-from .common import add_config_flags, add_precision_arg, flags_from_args
-
-# PretrainConfig fields with a flag (name, type, choices and help come from the dataclass); any field can also be
-# set in --config or as a key=value override
-
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML or JSON file with PretrainConfig fields")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lr=5e-5 temperature=0.05")
-    keys = add_config_flags(parser, PretrainConfig)
-    add_precision_arg(parser, generated=True)
-    parser.set_defaults(_flag_keys=keys)
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 
-def build_config(args: argparse.Namespace) -> PretrainConfig:
-    # every generated flag defaults to None, so an absent flag leaves the config file's value
-    return load_config(PretrainConfig, args.config, args.overrides, flags=flags_from_args(args, args._flag_keys))
+def command(*overrides: Overrides, config_file: ConfigFile = None,
+            config: Annotated[PretrainConfig | None, CONFIG] = None) -> int:
+    """Retrieval-oriented pre-training (RetroMAE, GUR).
+
+    Every field is a flag, a --config key or a trailing key=value override (lr=5e-5 temperature=0.05).
+    """
+    return run(overrides, config_file)
 
 
-def run(args: argparse.Namespace) -> int:
+def build_config(overrides=(), config_file: str | None = None) -> PretrainConfig:
+    # a flag left out leaves the config file's value
+    return stage_config(PretrainConfig, config_file, overrides)
+
+
+def run(overrides=(), config_file: str | None = None) -> int:
     from ..pretraining.pretrain import PRETRAIN
     from ..runs import Job, execute
 
-    config = build_config(args)
+    config = build_config(overrides, config_file)
     result = execute(PRETRAIN, config, Job(config.output), say=None).report
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary is enough
         return 0

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
+from typing import Annotated
 
 from ..evaluation.metrics import format_table
 from ..evaluation.rerank import evaluate_reranking, load_rerank_data
 from ..io import write_json
-from ..models.encoder import Encoder
-from .common import add_encoder_args, add_encoding_args, encoder_options, model_or_default
+from ..models.encoder import Encoder, EncoderConfig
+from .common import CONFIG, Device, Model, Precision, encoder_options, model_or_default
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    add_encoder_args(parser)
-    add_encoding_args(parser)
-    parser.add_argument("--data", required=True,
-                        help='JSONL: {"query": ..., "positive": [...], "negative": [...]} per line')
-    parser.add_argument("--output", default=None, help="folder for metrics.json")
+def command(*, data: str, model: Model = None, output: str | None = None, batch_size: int = 64,
+            precision: Precision = None, device: Device = None,
+            encoder: Annotated[EncoderConfig | None, CONFIG] = None) -> int:
+    """MAP/MRR over given candidate lists (C-MTEB reranking style).
+
+    Parameters
+    ----------
+    data
+        JSONL: {"query": ..., "positive": [...], "negative": [...]} per line
+    output
+        folder for metrics.json
+    batch_size
+        encoding batch size
+    """
+    return run(SimpleNamespace(data=data, model=model, output=output, batch_size=batch_size, precision=precision,
+                               device=device))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     encoder = Encoder.from_pretrained(model_or_default(args.model), device=args.device or "auto",
-                                      **encoder_options(args))
+                                      **encoder_options())
     metrics = evaluate_reranking(encoder, load_rerank_data(args.data), args.batch_size, args.precision or "auto")
     print(format_table({args.model or "all-MiniLM-L6-v2": metrics}, columns=("map", "mrr@10", "ndcg@10")))
     if args.output:

@@ -16,44 +16,40 @@ codes, metrics: :mod:`robustir.serving.app`; LangChain and LlamaIndex: README.
 
 from __future__ import annotations
 
-import argparse
 import logging
+from types import SimpleNamespace
+from typing import Annotated
 
-from ..config import load_config
 from ..errors import ConfigError
+from ..models.encoder import EncoderConfig
+from ..serving.config import ServeConfig
+from .common import CONFIG, StorageOption, encoder_options, model_or_default, stage_config, storage_options
 
 
+def command(*, model: str | None = None, index: str | None = None, storage_option: StorageOption = (),
+            encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            config: Annotated[ServeConfig | None, CONFIG] = None) -> int:
+    """OpenAI-compatible embeddings and search server (FastAPI).
 
-def register(parser: argparse.ArgumentParser) -> None:
-    from ..serving.config import ServeConfig
-    from .common import add_config_flags, add_precision_arg, add_storage_arg
+    The encoder settings (--pooling, --query-instruction, ...) go without --index: an index brings its own.
 
-    parser.add_argument("--model", default=None, help="model folder or hub id (default: the index's model, else the "
-                                                      "bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--index", default=None, help="index folder built by robustir index, or s3://bucket/prefix "
-                                                      "(enables POST /search and POST|DELETE /documents, GET "
-                                                      "/documents/ID)")
-    add_storage_arg(parser)
-    group = parser.add_argument_group("encoder settings (without --index; an index brings its own)")
-    group.add_argument("--pooling", choices=["cls", "mean"], default=None)
-    group.add_argument("--query-instruction", default=None, help="prefix added to inputs with input_type=query")
-    group.add_argument("--passage-instruction", default=None, help="prefix added to documents")
-    group.add_argument("--query-max-length", type=int, default=None)
-    group.add_argument("--passage-max-length", type=int, default=None)
-    keys = add_config_flags(parser, ServeConfig)
-    add_precision_arg(parser, generated=True)
-    parser.set_defaults(_flag_keys=keys)
+    Parameters
+    ----------
+    model
+        model folder or hub id (default: the index's model, else the bundled all-MiniLM-L6-v2)
+    index
+        index folder built by robustir index, or s3://bucket/prefix (enables POST /search and POST|DELETE
+        /documents, GET /documents/ID)
+    """
+    return run(SimpleNamespace(model=model, index=index, storage_option=storage_option))
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..serving.app import ServeConfig, create_app
+def run(args) -> int:
+    from ..serving.app import create_app
     from ..serving.server import serve
-    from .common import flags_from_args, model_or_default, storage_options
 
-    config = load_config(ServeConfig, None, None, flags_from_args(args, args._flag_keys)).validate()
-    options = {"pooling": args.pooling, "query_instruction": args.query_instruction,
-               "passage_instruction": args.passage_instruction, "query_max_length": args.query_max_length,
-               "passage_max_length": args.passage_max_length}
+    config = stage_config(ServeConfig).validate()
+    options = encoder_options()
     model = args.model if args.index else model_or_default(args.model)
     if args.index and model is not None and not model.strip():
         raise ConfigError("--model is empty; name the model folder, or leave --model out to use the index's model")
@@ -61,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if config.host not in ("127.0.0.1", "localhost", "::1") and not key:
         logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
                                             "can use the server", config.host)
-    storage = storage_options(args)
+    storage = storage_options(args.storage_option)
     if storage and not args.index:
         raise ConfigError("--storage-option goes with --index s3://...")
     app = create_app(model, args.index, config, encoder_options=options, storage_options=storage)

@@ -6,35 +6,34 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated
 
-from ..config import load_config
 from ..evaluation.metrics import format_table
 from ..training.arguments import TrainConfig
-from .common import add_config_flags, add_precision_arg, flags_from_args
+from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML or JSON file with TrainConfig fields")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lr=1e-5 loss_options.beta=0.2")
-    keys = add_config_flags(parser, TrainConfig)  # a flag per field; any field can also be set in --config / key=value
-    add_precision_arg(parser, generated=True)
-    parser.add_argument("--no-mine", dest="mine", action="store_const", const="none", help="same as --mine none")
-    parser.set_defaults(_flag_keys=keys)
+def command(*overrides: Overrides, config_file: ConfigFile = None,
+            config: Annotated[TrainConfig | None, CONFIG] = None) -> int:
+    """Contrastive fine-tuning (InfoNCE, PEG, CCR).
+
+    Every field of the training config is a flag, and can be set in --config or as a trailing key=value override
+    (lr=1e-5 loss_options.beta=0.2). --no-mine is --mine none; --bf16 / --no-bf16 are --precision bf16 / fp32.
+    """
+    return run(overrides, config_file)
 
 
-def build_config(args: argparse.Namespace) -> TrainConfig:
-    # every generated flag defaults to None, so an absent flag leaves the config file's value
-    return load_config(TrainConfig, args.config, args.overrides, flags=flags_from_args(args, args._flag_keys))
+def build_config(overrides=(), config_file: str | None = None) -> TrainConfig:
+    return stage_config(TrainConfig, config_file, overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(overrides=(), config_file: str | None = None) -> int:
     import os
 
     from ..runs import Job, execute
     from ..training.trainer import TRAIN, resolve_recipe
 
-    config = resolve_recipe(build_config(args))
+    config = resolve_recipe(build_config(overrides, config_file))
     if config.audit:  # loss auto takes the audit's recipe: say which
         print(f"audit {config.audit}: training with loss {config.loss}"
               + (" and filter_positives" if config.filter_positives else ""), flush=True)

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
 
 import numpy as np
 
@@ -45,9 +45,9 @@ class EvalConfig:
     """Drop a retrieved document whose id equals the query id (ArguAna)"""
     cache_dir: str | None = operational(None)
     """Reuse corpus embeddings across runs."""
-    index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
+    index: Annotated[DenseIndexConfig, cli(flatten=True)] = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
-    fusion: FusionConfig = field(default_factory=FusionConfig, metadata=cli(flatten=True))
+    fusion: Annotated[FusionConfig, cli(flatten=True)] = field(default_factory=FusionConfig)
     search_index: str | None = None
     """Search through this persistent index (built by robustir index from the same corpus) with its own engines --
     LanceDB vectors and BM25 full text -- as robustir serve's /search does, instead of in-memory FAISS / bm25s; the

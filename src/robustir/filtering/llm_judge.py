@@ -151,9 +151,9 @@ class JudgeConfig(LLMStageConfig):
     LLM-stage options (input training JSONL; templates with ``{query}``, ``{passage}``, optional
     ``{positive}``) plus these."""
 
-    keep_removed: bool = field(default=True, metadata=cli("removed"))
+    keep_removed: Annotated[bool, cli("removed")] = True
     """Keep what was removed in the record's ``removed`` list (with the reason)."""
-    llm: JudgeLLMConfig = field(default_factory=JudgeLLMConfig, metadata=cli(flatten=True))
+    llm: Annotated[JudgeLLMConfig, cli(flatten=True)] = field(default_factory=JudgeLLMConfig)
     """The endpoint; a yes/no judge by default (temperature 0, 16 tokens)."""
 
 

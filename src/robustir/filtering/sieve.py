@@ -34,7 +34,7 @@ the three distributions is written next to it (``OUT.sieve.png``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Callable, Literal
 
@@ -105,7 +105,7 @@ class SieveConfig:
     or cuda:N."""
     batch_records: PositiveInt = operational(256)
     """Records read and sieved together."""
-    keep_removed: bool = field(default=True, metadata=cli("removed"))
+    keep_removed: Annotated[bool, cli("removed")] = True
     """Add the removed list (text + reason) to each record."""
     plot: bool = operational(True)
     """Write a histogram of the sieve's similarities beside the report."""

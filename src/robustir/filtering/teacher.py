@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Annotated, Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -364,7 +364,7 @@ class TeacherFilterConfig:
 
     model: str | None = None
     """Teacher folder: embedding model or cross-encoder (None = the bundled all-MiniLM-L6-v2)."""
-    kind: Literal["auto", "embedding", "cross-encoder"] = field(default="auto", metadata=cli("teacher-kind"))
+    kind: Annotated[Literal["auto", "embedding", "cross-encoder"], cli("teacher-kind")] = "auto"
     """What the teacher is (``auto``: a cross-encoder when the folder holds a sequence-classification head)."""
     absolute_margin: NonNegativeFloat | None = None
     """Remove a negative scoring above the positive's score minus this."""
@@ -393,7 +393,7 @@ class TeacherFilterConfig:
     """Where the teacher runs: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N."""
     batch_records: PositiveInt = operational(256)
     """Records read and filtered together."""
-    keep_removed: bool = field(default=True, metadata=cli("removed"))
+    keep_removed: Annotated[bool, cli("removed")] = True
     """Add the ``removed`` list (text + reason) to each record."""
     shard: str | None = operational(None)
     """``I/N``: filter shard I of N of the records (the output gets a shard suffix)."""

@@ -26,9 +26,8 @@ import logging
 import math
 import os
 import weakref
-from dataclasses import field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 import numpy as np
 
@@ -42,7 +41,7 @@ IndexKind = Literal["flat", "ivf", "hnsw"]
 
 @config_dataclass
 class DenseIndexConfig:
-    kind: IndexKind = field(default="flat", metadata=cli("index"))
+    kind: Annotated[IndexKind, cli("index")] = "flat"
     """FAISS index: exact inner product (flat) or approximate for large corpora."""
     nlist: PositiveInt | None = None
     """IVF cells; default 4*sqrt(n)"""

@@ -35,9 +35,10 @@ class LLMConfig:
     extra_body: dict = field(default_factory=dict)
     """Merged into every request body, e.g. ``{"chat_template_kwargs": {"enable_thinking": false}}`` for vLLM."""
     extra_headers: dict = field(default_factory=dict)
+    """Added to the HTTP headers of every request (e.g. a gateway's routing or auth header)."""
     system_prompt: str | None = None
     """Prepended as a system message to every conversation that has none."""
-    timeout_s: PositiveFloat = operational(120.0, metadata=cli("timeout"))
+    timeout_s: Annotated[PositiveFloat, cli("timeout")] = operational(120.0)
     """Seconds to wait for one reply."""
     max_retries: NonNegativeInt = operational(5)
     """Retries per request (by the openai client) after a timeout, connection error or HTTP 408/409/429/5xx; a
@@ -47,13 +48,13 @@ class LLMConfig:
     up to 2 minutes and does not retry when asked for more) is cut to this, and the cut is logged."""
     concurrency: PositiveInt = operational(8)
     """Requests in flight at once."""
-    requests_per_minute: NonNegativeFloat = operational(0.0, metadata=cli("rpm"))
+    requests_per_minute: Annotated[NonNegativeFloat, cli("rpm")] = operational(0.0)
     """Requests per minute at most; 0 = unlimited."""
     on_failure: Literal["raise", "skip"] = "raise"
     """After the retries: ``raise`` an EndpointError, or ``skip`` (the reply is ``None`` and the stage records it)."""
     max_consecutive_failures: NonNegativeInt = operational(20)
     """Under ``skip``, this many failures in a row mean the endpoint is down: raise instead (0 = never)."""
-    cache_path: str | None = operational(None, metadata=cli("cache"))
+    cache_path: Annotated[str | None, cli("cache")] = operational(None)
     """sqlite file of finished replies (stages default to one next to their output); ``none`` disables caching."""
     # local Hugging Face backend only
     batch_size: PositiveInt = operational(8)

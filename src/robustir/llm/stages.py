@@ -9,7 +9,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Annotated, Any, Iterable, Iterator, Literal
 
 from ..errors import ConfigError, EndpointError
 from ..validation import cli, config_dataclass, Fraction, PositiveInt
@@ -109,7 +109,7 @@ class LLMStageConfig:
     """The stage fails (and its output is not finished) when more than this share of its items failed: after the
     run, or as soon as 20 items were tried in this run (``MIN_ITEMS_FOR_RATE``). Items finished by earlier runs count in
     the share. 0 = any failure fails the stage; 1 = never."""
-    llm: LLMConfig = field(default_factory=LLMConfig, metadata=cli(flatten=True))
+    llm: Annotated[LLMConfig, cli(flatten=True)] = field(default_factory=LLMConfig)
     """The endpoint; the reply cache defaults to ``OUT.llm-cache.sqlite`` (``llm.cache_path=none`` disables it)."""
 
     def templates(self, required: tuple[str, ...]) -> tuple[str | None, str | None]:

@@ -89,7 +89,7 @@ class MiningConfig:
     """Seed of the sampling of negatives."""
     query_batch_size: PositiveInt = operational(1024)
     """Queries retrieved per chunk."""
-    encode_batch_size: PositiveInt = operational(64, metadata=cli("batch-size"))
+    encode_batch_size: Annotated[PositiveInt, cli("batch-size")] = operational(64)
     """Encoding batch size (dense)."""
     precision: Precision = "auto"
     """Auto: bf16 where native (GPU, AMX/AVX512-BF16 CPU), else fp32."""
@@ -112,7 +112,7 @@ class MiningConfig:
     ray_search_shards: PositiveInt | None = operational(None)
     """engine ray: split the corpus vectors among this many Ray actors and search every shard (exact, the same hits
     as one process): for a corpus too large for one machine's memory. Unset: the search runs here."""
-    index: DenseIndexConfig = field(default_factory=DenseIndexConfig, metadata=cli(flatten=True))
+    index: Annotated[DenseIndexConfig, cli(flatten=True)] = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 
     def validate(self) -> None:

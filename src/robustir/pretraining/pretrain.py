@@ -100,7 +100,7 @@ class PretrainConfig(LoopConfig):
     # model
     model: str | None = None
     """Folder or hub id; None = the bundled all-MiniLM-L6-v2."""
-    heads: str | None = field(default=None, metadata=cli("resume-heads"))
+    heads: Annotated[str | None, cli("resume-heads")] = None
     """Decoder_head / projection_head folder (or a pre-training output) to continue from."""
     pooling: Literal["cls", "mean"] | None = None
     """Sentence vector both methods train and the saved encoder uses: cls (both papers) or mean; None = the heads

@@ -49,7 +49,7 @@ import json
 import random
 import unicodedata
 from itertools import accumulate
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal
 
@@ -195,7 +195,7 @@ class PairMiningConfig:
     """Max pairs a sentence may take part in."""
     title_extra: NonNegativeInt = 1
     """Extra uses for the title (authors' --title, default 1)"""
-    use_title: bool = field(default=True, metadata=cli("title"))
+    use_title: Annotated[bool, cli("title")] = True
     """Pair the title with sentences."""
     window: Annotated[int, Range(ge=2)] = 100
     """Sentence pairs (i, j) need j - i < window."""
@@ -215,7 +215,7 @@ class PairMiningConfig:
     """Candidate pairs sampled per document."""
     max_pairs_factor: PositiveFloat = 2.0
     """Stop a document at this many pairs per row (authors: 2)"""
-    require_lcs: bool = field(default=True, metadata=cli("lcs"))
+    require_lcs: Annotated[bool, cli("lcs")] = True
     """Test the weighted LCS (False = accept every candidate: GUR-LCS ablation)"""
     dedup: Literal["document", "global"] = "global"
     """Drop a repeated pair within each document, or across the whole corpus."""

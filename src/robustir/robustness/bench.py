@@ -150,8 +150,9 @@ class NoiseBenchConfig:
     sieve: dict = field(default_factory=dict)
     """SieveConfig options of the ``sieve`` method (default: keep half the pool)."""
     llm: dict = field(default_factory=dict)
-    """LLMConfig fields of the ``llm`` method's endpoint, e.g. ``{base_url: http://localhost:8000/v1, model:
-    Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16 reply tokens) apply unless given."""
+    """LLMConfig fields of the ``llm`` method's endpoint, e.g.
+    ``{base_url: http://localhost:8000/v1, model: Qwen2.5-7B-Instruct}``; the judge's defaults (temperature 0, 16
+    reply tokens) apply unless given."""
     plots: bool = True
     """Write results.png."""
     keep_steps: bool = True

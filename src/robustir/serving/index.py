@@ -167,11 +167,11 @@ def _finite(value: Any, where: str, record: _Record, source: str | os.PathLike) 
 class AnnConfig:
     """The vector index: exact search below ``threshold`` documents, an ANN index from there on."""
 
-    kind: Literal["auto", "exact", "ivf_hnsw_sq", "ivf_pq"] = field(default="exact", metadata=cli("ann"))
+    kind: Annotated[Literal["auto", "exact", "ivf_hnsw_sq", "ivf_pq"], cli("ann")] = "exact"
     """exact (default): never an ANN index; auto: ivf_hnsw_sq from ``threshold`` documents, exact below. Measured
     (docs/benchmarks.md): at 100k real MiniLM passages, 20 of 316 partitions keep recall@10 0.977 at 10.7 ms against
     exact's 33 ms; exact stays the default, fast enough on one box at that size."""
-    threshold: PositiveInt = field(default=100_000, metadata=cli("ann-threshold"))
+    threshold: Annotated[PositiveInt, cli("ann-threshold")] = 100_000
     """Documents from which ``auto`` builds the ANN index (exact search is fast enough below)."""
     nprobes: PositiveInt = 20
     """IVF partitions searched per query (more: higher recall, slower)."""
@@ -204,7 +204,7 @@ class IndexConfig:
     """engine ray: encoder actors (one model load each); each chunk is split among them."""
     ray_gpus: Annotated[float, Range(ge=0.0)] = 0.0
     """engine ray: GPUs per actor (0: CPU actors)."""
-    ann: AnnConfig = field(default_factory=AnnConfig, metadata=cli(flatten=True))
+    ann: Annotated[AnnConfig, cli(flatten=True)] = field(default_factory=AnnConfig)
     """The vector index (exact or ANN); set when the index is built, kept in its manifest."""
 
 
