@@ -710,12 +710,14 @@ def cases() -> list[Case]:
            protect_setup=False))
     # the runs layer (robustir.runs): outputs and caches damaged after they were recorded, unreadable records,
     # operational-only changes
-    add(Case("chunk-output-cut-after-finish-is-redone", n, CHUNK, "warn", "no longer matches its record",
+    add(Case("chunk-output-cut-after-finish-is-redone", n, CHUNK, "warn", "is damaged",
              setup=[CHUNK, ["@truncate", "{out}/c.jsonl"]], protect_setup=False,
              check=file_has("c.jsonl", lambda t: t.endswith("\n") and all(json.loads(x) for x in t.splitlines()),
                             "the cut file was kept")))
-    add(OK("mine-garbage-record-is-ignored", MINE, setup=[MINE, ["@write", "{out}/m.jsonl.run.json", "{not json"]],
-           protect_setup=True, check=lambda out, text: None if "nothing to do" in text else "the output was redone"))
+    # a record that cannot be read says nothing: the output is resumed as one without a record (an older
+    # robustir's), and the run says so
+    add(Case("mine-garbage-record-is-said", n, MINE, "warn", "cannot be read as a run record",
+             setup=[MINE, ["@write", "{out}/m.jsonl.run.json", "{not json"]], protect_setup=False))
     add(E("train-garbage-run-record", n, TRAIN[:5] + ["--output", "{run_copy}"] + TRAIN[7:], "run.json",
           copies=("run",), setup=[["@write", "{run_copy}/run.json", "{not json"]]))
     add(Case("train-arrow-cache-cut-is-rebuilt", n, TRAIN[:5] + ["--output", "{out}/t2"] + TRAIN[7:]
@@ -911,7 +913,8 @@ def cases() -> list[Case]:
           setup=[["@write", "{out}/e.jsonl", '{"_id": "a", "text": "  "}\n']]))
     add(E("index-build-output-is-a-file", n, IDX[:6] + ["{out}/afile"] + IDX[7:], "is a file",
           setup=[["@write", "{out}/afile", "x"]]))
-    add(E("index-build-other-corpus", n, IDX[:4] + ["{docs}"] + IDX[5:], "another corpus or model", setup=made))
+    add(E("index-build-other-corpus", n, IDX[:4] + ["{docs}"] + IDX[5:], "other settings or inputs than this run",
+          setup=made))
     add(E("index-build-bad-ann", n, IDX + ["--ann", "annoy"], "'annoy' is not one of"))
     add(E("index-build-bad-nprobes", n, IDX + ["--nprobes", "0"], "nprobes = 0"))
     add(E("index-check-not-an-index", n, ["index", "--check", "--output", "{out}/d"], "is missing",

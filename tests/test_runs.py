@@ -115,12 +115,15 @@ def test_a_damaged_output_is_never_reused(tmp_path, caplog):
     assert not folder.exists() and "damaged" in caplog.text
 
 
-def test_a_folder_can_carry_its_record_and_a_damaged_record_says_nothing(tmp_path):
+def test_a_folder_can_carry_its_record_and_a_damaged_record_says_nothing(tmp_path, caplog):
     run = Artifact(tmp_path / "run", inside=True)
     run.start(Fingerprint("train", {"lr": 1}))
     assert run.record_path == tmp_path / "run" / "run.json" and run.check().state == "started"
     run.record_path.write_text("{not json")
     assert run.record() is None and run.fingerprint is None
+    with caplog.at_level("WARNING", logger="robustir"):  # said, not silent
+        run.decide(Fingerprint("train", {"lr": 1}))
+    assert "cannot be read as a run record" in caplog.text
     run.note(rows=5)
     assert json.loads(run.record_path.read_text())["progress"] == {"rows": 5} and run.progress == {"rows": 5}
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Annotated, Literal
+from typing import Annotated
 
 from ..data.chunking import ChunkConfig
-from .common import CONFIG, stage_config
+from .common import CONFIG, DocumentFormat, Overwrite, Shard, TextUnit, stage_config
 
 
-def command(*, input: str, output: str, format: Literal["auto", "jsonl", "text", "beir"] = "auto",
-            text_unit: Literal["block", "line"] = "block", shard: str | None = None, overwrite: bool = False,
+def command(*, input: str, output: str, format: DocumentFormat = "auto", text_unit: TextUnit = "block",
+            shard: Shard = None, overwrite: Overwrite = False,
             config: Annotated[ChunkConfig | None, CONFIG] = None) -> int:
     """Split raw documents into passages that fit a token budget.
 
@@ -20,15 +20,7 @@ def command(*, input: str, output: str, format: Literal["auto", "jsonl", "text",
     input
         JSONL/BEIR corpus.jsonl file, BEIR folder, or plain text
     output
-        passages JSONL (with --shard i/n: .shard-0000i-of-0000n is added before the suffix)
-    format
-        input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)
-    text_unit
-        plain text: one document per blank-line-separated block, or per line
-    shard
-        process shard I of N (round-robin over documents), e.g. 2/8
-    overwrite
-        redo even if the output is complete
+        passages JSONL
     """
     return run(SimpleNamespace(input=input, output=output, format=format, text_unit=text_unit, shard=shard,
                                overwrite=overwrite))

@@ -58,6 +58,13 @@ StorageOption = Annotated[tuple[str, ...], Parameter(
     help="for an index on S3 (s3://bucket/prefix): an object-store option KEY=VALUE such as "
          "aws_endpoint=http://127.0.0.1:9000, aws_region=eu-west-1, aws_access_key_id=...; repeatable; credentials "
          "otherwise come from the AWS environment (AWS_ACCESS_KEY_ID, a profile, a role)")]
+Shard = Annotated[str | None, Parameter(help="process shard I of N (round-robin), e.g. 2/8; the output's name gets "
+                                             ".shard-0000I-of-0000N before its suffix (robustir merge joins them)")]
+Overwrite = Annotated[bool, Parameter(help="redo even if the output is complete")]
+DocumentFormat = Annotated[typing.Literal["auto", "jsonl", "text", "beir"], Parameter(
+    help="input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)")]
+TextUnit = Annotated[typing.Literal["block", "line"], Parameter(
+    help="plain text: one document per blank-line-separated block, or per line")]
 Precision = Annotated[typing.Literal[PRECISIONS] | None,
                       Parameter(help=f"{PRECISION_HELP} (default: auto); --bf16 / --no-bf16 / --fp32 are the older "
                                      "spellings of bf16 / fp32")]

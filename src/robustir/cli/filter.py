@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from cyclopts import App
+from cyclopts import App, Parameter
 
 from ..errors import ConfigError
 from ..filtering.llm_judge import JudgeConfig
@@ -29,6 +29,8 @@ from ..filtering.teacher import TeacherFilterConfig
 from .common import CONFIG, ConfigFile, Overrides, stage_config
 
 CONFIGS = {"llm": JudgeConfig, "teacher": TeacherFilterConfig, "sieve": SieveConfig}
+Input = Annotated[str, Parameter(help="training JSONL with query/pos/neg (e.g. from robustir mine)")]
+Output = Annotated[str, Parameter(help="new JSONL to write (never the input)")]
 
 command = App(name="filter", help="Remove false negatives from a training JSONL into a new file: robustir filter "
                                   "llm|teacher|sieve --input IN --output OUT (--method NAME is the same).")
@@ -42,32 +44,16 @@ def llm(*overrides: Overrides, config_file: ConfigFile = None,
 
 
 @command.command(name="teacher")
-def teacher(*overrides: Overrides, input: str, output: str, config_file: ConfigFile = None,
+def teacher(*overrides: Overrides, input: Input, output: Output, config_file: ConfigFile = None,
             config: Annotated[TeacherFilterConfig | None, CONFIG] = None) -> int:
-    """NV-Retriever: drop negatives a teacher scores close to the positive (embedding model or cross-encoder).
-
-    Parameters
-    ----------
-    input
-        training JSONL with query/pos/neg (e.g. from robustir mine)
-    output
-        new JSONL to write (never the input)
-    """
+    """NV-Retriever: drop negatives a teacher scores close to the positive (embedding model or cross-encoder)."""
     return run("teacher", overrides, config_file, input, output)
 
 
 @command.command(name="sieve")
-def sieve(*overrides: Overrides, input: str, output: str, config_file: ConfigFile = None,
+def sieve(*overrides: Overrides, input: Input, output: Output, config_file: ConfigFile = None,
           config: Annotated[SieveConfig | None, CONFIG] = None) -> int:
-    """CCR passage sieve: brief CCR training, then drop negatives above the mean cosine of their pool.
-
-    Parameters
-    ----------
-    input
-        training JSONL with query/pos/neg (e.g. from robustir mine)
-    output
-        new JSONL to write (never the input)
-    """
+    """CCR passage sieve: brief CCR training, then drop negatives above the mean cosine of their pool."""
     return run("sieve", overrides, config_file, input, output)
 
 

@@ -33,7 +33,8 @@ ACTIONS = ("--corpus (build), --add, --upsert, --delete/--delete-id, --compact, 
 
 
 def command(*, output: str, corpus: str | None = None, add: str | None = None, upsert: str | None = None,
-            delete: str | None = None, delete_id: Annotated[tuple[str, ...], Parameter(consume_multiple=False)] = (), compact: bool = False, check: bool = False,
+            delete: str | None = None, delete_id: Annotated[tuple[str, ...], Parameter(consume_multiple=False)] = (),
+            compact: bool = False, check: bool = False,
             discard_unfinished: bool = False, overwrite: bool = False, storage_option: StorageOption = (),
             model: Model = None, encoder: Annotated[EncoderConfig | None, CONFIG] = None,
             config: Annotated[IndexConfig | None, CONFIG] = None) -> int:

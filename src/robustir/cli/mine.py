@@ -23,11 +23,11 @@ from typing import Annotated
 
 from ..models.encoder import EncoderConfig
 from ..negatives.mining import MiningConfig
-from .common import CONFIG, Model, encoder_options, model_or_default, stage_config
+from .common import CONFIG, Model, Overwrite, Shard, encoder_options, model_or_default, stage_config
 
 
 def command(*, output: str, data: str | None = None, split: str = "train", input: str | None = None,
-            corpus: str | None = None, shard: str | None = None, overwrite: bool = False, model: Model = None,
+            corpus: str | None = None, shard: Shard = None, overwrite: Overwrite = False, model: Model = None,
             encoder: Annotated[EncoderConfig | None, CONFIG] = None,
             config: Annotated[MiningConfig | None, CONFIG] = None) -> int:
     """Mine hard negatives with BM25 or a dense model.
@@ -35,7 +35,7 @@ def command(*, output: str, data: str | None = None, split: str = "train", input
     Parameters
     ----------
     output
-        training JSONL to write (with --shard i/n: .shard-0000i-of-0000n before the suffix)
+        training JSONL to write
     data
         input, one of: a BEIR folder: mine for the queries of --split against its corpus
     split
@@ -44,10 +44,6 @@ def command(*, output: str, data: str | None = None, split: str = "train", input
         input, one of: a training JSONL (query/pos[/neg]) to mine negatives for
     corpus
         with --input: candidate documents (BEIR corpus.jsonl); default: every pos/neg text of the input
-    shard
-        process shard I of N of the queries (round-robin), e.g. 2/8
-    overwrite
-        redo even if the output is complete
     """
     return run(SimpleNamespace(output=output, data=data, split=split, input=input, corpus=corpus, shard=shard,
                                overwrite=overwrite, model=model))

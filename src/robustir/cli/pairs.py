@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Annotated, Literal
+from typing import Annotated
 
 from ..queries.pairs import PairMiningConfig
-from .common import CONFIG, ConfigFile, Overrides, stage_config
+from .common import CONFIG, ConfigFile, DocumentFormat, Overrides, Overwrite, Shard, TextUnit, stage_config
 
 
-def command(*overrides: Overrides, input: str, output: str, format: Literal["auto", "jsonl", "text", "beir"] = "auto",
-            text_unit: Literal["block", "line"] = "block", shard: str | None = None, overwrite: bool = False,
+def command(*overrides: Overrides, input: str, output: str, format: DocumentFormat = "auto",
+            text_unit: TextUnit = "block", shard: Shard = None, overwrite: Overwrite = False,
             config_file: ConfigFile = None, config: Annotated[PairMiningConfig | None, CONFIG] = None) -> int:
     """Mine (sentence, sentence) pairs by longest common substring (GUR).
 
@@ -20,15 +20,7 @@ def command(*overrides: Overrides, input: str, output: str, format: Literal["aut
     input
         raw documents: JSONL, BEIR folder/corpus.jsonl, or text
     output
-        FlagEmbedding JSONL (with --shard i/n: .shard-0000i-of-0000n is added before the suffix)
-    format
-        input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)
-    text_unit
-        plain text: one document per blank-line-separated block, or per line
-    shard
-        process shard I of N (round-robin over documents), e.g. 2/8
-    overwrite
-        redo even if the output is complete
+        FlagEmbedding JSONL
     """
     return run(SimpleNamespace(input=input, output=output, format=format, text_unit=text_unit, shard=shard,
                                overwrite=overwrite, config=config_file, overrides=overrides))

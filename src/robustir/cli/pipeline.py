@@ -21,7 +21,8 @@ from .common import Device, Overrides
 Stage = Literal[STAGES]
 
 
-def command(config: str, *overrides: Overrides, work_dir: str | None = None, force: Annotated[tuple[Stage, ...], Parameter(consume_multiple=False)] = (),
+def command(config: str, *overrides: Overrides, work_dir: str | None = None,
+            force: Annotated[tuple[Stage, ...], Parameter(consume_multiple=False)] = (),
             until: Stage | None = None, device: Device = None) -> int:
     """The whole pipeline from one config.
 

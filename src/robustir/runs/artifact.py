@@ -170,6 +170,9 @@ class Artifact:
         if check.state == "complete" and check.problems and not check.differences:
             logger.warning("%s: %s is damaged (%s): making it again", self.what, self.path, "; ".join(check.problems))
             return Decision("fresh", problems=check.problems)
+        if not check.recorded and self.record_path.exists():  # cut or edited: nothing shows what the output holds
+            logger.warning("%s: %s cannot be read as a run record: %s is treated as an output without one",
+                           self.what, self.record_path, self.path)
         if not check.recorded and work:
             raise ConfigError(f"{self.path} holds {' and '.join(work)} but no {self.record_path.name}: it was written "
                               "by an older robustir (or by hand), so nothing shows what it was made with. " + fix)
