@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The planted-noise benchmark's decisive cells on a lent GPU machine, several runs at once on the one GPU.
 #
-#   bash ../shared/gpu/bundle.sh                 # here, once: wheels, the model and SciFact into .gpu/
+#   bash ../shared/gpu/bundle.sh $CLI_WHEELS  # here, once: wheels, the model and SciFact into .gpu/, with
+#     CLI_WHEELS="cyclopts attrs docstring-parser rich rich-rst docutils markdown-it-py mdurl pygments"
+#     (robustir's configs name their command-line flags with cyclopts, so importing them needs it)
 #   bash bench/noise_gpu.sh proxy|gpu [noise-bench overrides...]     # there, from the project root
 #
 # proxy: the cpu-long preset (the CPU proxy's budget, run on the GPU for its 3 seeds), gpu: the gpu preset.

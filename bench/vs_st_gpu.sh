@@ -3,7 +3,9 @@
 # chosen on the dev split (200 held-out SciFact train queries) and then scored on test, every run its own process,
 # JOBS of them at a time on the one GPU.
 #
-#   bash ../shared/gpu/bundle.sh              # here, once: wheels, the model and SciFact into .gpu/
+#   bash ../shared/gpu/bundle.sh $CLI_WHEELS  # here, once: wheels, the model and SciFact into .gpu/, with
+#     CLI_WHEELS="cyclopts attrs docstring-parser rich rich-rst docutils markdown-it-py mdurl pygments"
+#     (robustir's configs name their command-line flags with cyclopts, so importing them needs it)
 #   bash bench/vs_st_gpu.sh                   # there, from the project root
 #
 # Each run is one `python bench/vs_st.py --seeds S --sides X` into its own folder (vs_st.py keeps finished runs),
