@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                    "rows": sum(1 for _ in open(side_rows)), "train_seconds": round(outcome.seconds, 1),
                    "seconds": round(time.perf_counter() - started, 1), "metrics": metrics,
                    "budget": asdict(side_budget)}
+            if side == "robustir" and args.robustir_chunk_size:
+                row["chunk_size"] = args.robustir_chunk_size  # GradCache: rows per forward chunk
             with open(results_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
             done[key] = row
