@@ -59,8 +59,8 @@ def build_app():
               version_flags=[], help_format="rst", result_action="return_value", config=[record_flags],
               # a flag given twice: the last one counts (a script's flag overridden by one appended), as argparse did
               default_parameter=Parameter(consume_multiple=True, negative_iterable=(), allow_repeating=True))
-    for name, (module, help_text) in STAGES.items():
-        app.command(f"robustir.cli.{module}:command", name=name, help=help_text)
+    for order, (name, (module, help_text)) in enumerate(STAGES.items()):
+        app.command(f"robustir.cli.{module}:command", name=name, help=help_text, sort_key=order)  # pipeline order
     return app
 
 
