@@ -42,7 +42,8 @@ from cyclopts import UNSET, Parameter
 
 from ..device import DEVICE_HELP
 from ..errors import ConfigError
-from ..precision import PRECISION_HELP, PRECISIONS
+from ..precision import PRECISION_HELP
+from ..precision import Precision as PrecisionChoice
 from ..resources import dataset_path, default_model_path
 
 #: a stage config's parameter: its fields are the command's flags (``config: Annotated[X | None, CONFIG] = None``)
@@ -65,7 +66,7 @@ DocumentFormat = Annotated[typing.Literal["auto", "jsonl", "text", "beir"], Para
     help="input format (auto: folder -> beir, .jsonl/.json -> jsonl, else text)")]
 TextUnit = Annotated[typing.Literal["block", "line"], Parameter(
     help="plain text: one document per blank-line-separated block, or per line")]
-Precision = Annotated[typing.Literal[PRECISIONS] | None,
+Precision = Annotated[PrecisionChoice | None,
                       Parameter(help=f"{PRECISION_HELP} (default: auto); --bf16 / --no-bf16 / --fp32 are the older "
                                      "spellings of bf16 / fp32")]
 Device = Annotated[str | None, Parameter(help=f"{DEVICE_HELP} (default: auto)")]
