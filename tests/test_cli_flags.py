@@ -172,6 +172,15 @@ def test_cli_help_lists_the_flags_with_their_defaults(stage, capsys, monkeypatch
     assert "[default: " in text
 
 
+def test_help_of_a_multi_line_field_docstring_is_one_paragraph(capsys, monkeypatch):
+    """The continuation lines of an attribute docstring are indented in the source: the help joins them into the
+    paragraph (not an indented block of their own)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "base_weight x the starting model's (robustir.models.interpolate); 0 = the fine-tuned weights." in out
+
+
 def _parsed(argv: list[str]) -> tuple[tuple, dict]:
     """The positional arguments (key=value overrides) and keywords of a command line; the flags layer recorded."""
     _, bound = parse(argv)

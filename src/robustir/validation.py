@@ -80,6 +80,12 @@ def config_dataclass(cls: type[T]) -> type[T]:
     """Make ``cls`` a pydantic dataclass (see the module docstring) whose validation errors are :class:`OptionError`."""
     cls._refuse_true_as_a_number = field_validator("*", mode="before")(_refuse_true_as_a_number)  # type: ignore
     cls = _pydantic_dataclass(cls, config=CONFIG)
+    # the help of each field's flag: pydantic's description (the attribute docstring, dedented); cyclopts would
+    # otherwise parse the docstring from the source itself and keep the indentation of its continuation lines
+    for f in dataclasses.fields(cls):
+        description = cls.__pydantic_fields__[f.name].description
+        if description and "help" not in f.metadata:
+            f.metadata = types.MappingProxyType({**f.metadata, "help": description})
     init = cls.__init__
 
     @functools.wraps(init)
