@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robustir-chunk-size", type=int, default=None, metavar="N",
                         help="GradCache for the robustir side: N rows per forward chunk (the same loss, less memory: "
                              "a larger --robustir-set batch_size on the card)")
+    parser.add_argument("--robustir-memory", type=int, default=0, metavar="N",
+                        help="cross-batch memory for the robustir side: the last N passages as extra negatives "
+                             "(train's memory_size; the same rows and steps)")
     parser.add_argument("--robustir-base-weight", type=float, nargs="*", default=[], metavar="W",
                         help="also score each robustir model moved back toward the base model by W (WiSE-FT, "
                              "robustir.models.interpolate; what train's base_weight saves), a row each")
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             if line.strip():
                 row = json.loads(line)
                 done[(row["side"], row["seed"], row["tag"])] = row
-    tag = json.dumps({"loss": args.robustir_loss, **options, **({"recipe": recipe} if recipe else {})}, sort_keys=True)
+    tag = json.dumps({"loss": args.robustir_loss, **options, **({"recipe": recipe} if recipe else {}),
+                      **({"memory_size": args.robustir_memory} if args.robustir_memory else {})}, sort_keys=True)
 
     mined = out / "mined-bm25.jsonl"
     if not mined.exists():
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"robustir-{args.robustir_loss}-{digest}-seed{seed}"
                 outcome = train_robustir(ours_rows, out / name, ours_budget, seed, model=args.model,
                                          loss=args.robustir_loss, loss_options=options,
-                                         chunk_size=args.robustir_chunk_size)
+                                         chunk_size=args.robustir_chunk_size, memory_size=args.robustir_memory)
             metrics = evaluate_model(outcome.model_path, evaluation, args.split, budget, cache)
             side_rows, side_budget = (ours_rows, ours_budget) if side == "robustir" else (rows_path, budget)
             row = {"side": side, "seed": seed, "tag": key[2], "steps": outcome.steps,

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from robustir.losses import get_loss
 from robustir.training import distributed
 from robustir.training.batch_engine import BatchEngine
+from robustir.training.memory import PassageMemory
 
 from helpers import gloo_process, multiprocess_engine_step  # tests/ is on sys.path
 
@@ -95,6 +96,16 @@ def _rank_results(rank: int) -> dict[str, object]:
                 "t": loss.t.clone() if loss_name == "peg" else None,
             }
 
+    # a cross-batch memory holds the global columns: a step that fills it (other ids), then a step that reads it
+    for label, chunk_size, use_ddp, backward in MODES[:2]:
+        model, memory = make_model(), PassageMemory(40, 8)
+        engine = BatchEngine(get_loss("infonce"), chunk_size=chunk_size, memory=memory)
+        multiprocess_engine_step(model, engine, queries, passages, use_ddp, WORLD, K, passage_ids=ids + 1000)
+        model.zero_grad()
+        out, value = multiprocess_engine_step(model, engine, queries, passages, use_ddp, WORLD, K, passage_ids=ids)
+        results[f"memory/{label}"] = {"loss": value, "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                                      "memory": memory.state_dict(), "columns": out.components["memory_columns"]}
+
     # helpers: unequal rows are refused on every rank; global_mean weighs every value equally
     try:
         distributed.gather_with_grad(torch.zeros(rank + 1, 2, requires_grad=True))
@@ -141,6 +152,27 @@ def test_two_processes_match_one(rank_results: list[dict], loss_name: str, mode:
             assert torch.allclose(got["t"], ref_t, atol=1e-6) and float(ref_t) != 0.0
     if loss_name == "peg":
         assert torch.equal(rank_results[0][f"peg/{mode}"]["t"], rank_results[1][f"peg/{mode}"]["t"])
+
+
+@pytest.mark.parametrize("mode", [m[0] for m in MODES[:2]])
+def test_two_processes_with_a_memory_match_one(rank_results: list[dict], mode: str) -> None:
+    """Every rank stores the global columns, so the memory (and the step that reads it) equals one process's."""
+    queries, passages, ids = global_batch()
+    model, memory = make_model(), PassageMemory(40, 8)
+    engine = BatchEngine(get_loss("infonce"), memory=memory)
+    engine.step(model, queries, passages, K, passage_ids=ids + 1000)
+    model.zero_grad()
+    out = engine.step(model, queries, passages, K, passage_ids=ids)
+    assert out.components["memory_columns"] == WORLD * B_PER_RANK * (1 + K)
+    for result in rank_results:
+        got = result[f"memory/{mode}"]
+        assert got["columns"] == out.components["memory_columns"]
+        for name, tensor in memory.state_dict().items():
+            assert torch.allclose(got["memory"][name].double(), tensor.double(), atol=1e-6), name
+        assert torch.allclose(got["loss"], out.loss.double(), atol=1e-5)
+        for name, parameter in model.named_parameters():
+            scale = float(parameter.grad.abs().max())
+            assert torch.allclose(got["grads"][name], parameter.grad, atol=1e-5 * scale, rtol=0), name
 
 
 def test_duplicate_positive_masked_across_ranks() -> None:

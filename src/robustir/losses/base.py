@@ -7,7 +7,8 @@ offset for this process) and calls the loss once per optimizer step.
 
 Column layout of ``passages`` (built by the engine, relied on by nobody but ``positive_index`` /
 ``hard_negative_index``): the positives of every process in rank order, then the hard negatives of
-every process in rank order.
+every process in rank order, then (with a cross-batch memory, :mod:`robustir.training.memory`) the
+``memory_columns`` stored passages of earlier steps, constants.
 
 Memory-bounded losses: every loss here is a sum over its rows of a per-row term, given a few batch
 statistics (PEG's mean positive score). :func:`blocked_sum` evaluates such a sum over blocks of
@@ -76,6 +77,9 @@ class ContrastiveBatch:
         block_rows: rows per block of the loss's score matrix (:func:`resolve_block_rows`): ``None`` = auto
             (the whole batch while the matrix is small, else blocks of about :data:`AUTO_BLOCK_SCORES`
             scores), an int forces that many rows per block. Values and gradients do not depend on it.
+        column_ids: ``(N,)`` id of the passage in each column when the engine knows them (masks, the memory).
+        memory_columns: how many of the last columns come from the cross-batch memory (no gradient); every loss
+            treats them as in-batch negatives.
 
     ``candidate_mask`` may also be a :class:`RowMask` (computed per block of rows); read it through
     :func:`negative_mask` or ``candidate_mask[start:end]``, which both forms support.
@@ -90,6 +94,8 @@ class ContrastiveBatch:
     query_offset: int = 0
     global_mean: Callable[[Tensor], Tensor] = field(default=_local_mean)
     block_rows: int | None = None
+    column_ids: Tensor | None = None
+    memory_columns: int = 0
 
     @classmethod
     def from_groups(cls, queries: Tensor, positives: Tensor, negatives: Tensor | None = None) -> "ContrastiveBatch":

@@ -146,9 +146,9 @@ def _steps(rows_path: Path, budget: Budget) -> int:
 
 def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, seed: int, *, model: str | None = None,
                    loss: str = "infonce", loss_options: dict | None = None,
-                   chunk_size: int | None = None) -> RunOutcome:
+                   chunk_size: int | None = None, memory_size: int = 0) -> RunOutcome:
     """robustir's trainer on the rows; loss options left empty = the library defaults; ``chunk_size``: GradCache
-    rows per forward chunk (None: the whole batch at once)."""
+    rows per forward chunk (None: the whole batch at once); ``memory_size``: the cross-batch memory (0: none)."""
     from ..runs import Job, execute
     from ..training.arguments import TrainConfig
     from ..training.trainer import TRAIN
@@ -161,7 +161,7 @@ def train_robustir(rows_path: str | Path, output: str | Path, budget: Budget, se
         weight_decay=budget.weight_decay, max_grad_norm=budget.max_grad_norm, seed=seed, precision=budget.precision,
         query_max_length=budget.query_max_length, passage_max_length=budget.passage_max_length,
         train_passage_max_length=budget.train_passage_max_length, output=str(output), report=False,
-        save_total_limit=1)
+        save_total_limit=1, memory_size=memory_size)
     result = execute(TRAIN, config, Job(str(output)), say=None).report
     return RunOutcome(result.model_path, result.steps, result.seconds)
 

@@ -70,6 +70,7 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 
 from robustir.losses.base import AuxLoss, ContrastiveBatch, ContrastiveLoss, LossOutput, RowMask, resolve_block_rows
 from robustir.training import distributed
+from robustir.training.memory import PassageMemory
 
 Features = Mapping[str, Any]
 ContextFactory = Callable[[], AbstractContextManager]
@@ -233,6 +234,11 @@ class BatchEngine:
             :data:`robustir.losses.base.AUTO_BLOCK_SCORES` scores, else blocks under that budget), an int
             forces it. Values and gradients do not depend on it; a smaller block trades a recomputation of
             each block's scores in the backward pass for memory.
+        memory: a :class:`robustir.training.memory.PassageMemory` (cross-batch memory, XBM): its passages join
+            every step's columns as constant negatives (after the positives and hard negatives), minus the ones
+            that hold a known positive of the row's query, and each step's own columns are pushed into it after
+            the loss. Needs ``passage_ids`` at every step and ``mask_duplicate_positives``. A step with
+            ``in_batch_negatives=False`` neither reads nor fills it.
     """
 
     def __init__(
@@ -244,9 +250,15 @@ class BatchEngine:
         autocast: ContextFactory | None = None,
         loss_weight: float = 1.0,
         block_rows: int | None = None,
+        memory: PassageMemory | None = None,
     ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
+        if memory is not None and not mask_duplicate_positives:
+            raise ValueError("a passage memory needs mask_duplicate_positives=True: the memory holds earlier steps' "
+                             "passages, among them the positives of queries that come back, which must not act as "
+                             "their negatives")
+        self.memory = memory
         resolve_block_rows(1, 1, block_rows)  # validates
         self.block_rows = block_rows
         self.loss = loss
@@ -300,9 +312,24 @@ class BatchEngine:
         if k > 0:
             hard_negative_index = world * b + rank * b * k + torch.arange(b * k, device=device).view(b, k)
 
-        candidate_mask = None
+        column_ids = None  # the ids of the columns: for the duplicate mask, and a memory needs them
         if passage_ids is not None and self.mask_duplicate_positives:
-            candidate_mask = self._duplicate_mask(passage_ids.to(device), b, k, positive_index, gather_fn,
+            column_ids = self._column_ids(passage_ids.to(device), b, k, gather_fn)
+        memory_columns = 0
+        if self.memory is not None and in_batch_negatives:
+            if column_ids is None:
+                raise ValueError("a passage memory needs passage_ids at every step (to mask the stored passages "
+                                 "that are a row's positive)")
+            stored, stored_ids = self.memory.read()
+            memory_columns = stored.shape[0]
+            if memory_columns:
+                all_passages = torch.cat([all_passages, stored.to(device=device, dtype=all_passages.dtype)])
+                column_ids = torch.cat([column_ids, stored_ids.to(device)])
+
+        candidate_mask = None
+        if column_ids is not None:
+            own_ids = passage_ids.to(device).view(b, 1 + k)[:, 0]
+            candidate_mask = self._duplicate_mask(column_ids, own_ids, positive_index,
                                                   None if positive_ids is None else positive_ids.to(device),
                                                   self.block_rows)
         if not in_batch_negatives:
@@ -319,35 +346,45 @@ class BatchEngine:
             query_offset=rank * b,
             global_mean=distributed.global_mean,
             block_rows=self.block_rows,
+            column_ids=column_ids,
+            memory_columns=memory_columns,
         )
 
     @staticmethod
-    def _duplicate_mask(
-        passage_ids: Tensor, b: int, k: int, positive_index: Tensor, gather_fn: Callable[[Tensor], Tensor],
-        positive_ids: Tensor | None = None, block_rows: int | None = None,
-    ) -> Tensor | RowMask | None:
-        """``(b, N)`` mask, False where a column holds row i's positive passage but is not its positive column.
-
-        With ``positive_ids`` (``(b, P)``, padded with -1) a column holding *any* known positive of row i's
-        query is masked too (a query with several positives can meet another of them in the batch).
-
-        When the loss will run in blocks of rows (``resolve_block_rows(b, N, block_rows) < b``) the mask is a
-        :class:`RowMask` that computes each block's rows on demand (the same rows, exactly), so no ``(b, N)``
-        tensor is built; ``None`` when nothing is masked.
-        """
+    def _column_ids(passage_ids: Tensor, b: int, k: int, gather_fn: Callable[[Tensor], Tensor]) -> Tensor:
+        """The ``(W * b * (1 + k),)`` ids of the global batch's passage columns, in column order."""
         if passage_ids.shape != (b * (1 + k),):
             raise ValueError(f"passage_ids must have one id per passage row, shape ({b * (1 + k)},), "
                              f"got {tuple(passage_ids.shape)}")
-        if positive_ids is not None and positive_ids.shape[0] != b:
-            raise ValueError(f"positive_ids must have one row per query, shape ({b}, P), "
-                             f"got {tuple(positive_ids.shape)}")
         with torch.no_grad():
             groups = passage_ids.view(b, 1 + k)
             column_ids = [gather_fn(groups[:, 0].contiguous())]
             if k > 0:
                 column_ids.append(gather_fn(groups[:, 1:].reshape(b * k)))
-            column_ids_t = torch.cat(column_ids)
-            own_ids = groups[:, 0]
+            return torch.cat(column_ids)
+
+    @staticmethod
+    def _duplicate_mask(
+        column_ids: Tensor, own_ids: Tensor, positive_index: Tensor, positive_ids: Tensor | None = None,
+        block_rows: int | None = None,
+    ) -> Tensor | RowMask | None:
+        """``(b, N)`` mask, False where a column holds row i's positive passage but is not its positive column.
+
+        ``column_ids``: the id of every column (:meth:`_column_ids`, then the memory's); ``own_ids``: the ``(b,)``
+        ids of the rows' positives. With ``positive_ids`` (``(b, P)``, padded with -1) a column holding *any* known
+        positive of row i's query is masked too (a query with several positives can meet another of them in the
+        batch, or in the memory).
+
+        When the loss will run in blocks of rows (``resolve_block_rows(b, N, block_rows) < b``) the mask is a
+        :class:`RowMask` that computes each block's rows on demand (the same rows, exactly), so no ``(b, N)``
+        tensor is built; ``None`` when nothing is masked.
+        """
+        b = own_ids.shape[0]
+        if positive_ids is not None and positive_ids.shape[0] != b:
+            raise ValueError(f"positive_ids must have one row per query, shape ({b}, P), "
+                             f"got {tuple(positive_ids.shape)}")
+        column_ids_t = column_ids
+        with torch.no_grad():
             # padding (-1) becomes -2, which matches no id
             known = None if positive_ids is None else positive_ids.masked_fill(positive_ids < 0, -2)
 
@@ -401,7 +438,16 @@ class BatchEngine:
               positive_ids: Tensor | None = None, in_batch_negatives: bool = True) -> LossOutput:
         queries, passages = _loss_precision(queries), _loss_precision(passages)
         with _no_autocast(queries.device.type):
-            return self.loss(self.build_batch(queries, passages, k, passage_ids, positive_ids, in_batch_negatives))
+            batch = self.build_batch(queries, passages, k, passage_ids, positive_ids, in_batch_negatives)
+            out = self.loss(batch)
+        if self.memory is not None and in_batch_negatives:
+            # this step's own columns (every process's: the same store everywhere), after the loss has read the
+            # earlier ones; constants (detached), so the memory never carries a graph
+            step_columns = batch.passages.shape[0] - batch.memory_columns
+            assert batch.column_ids is not None  # build_batch requires passage_ids with a memory
+            self.memory.push(batch.passages[:step_columns], batch.column_ids[:step_columns])
+            out.components["memory_columns"] = float(batch.memory_columns)
+        return out
 
     def _with_aux(self, out: LossOutput, aux: Mapping[str, AuxLoss], means: Sequence[Tensor]) -> LossOutput:
         """``loss_weight * contrastive + sum(weight * aux mean)``; the aux means join the components."""

@@ -318,7 +318,7 @@ pipeline_tag: sentence-similarity
   hard negatives: {'as given in the data (or in-batch only)' if config.mine == 'none' else f'mined with {config.mine} ({config.mine_negatives} per query, skipping the top {config.mine_range_min})'};
   {config.num_negatives} hard negative(s) per query per step.
 - **Loss:** `{loss_config.get('name', config.loss)}` with {json.dumps({k: v for k, v in loss_config.items() if k != 'name'})}
-- **Steps:** {steps}; batch {config.batch_size} queries per process{capped}{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''};
+- **Steps:** {steps}; batch {config.batch_size} queries per process{capped}{f', GradCache chunks of {config.chunk_size} rows' if config.chunk_size else ''}{f', a cross-batch memory of {config.memory_size} passages' if config.memory_size else ''};
   lr {config.lr} (linear warm-up {config.warmup_ratio:.0%} then decay), weight decay {config.weight_decay}, seed {config.seed}, precision {_trained_precision(config, encoder)}.
 {f'- **Weights:** WiSE-FT, {1 - config.base_weight:g} x fine-tuned + {config.base_weight:g} x the base model (base_weight).' + chr(10) if config.base_weight else ''}- **Encoding:** {encoder.config.pooling} pooling, {'L2-normalised (cosine)' if encoder.config.normalize else 'unnormalised (dot product)'},
   query max length {encoder.config.query_max_length}, passage max length {encoder.config.passage_max_length}
@@ -414,9 +414,16 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
         eval_dataset = load_beir(config.eval_data, config.eval_split)
 
     loss.to(accelerator.device)
-    start_step = loop.prepare(encoder, total_steps, checkpointed=(loss,))  # the loss's state (PEG's t) too
+    memory = None
+    if config.memory_size:
+        from .memory import PassageMemory
+
+        memory = PassageMemory(config.memory_size, encoder.dim).to(accelerator.device)
+    # the loss's state (PEG's t) and the memory's passages are checkpointed too: a resumed run sees what an
+    # uninterrupted one would
+    start_step = loop.prepare(encoder, total_steps, checkpointed=(loss,) if memory is None else (loss, memory))
     model = loop.model
-    engine = BatchEngine(loss, chunk_size=config.chunk_size, block_rows=config.loss_block_rows)
+    engine = BatchEngine(loss, chunk_size=config.chunk_size, block_rows=config.loss_block_rows, memory=memory)
 
     unwrapped: Encoder = loop.unwrapped
     if start_step == 0 and is_main:
