@@ -463,7 +463,9 @@ def cases() -> list[Case]:
                        (["warmup_ratio=-0.1"], "warmup_ratio = -0.1"), (["max_grad_norm=0"], "max_grad_norm = 0"),
                        (["--chunk-size", "0"], "chunk_size = 0"), (["--passage-max-length", "100000"], "128"),
                        (["loss_options.temperature=0"], "temperature"), (["loss_options.bogus=1"], "bogus"),
-                       (["mine_range_min=-1"], "mine_range_min = -1"), (["train_passage_max_length=100000"], "128")]:
+                       (["mine_range_min=-1"], "mine_range_min = -1"), (["train_passage_max_length=100000"], "128"),
+                       (["--memory-size", "-1"], "memory_size = -1"),
+                       (["memory_size=1e12"], "memory_size"), (["--memory-size", "99999999999"], "<= 262144")]:
         add(E("train" + "".join(extra[:2]).replace("--", "-"), n, TRAIN + extra, key))
     # less data than one batch trains, as sentence-transformers does: the batch capped at the data, one warning
     add(Case("train-batch-size100", n, TRAIN + ["--batch-size", "100"], "warn", "batch_size capped at 8"))
@@ -797,6 +799,8 @@ def cases() -> list[Case]:
            file_has("t/model/config.json"), timeout=150))
     add(OK("train-empty-optional-fields-cjk", TRAIN[:3] + ["--train-data", "{train_optional}"] + TRAIN[5:]
            + ["query_instruction=q=a: "], file_has("t/model/config.json"), timeout=150))
+    add(OK("train-cross-batch-memory", TRAIN[:7] + ["--max-steps", "3"] + TRAIN[9:] + ["--memory-size", "3"],
+           file_has("t/train_log.jsonl", lambda t: '"memory_columns": 3.0' in t, "the memory never filled"), timeout=150))
     add(OK("train-cjk-gz", TRAIN[:3] + ["--train-data", "{train_gz}"] + TRAIN[5:], file_has("t/model/config.json"), timeout=150))
     add(OK("train-rerun-same-is-complete", TRAIN[:5] + ["--output", "{run_copy}"] + TRAIN[7:] + ["lr=1e-4"], copies=("run",),
            check=lambda out, text: None if "already holds this run" in text else "the run was trained again"))

@@ -106,10 +106,11 @@ class TrainConfig(LoopConfig):
     # optimisation (batch_size: queries per process per step; the rest: LoopConfig)
     chunk_size: PositiveInt | None = None
     """GradCache: rows per forward chunk (None = no caching)"""
-    memory_size: NonNegativeInt = added(0)
+    memory_size: Annotated[int, Range(ge=0, le=262144)] = added(0)
     """Cross-batch memory (XBM): the passages of the last steps, this many, join every step's in-batch negatives as
     constants, minus any that is a known positive of the row's query (robustir.training.memory); 0 = off. Costs no
-    encoding; measured in docs/benchmarks.md (issue 38)."""
+    encoding, memory_size x the embedding width floats (at most 2**18: 400 MB at width 384); measured in
+    docs/benchmarks.md (issue 38)."""
     loss_block_rows: PositiveInt | None = operational(None)
     """Query rows per block of the loss's score matrix (exact; bounds memory at huge batches). None = whole batch
     while it holds at most 2**25 scores, else blocks of that size."""
