@@ -420,17 +420,17 @@ def test_os_errors_about_paths_become_one_line_and_bugs_keep_their_traceback(mon
     assert path_error(OSError(errno.EACCES, "no file name")) is None  # not about a path the user gave
     import robustir.cli.evaluate as stage
 
-    def bug(args):
+    def bug(*args, **kwargs):
         raise OSError(errno.EBADF, "Bad file descriptor")  # no file name: a bug, shown with its traceback
 
-    monkeypatch.setattr(stage, "run", bug)
+    monkeypatch.setattr(stage, "evaluate", bug)
     with pytest.raises(OSError):
         main(["eval", "--model", "bm25"])
 
-    def denied(args):
+    def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", "/readonly/metrics.json")
 
-    monkeypatch.setattr(stage, "run", denied)
+    monkeypatch.setattr(stage, "evaluate", denied)
     assert main(["eval", "--model", "bm25"]) == 2
     assert "/readonly/metrics.json: Permission denied; check its permissions" in capsys.readouterr().err
     monkeypatch.setenv("ROBUSTIR_DEBUG", "1")

@@ -166,13 +166,12 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
 
 def test_flags_reach_the_config(capsys):
     from robustir.cli.classify import build_config
-    from types import SimpleNamespace
 
     from robustir.cli.main import main, parse
 
     _, bound = parse(["classify", "--data", "d.jsonl", "--labels", "l.txt", "--shots", "3", "--prompt", "topic: ",
                       "--no-bf16", "seed=7"])
-    config = build_config(SimpleNamespace(config=bound.kwargs.get("config_file"), overrides=bound.args))
+    config = build_config(bound.args, bound.kwargs.get("config_file"))
     assert (config.shots, config.prompt, config.seed, config.precision, config.label_prompt) == (3, "topic: ", 7, "fp32", None)
     assert main(["classify", "--data", "d.jsonl", "--labels", "l.txt", "--shots", "-1"]) == 2
     assert "shots" in capsys.readouterr().err

@@ -286,16 +286,14 @@ def test_mine_flags_reach_the_config():
 
 
 def test_pairs_flags_reach_the_config():
-    from types import SimpleNamespace
-
     from robustir.cli.pairs import build_config
 
     overrides, kw = _parsed(["pairs", "--input", "i", "--output", "o", "--no-title", "--no-lcs", "--min-weight", "2.5",
                              "max_candidates=50"])
-    config = build_config(SimpleNamespace(config=kw.get("config_file"), overrides=overrides))
+    config = build_config(overrides, kw.get("config_file"))
     assert (config.use_title, config.require_lcs, config.min_weight, config.max_candidates) == (False, False, 2.5, 50)
     _parsed(["pairs", "--input", "i", "--output", "o"])
-    assert build_config(SimpleNamespace(config=None, overrides=())).use_title is True
+    assert build_config().use_title is True
 
 
 def test_noise_bench_flags_reach_the_config():

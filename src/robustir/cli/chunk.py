@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..data.chunking import ChunkConfig
@@ -22,23 +21,17 @@ def command(*, input: str, output: str, format: DocumentFormat = "auto", text_un
     output
         passages JSONL
     """
-    return run(SimpleNamespace(input=input, output=output, format=format, text_unit=text_unit, shard=shard,
-                               overwrite=overwrite))
-
-
-def build_config() -> ChunkConfig:
-    return stage_config(ChunkConfig)
-
-
-def run(args) -> int:
     from ..data.chunking import CHUNK
     from ..runs import Job, execute
 
-    config = build_config()
-    job = Job(args.output, {"input": args.input}, args.shard, {"format": args.format, "text_unit": args.text_unit})
+    job = Job(output, {"input": input}, shard, {"format": format, "text_unit": text_unit})
     started = time.perf_counter()
-    result = execute(CHUNK, config, job, overwrite=args.overwrite)
+    result = execute(CHUNK, build_config(), job, overwrite=overwrite)
     if not result.skipped:
         print(f"robustir chunk: {result.report.summary()} in {time.perf_counter() - started:.1f}s; wrote "
               f"{result.artifact.path}")
     return 0
+
+
+def build_config() -> ChunkConfig:
+    return stage_config(ChunkConfig)

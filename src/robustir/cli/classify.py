@@ -10,7 +10,6 @@ Prints accuracy, macro-F1 and the confusion table; ``--output`` writes report.js
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..evaluation.classify import ClassifyConfig, classify, confusion_markdown
@@ -37,23 +36,18 @@ def command(*overrides: Overrides, data: str, labels: str, model: Model = None, 
     output
         folder for report.json, report.md and predictions.jsonl
     """
-    return run(SimpleNamespace(data=data, labels=labels, model=model, descriptions=descriptions, train=train,
-                               output=output, config=config_file, overrides=overrides))
-
-
-def build_config(args) -> ClassifyConfig:
-    return stage_config(ClassifyConfig, args.config, args.overrides)
-
-
-def run(args) -> int:
-    config = build_config(args)
-    result = classify(model_or_default(args.model), args.data, args.labels, config, descriptions=args.descriptions,
-                      train=args.train, output=args.output)
+    config = build_config(overrides, config_file)
+    result = classify(model_or_default(model), data, labels, config, descriptions=descriptions, train=train,
+                      output=output)
     report = result.report
     mode = f"few-shot, {config.shots} per class" if config.shots else "zero-shot"
-    print(f"{args.data}: {report['num_examples']} examples, {len(report['labels'])} classes ({mode}): "
+    print(f"{data}: {report['num_examples']} examples, {len(report['labels'])} classes ({mode}): "
           f"accuracy {100 * result.accuracy:.2f}, macro-F1 {100 * result.macro_f1:.2f} ({result.seconds:.1f} s)")
     print(confusion_markdown(report["confusion"]))
-    if args.output:
-        print(f"wrote {args.output}/report.json, report.md and predictions.jsonl")
+    if output:
+        print(f"wrote {output}/report.json, report.md and predictions.jsonl")
     return 0
+
+
+def build_config(overrides=(), config_file: str | None = None) -> ClassifyConfig:
+    return stage_config(ClassifyConfig, config_file, overrides)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
@@ -19,15 +18,11 @@ def command(*, output: str = "runs/demo", precision: Precision = None, device: D
     output
         folder for metrics and runs
     """
-    return run(SimpleNamespace(output=output, precision=precision, device=device))
-
-
-def run(args) -> int:
     data = dataset_path("scifact")
-    out = Path(args.output)
+    out = Path(output)
     rows = {}
-    config = EvalConfig(precision=args.precision or "auto", cache_dir=str(out / "cache"), show_progress=True,
-                        device=args.device or "auto")
+    config = EvalConfig(precision=precision or "auto", cache_dir=str(out / "cache"), show_progress=True,
+                        device=device or "auto")
     print("BM25 (bm25s, Lucene k1=1.5 b=0.75, English stop words + Snowball stemmer) ...", flush=True)
     bm25 = evaluate("bm25", data, "test", config, output=out / "bm25")
     rows["BM25"] = bm25.metrics
@@ -35,9 +30,9 @@ def run(args) -> int:
     from ..device import resolve_device
     from ..precision import resolve_precision
 
-    device = resolve_device(config.device)
-    print(f"all-MiniLM-L6-v2 (bundled), mean pooling, cosine, FAISS exact search, {device.type} "
-          f"{resolve_precision(config.precision, device)} ...", flush=True)
+    resolved = resolve_device(config.device)
+    print(f"all-MiniLM-L6-v2 (bundled), mean pooling, cosine, FAISS exact search, {resolved.type} "
+          f"{resolve_precision(config.precision, resolved)} ...", flush=True)
     dense = evaluate(default_model_path(), data, "test", config, output=out / "minilm")
     rows["all-MiniLM-L6-v2"] = dense.metrics
     print(format_table({"all-MiniLM-L6-v2": dense.metrics},

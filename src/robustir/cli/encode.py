@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Annotated, Literal
 
 import numpy as np
@@ -49,9 +48,33 @@ def command(*, input: str, output: str, queries: bool = False, model: Model = No
     overwrite
         --engine ray: encode again over an earlier output
     """
-    return run(SimpleNamespace(input=input, output=output, queries=queries, model=model, batch_size=batch_size,
-                               precision=precision, device=device, engine=engine, ray_address=ray_address,
-                               concurrency=concurrency, num_gpus=num_gpus, part_rows=part_rows, overwrite=overwrite))
+    ray = {"ray_address": ray_address, "concurrency": concurrency, "num_gpus": num_gpus, "part_rows": part_rows,
+           "overwrite": overwrite}
+    if engine == "ray":
+        return _run_ray(input, output, queries, model, batch_size, precision, device, **ray)
+    ray_only = [f"--{name.replace('_', '-')}" for name, value in ray.items() if value]
+    if ray_only:
+        raise ConfigError(f"{', '.join(ray_only)} go with --engine ray")
+    if not output.strip() or Path(output).name in ("", ".", "..") or Path(output).is_dir():
+        raise ConfigError(f"--output {output!r} is a prefix of two files (PREFIX.npy, PREFIX.ids.json), not a "
+                          f"folder: add a name, e.g. {Path(output) / 'corpus'}")
+    vectors, id_file = output_files(output)
+    refuse_overwriting_inputs(vectors, input, stage="encode")
+    refuse_overwriting_inputs(id_file, input, stage="encode")
+    loaded = Encoder.from_pretrained(model_or_default(model), device=device or "auto", **encoder_options())
+    if queries:
+        texts_by_id, _ = load_queries(input)
+        ids, texts, kind = list(texts_by_id), list(texts_by_id.values()), "query"
+    else:
+        corpus, _ = load_corpus(input)
+        ids, texts, kind = corpus.ids, corpus.texts_for_encoding(), "passage"
+    emb = loaded.encode(texts, kind, batch_size=batch_size, precision=precision or "auto", show_progress=True)
+    with atomic_write(vectors, "wb") as handle:
+        np.save(handle, emb)
+    with atomic_write(id_file) as handle:
+        json.dump(ids, handle)
+    print(f"encoded {len(ids)} {kind}s -> {vectors} {emb.shape}")
+    return 0
 
 
 def output_files(prefix: str | Path) -> tuple[Path, Path]:
@@ -62,48 +85,18 @@ def output_files(prefix: str | Path) -> tuple[Path, Path]:
     return Path(name + ".npy"), Path(name + ".ids.json")
 
 
-def run(args) -> int:
-    ray_only = [f"--{n.replace('_', '-')}" for n in ("ray_address", "concurrency", "num_gpus", "part_rows", "overwrite")
-                if getattr(args, n)]
-    if args.engine == "ray":
-        return _run_ray(args)
-    if ray_only:
-        raise ConfigError(f"{', '.join(ray_only)} go with --engine ray")
-    if not args.output.strip() or Path(args.output).name in ("", ".", "..") or Path(args.output).is_dir():
-        raise ConfigError(f"--output {args.output!r} is a prefix of two files (PREFIX.npy, PREFIX.ids.json), not a "
-                          f"folder: add a name, e.g. {Path(args.output) / 'corpus'}")
-    vectors, id_file = output_files(args.output)
-    refuse_overwriting_inputs(vectors, args.input, stage="encode")
-    refuse_overwriting_inputs(id_file, args.input, stage="encode")
-    encoder = Encoder.from_pretrained(model_or_default(args.model), device=args.device or "auto",
-                                      **encoder_options())
-    if args.queries:
-        queries, _ = load_queries(args.input)
-        ids, texts, kind = list(queries), list(queries.values()), "query"
-    else:
-        corpus, _ = load_corpus(args.input)
-        ids, texts, kind = corpus.ids, corpus.texts_for_encoding(), "passage"
-    emb = encoder.encode(texts, kind, batch_size=args.batch_size, precision=args.precision or "auto",
-                         show_progress=True)
-    with atomic_write(vectors, "wb") as handle:
-        np.save(handle, emb)
-    with atomic_write(id_file) as handle:
-        json.dump(ids, handle)
-    print(f"encoded {len(ids)} {kind}s -> {vectors} {emb.shape}")
-    return 0
-
-
-def _run_ray(args) -> int:
+def _run_ray(input: str, output: str, queries: bool, model: str | None, batch_size: int, precision: str | None,
+             device: str | None, *, ray_address: str | None, concurrency: int | None, num_gpus: float | None,
+             part_rows: int | None, overwrite: bool) -> int:
     from ..scale.ray_encode import RayEncodeConfig, encode_with_ray, require_scale_extra
 
     require_scale_extra("--engine ray")
-    refuse_overwriting_inputs(Path(args.output), args.input, stage="encode")
-    given = {"concurrency": args.concurrency, "num_gpus": args.num_gpus, "part_rows": args.part_rows,
-             "address": args.ray_address, "batch_size": args.batch_size, "precision": args.precision}
+    refuse_overwriting_inputs(Path(output), input, stage="encode")
+    given = {"concurrency": concurrency, "num_gpus": num_gpus, "part_rows": part_rows, "address": ray_address,
+             "batch_size": batch_size, "precision": precision}
     config = RayEncodeConfig(**{k: v for k, v in given.items() if v is not None})
-    device = None if args.device in (None, "auto") else args.device
-    report = encode_with_ray(args.input, model_or_default(args.model), args.output,
-                             kind="query" if args.queries else "passage", config=config,
-                             encoder_options=encoder_options(), overwrite=args.overwrite, device=device)
-    print(f"robustir encode (ray): {args.output}: {report.format()}")
+    report = encode_with_ray(input, model_or_default(model), output, kind="query" if queries else "passage",
+                             config=config, encoder_options=encoder_options(), overwrite=overwrite,
+                             device=None if device in (None, "auto") else device)
+    print(f"robustir encode (ray): {output}: {report.format()}")
     return 0

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..errors import ConfigError
@@ -33,37 +32,33 @@ def command(*, model: Model = None, data: str | None = None, split: str = "test"
     output
         folder for metrics.json and run.trec
     """
-    return run(SimpleNamespace(model=model, data=data, split=split, output=output, storage_option=storage_option))
-
-
-def build_config() -> EvalConfig:
-    return stage_config(EvalConfig)
-
-
-def run(args) -> int:
     config = build_config()
-    if config.search_index is not None and not args.model:
-        model = None  # the index's model
+    if config.search_index is not None and not model:
+        chosen = None  # the index's model
     else:
-        model = args.model if args.model and args.model.lower() == "bm25" else model_or_default(args.model)
-    data = data_or_default(args.data)
-    lexical = model == "bm25" or config.mode == "lexical"
+        chosen = model if model and model.lower() == "bm25" else model_or_default(model)
+    folder = data_or_default(data)
+    lexical = chosen == "bm25" or config.mode == "lexical"
     options = {} if lexical else encoder_options()
     if config.search_index is not None and any(v is not None for v in options.values()):
         raise ConfigError("encoder options come from the index's manifest with --search-index: leave them out")
-    storage = storage_options(args.storage_option)
+    storage = storage_options(storage_option)
     if storage and config.search_index is None:
         raise ConfigError("--storage-option goes with --search-index s3://...")
-    result = evaluate("bm25" if lexical else model, data, args.split, config, output=args.output,
+    result = evaluate("bm25" if lexical else chosen, folder, split, config, output=output,
                       storage_options=storage, **options)
     if config.search_index is not None:
         name = result.system
     else:
-        name = "bm25" if lexical else (args.model or "all-MiniLM-L6-v2 (bundled)")
+        name = "bm25" if lexical else (model or "all-MiniLM-L6-v2 (bundled)")
         name += " + bm25 (rrf)" if config.mode == "hybrid" and not lexical else ""
-    print(format_table({name: result.metrics}, title=f"{data.name} / {args.split}  ({result.seconds:.0f} s)"))
-    if args.output:
-        print(f"wrote {args.output}/metrics.json and {args.output}/run.trec")
+    print(format_table({name: result.metrics}, title=f"{folder.name} / {split}  ({result.seconds:.0f} s)"))
+    if output:
+        print(f"wrote {output}/metrics.json and {output}/run.trec")
     else:
         print("nothing saved: add --output FOLDER to keep metrics.json and the ranking (run.trec)")
     return 0
+
+
+def build_config() -> EvalConfig:
+    return stage_config(EvalConfig)

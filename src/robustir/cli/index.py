@@ -18,7 +18,6 @@ documents is encoded twice). A server (``robustir serve --index runs/index``) se
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Annotated
 
 from cyclopts import Parameter
@@ -68,59 +67,52 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
         with --corpus: rebuild from scratch, beside the index: readers (a running server) keep the old index until
         the new one is complete, then follow it; a killed rebuild resumes when run again
     """
-    return run(SimpleNamespace(output=output, corpus=corpus, add=add, upsert=upsert, delete=delete,
-                               delete_id=list(delete_id), compact=compact, check=check,
-                               discard_unfinished=discard_unfinished, overwrite=overwrite,
-                               storage_option=storage_option, model=model))
-
-
-def run(args) -> int:
-    deleting = bool(args.delete or args.delete_id)
-    chosen = [name for name, given in (("--corpus", args.corpus), ("--add", args.add), ("--upsert", args.upsert),
-                                       ("--delete", deleting), ("--compact", args.compact), ("--check", args.check),
-                                       ("--discard-unfinished", args.discard_unfinished)) if given]
+    deleting = bool(delete or delete_id)
+    chosen = [name for name, given in (("--corpus", corpus), ("--add", add), ("--upsert", upsert),
+                                       ("--delete", deleting), ("--compact", compact), ("--check", check),
+                                       ("--discard-unfinished", discard_unfinished)) if given]
     if len(chosen) != 1:
         raise ConfigError(("give one of " if not chosen else f"{' and '.join(chosen)} cannot go together; give one of ")
                           + ACTIONS)
-    if args.overwrite and not args.corpus:
+    if overwrite and not corpus:
         raise ConfigError("--overwrite goes with --corpus (a rebuild)")
     config = stage_config(IndexConfig)
-    storage = storage_options(args.storage_option)
-    if not args.corpus:
+    storage = storage_options(storage_option)
+    if not corpus:
         fixed = [flag for path, flag in given_flags().items() if path.startswith("ann.")]
         fixed += [f"--{k.replace('_', '-')}" for k, v in encoder_options().items() if v is not None]
         if fixed:
             raise ConfigError(f"{', '.join(fixed)} can only be set when the index is built (--corpus); the index "
                               "keeps its own")
-    if args.corpus:
+    if corpus:
         from ..runs import Job, execute
         from ..serving.index import INDEX
 
-        job = Job(args.output, {"corpus": args.corpus, "model": model_or_default(args.model)},
+        job = Job(output, {"corpus": corpus, "model": model_or_default(model)},
                   settings={"encoder": encoder_options()}, runtime={"storage_options": storage})
-        report = execute(INDEX, config, job, overwrite=args.overwrite, say=None).report
-        print(f"robustir index: {args.output} is complete; nothing to do (--add / --upsert to add documents, "
+        report = execute(INDEX, config, job, overwrite=overwrite, say=None).report
+        print(f"robustir index: {output} is complete; nothing to do (--add / --upsert to add documents, "
               "--overwrite to rebuild)" if report.nothing_to_do else f"robustir index: {report.format()}")
         print(report.summary)
         return 0
-    if args.check:
-        with SearchIndex.open(args.output, model=args.model or None, device=given().get("device"),
+    if check:
+        with SearchIndex.open(output, model=model or None, device=given().get("device"),
                               storage_options=storage) as index:
             print(f"robustir index: checked {index.check()}")
             print(index.summary())
         return 0
-    with SearchIndex.open(args.output, writable=True, model=args.model or None, device=given().get("device"),
+    with SearchIndex.open(output, writable=True, model=model or None, device=given().get("device"),
                           storage_options=storage) as index:
-        if args.add:
-            report = index.add(args.add, config=config)
-        elif args.upsert:
-            report = index.upsert(args.upsert, config=config)
+        if add:
+            report = index.add(add, config=config)
+        elif upsert:
+            report = index.upsert(upsert, config=config)
         elif deleting:
-            ids = list(args.delete_id or [])
-            if args.delete:
-                ids += read_id_list(args.delete)
+            ids = list(delete_id)
+            if delete:
+                ids += read_id_list(delete)
             report = index.delete(ids)
-        elif args.compact:
+        elif compact:
             report = index.compact()
         else:
             dropped = index.discard_unfinished()

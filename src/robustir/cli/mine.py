@@ -18,7 +18,6 @@ A re-run resumes; a complete output is left alone (``--overwrite`` to redo).
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..models.encoder import EncoderConfig
@@ -45,8 +44,23 @@ def command(*, output: str, data: str | None = None, split: str = "train", input
     corpus
         with --input: candidate documents (BEIR corpus.jsonl); default: every pos/neg text of the input
     """
-    return run(SimpleNamespace(output=output, data=data, split=split, input=input, corpus=corpus, shard=shard,
-                               overwrite=overwrite, model=model))
+    from ..negatives.mining import MINE
+    from ..runs import Job, execute
+
+    config = mining_config()
+    settings: dict = {"split": split if data else None}
+    inputs = {"data": data, "input": input, "corpus": corpus}
+    if config.method == "dense":  # the model by its content: one retrained in place is a changed input
+        settings.update(encoder_options())
+        inputs["model"] = model_or_default(model)
+    started = time.perf_counter()
+    result = execute(MINE, config, Job(output, inputs, shard, settings), overwrite=overwrite)
+    if not result.skipped:
+        report, elapsed = result.report, max(time.perf_counter() - started, 1e-9)
+        print(report.format())
+        print(f"robustir mine: {report.queries} queries in {elapsed:.1f}s ({report.queries / elapsed:.1f} "
+              f"queries/s); wrote {result.artifact.path} and {result.artifact.path.name}.report.json")
+    return 0
 
 
 def mining_config() -> MiningConfig:
@@ -54,23 +68,3 @@ def mining_config() -> MiningConfig:
     config = stage_config(MiningConfig)
     config.validate()
     return config
-
-
-def run(args) -> int:
-    from ..negatives.mining import MINE
-    from ..runs import Job, execute
-
-    config = mining_config()
-    settings: dict = {"split": args.split if args.data else None}
-    inputs = {"data": args.data, "input": args.input, "corpus": args.corpus}
-    if config.method == "dense":  # the model by its content: one retrained in place is a changed input
-        settings.update(encoder_options())
-        inputs["model"] = model_or_default(args.model)
-    started = time.perf_counter()
-    result = execute(MINE, config, Job(args.output, inputs, args.shard, settings), overwrite=args.overwrite)
-    if not result.skipped:
-        report, elapsed = result.report, max(time.perf_counter() - started, 1e-9)
-        print(report.format())
-        print(f"robustir mine: {report.queries} queries in {elapsed:.1f}s ({report.queries / elapsed:.1f} "
-              f"queries/s); wrote {result.artifact.path} and {result.artifact.path.name}.report.json")
-    return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..queries.pairs import PairMiningConfig
@@ -22,24 +21,18 @@ def command(*overrides: Overrides, input: str, output: str, format: DocumentForm
     output
         FlagEmbedding JSONL
     """
-    return run(SimpleNamespace(input=input, output=output, format=format, text_unit=text_unit, shard=shard,
-                               overwrite=overwrite, config=config_file, overrides=overrides))
-
-
-def build_config(args) -> PairMiningConfig:
-    return stage_config(PairMiningConfig, args.config, args.overrides)
-
-
-def run(args) -> int:
     from ..queries.pairs import PAIRS
     from ..runs import Job, execute
 
-    config = build_config(args)
-    job = Job(args.output, {"input": args.input}, args.shard, {"format": args.format, "text_unit": args.text_unit})
+    job = Job(output, {"input": input}, shard, {"format": format, "text_unit": text_unit})
     started = time.perf_counter()
-    result = execute(PAIRS, config, job, overwrite=args.overwrite)
+    result = execute(PAIRS, build_config(overrides, config_file), job, overwrite=overwrite)
     if not result.skipped:
         stats, elapsed = result.report, max(time.perf_counter() - started, 1e-9)
         print(f"robustir pairs: {stats.summary()} in {elapsed:.1f}s = {stats.pairs / elapsed:.0f} pairs/s, "
               f"{stats.documents / elapsed:.0f} documents/s; wrote {result.artifact.path}")
     return 0
+
+
+def build_config(overrides=(), config_file: str | None = None) -> PairMiningConfig:
+    return stage_config(PairMiningConfig, config_file, overrides)

@@ -10,7 +10,6 @@ Every stage is cached in ``work_dir``; a re-run skips completed stages and resum
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Annotated, Literal
 
 from cyclopts import Parameter
@@ -40,24 +39,18 @@ def command(config: str, *overrides: Overrides, work_dir: str | None = None,
     device
         the config's top-level device: every stage's (a stage section's own, if set, wins)
     """
-    return run(SimpleNamespace(config=config, overrides=overrides, work_dir=work_dir, force=list(force), until=until,
-                               device=device))
-
-
-def run(args) -> int:
     from ..pipeline import load_pipeline_config, run_pipeline
 
-    overrides = list(args.overrides)
-    if args.work_dir:
-        overrides.append(f"work_dir={args.work_dir}")
-    if args.device:
-        overrides.append(f"device={args.device}")
-    config = load_pipeline_config(args.config, overrides)
-    result = run_pipeline(config, force=args.force, until=args.until)
+    overrides = list(overrides)
+    if work_dir:
+        overrides.append(f"work_dir={work_dir}")
+    if device:
+        overrides.append(f"device={device}")
+    result = run_pipeline(load_pipeline_config(config, overrides), force=list(force), until=until)
     stages = ", ".join(f"{name} {state}" for name, state in result.stages.items())
     print(f"stages: {stages} ({result.seconds / 60:.1f} min)")
-    if args.until and args.until != "eval":
-        print(f"output of stage {args.until}: {result.model_path}")
+    if until and until != "eval":
+        print(f"output of stage {until}: {result.model_path}")
         return 0
     print(f"fine-tuned model: {result.model_path}")
     print(result.table)

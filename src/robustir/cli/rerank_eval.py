@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..evaluation.metrics import format_table
@@ -26,15 +25,9 @@ def command(*, data: str, model: Model = None, output: str | None = None, batch_
     batch_size
         encoding batch size
     """
-    return run(SimpleNamespace(data=data, model=model, output=output, batch_size=batch_size, precision=precision,
-                               device=device))
-
-
-def run(args) -> int:
-    encoder = Encoder.from_pretrained(model_or_default(args.model), device=args.device or "auto",
-                                      **encoder_options())
-    metrics = evaluate_reranking(encoder, load_rerank_data(args.data), args.batch_size, args.precision or "auto")
-    print(format_table({args.model or "all-MiniLM-L6-v2": metrics}, columns=("map", "mrr@10", "ndcg@10")))
-    if args.output:
-        write_json(f"{args.output}/metrics.json", metrics)
+    loaded = Encoder.from_pretrained(model_or_default(model), device=device or "auto", **encoder_options())
+    metrics = evaluate_reranking(loaded, load_rerank_data(data), batch_size, precision or "auto")
+    print(format_table({model or "all-MiniLM-L6-v2": metrics}, columns=("map", "mrr@10", "ndcg@10")))
+    if output:
+        write_json(f"{output}/metrics.json", metrics)
     return 0

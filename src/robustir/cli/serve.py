@@ -17,7 +17,6 @@ codes, metrics: :mod:`robustir.serving.app`; LangChain and LlamaIndex: README.
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 from typing import Annotated
 
 from ..errors import ConfigError
@@ -41,29 +40,25 @@ def command(*, model: str | None = None, index: str | None = None, storage_optio
         index folder built by robustir index, or s3://bucket/prefix (enables POST /search and POST|DELETE
         /documents, GET /documents/ID)
     """
-    return run(SimpleNamespace(model=model, index=index, storage_option=storage_option))
-
-
-def run(args) -> int:
     from ..serving.app import create_app
     from ..serving.server import serve
 
     config = stage_config(ServeConfig).validate()
     options = encoder_options()
-    model = args.model if args.index else model_or_default(args.model)
-    if args.index and model is not None and not model.strip():
+    model = model if index else model_or_default(model)
+    if index and model is not None and not model.strip():
         raise ConfigError("--model is empty; name the model folder, or leave --model out to use the index's model")
     key = config.resolved_api_key()  # an empty key is refused here, before the model loads
     if config.host not in ("127.0.0.1", "localhost", "::1") and not key:
         logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
                                             "can use the server", config.host)
-    storage = storage_options(args.storage_option)
-    if storage and not args.index:
+    storage = storage_options(storage_option)
+    if storage and not index:
         raise ConfigError("--storage-option goes with --index s3://...")
-    app = create_app(model, args.index, config, encoder_options=options, storage_options=storage)
-    index = app.state.server.index
+    app = create_app(model, index, config, encoder_options=options, storage_options=storage)
+    opened = app.state.server.index
     print(f"robustir serve: model {app.state.server.name} ({app.state.server.encoder.source}), "
-          + (f"index {index.path} ({index.count} documents), " if index is not None else "no index, ")
+          + (f"index {opened.path} ({opened.count} documents), " if opened is not None else "no index, ")
           + f"http://{config.host}:{config.port}/v1" + (" (API key required)" if key else ""),
           flush=True)
     serve(app, config.host, config.port)

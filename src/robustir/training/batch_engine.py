@@ -383,21 +383,20 @@ class BatchEngine:
         if positive_ids is not None and positive_ids.shape[0] != b:
             raise ValueError(f"positive_ids must have one row per query, shape ({b}, P), "
                              f"got {tuple(positive_ids.shape)}")
-        column_ids_t = column_ids
         with torch.no_grad():
             # padding (-1) becomes -2, which matches no id
             known = None if positive_ids is None else positive_ids.masked_fill(positive_ids < 0, -2)
 
         def rows(start: int, end: int) -> Tensor:
             with torch.no_grad():
-                duplicate = column_ids_t.unsqueeze(0) == own_ids[start:end].unsqueeze(1)
+                duplicate = column_ids.unsqueeze(0) == own_ids[start:end].unsqueeze(1)
                 if known is not None:
                     for j in range(known.shape[1]):  # one (rows, N) comparison per known positive
-                        duplicate |= column_ids_t.unsqueeze(0) == known[start:end, j:j + 1]
+                        duplicate |= column_ids.unsqueeze(0) == known[start:end, j:j + 1]
                 duplicate[torch.arange(end - start, device=duplicate.device), positive_index[start:end]] = False
                 return ~duplicate
 
-        n = column_ids_t.shape[0]
+        n = column_ids.shape[0]
         block = resolve_block_rows(b, n, block_rows)
         if block >= b:
             mask = rows(0, b)
