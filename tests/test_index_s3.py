@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+from extras import needs, require  # noqa: E402  (tests/ is on sys.path)
+
+require("boto3", "moto.server", extra="scale")
+from moto import server as moto_server  # noqa: E402
 
 from robustir.errors import ConfigError, DataError  # noqa: E402
 from robustir.serving.index import IndexConfig, SearchIndex  # noqa: E402
@@ -88,6 +90,7 @@ def store(location: str, options: dict, clock: Clock, **kwargs) -> S3Store:
 
 # ------------------------------------------------------------------------------------------------ same as local
 
+@needs("lance", extra="scale")  # counts the table's fragments through pylance (LanceDB alone has no such call)
 def test_an_index_on_s3_searches_as_the_same_index_in_a_folder(tmp_path, tiny_model_dir, options, location):
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     remote, report = SearchIndex.build(location, tiny_model_dir, corpus, config=quiet(chunk_size=10),

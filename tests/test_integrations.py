@@ -10,8 +10,10 @@ import pytest
 
 from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server
 
-pytest.importorskip("langchain_core")
-pytest.importorskip("llama_index.core")
+from extras import require  # noqa: E402  (tests/ is on sys.path)
+
+require("langchain_core", extra="langchain")
+require("llama_index.core", extra="llamaindex")
 
 KEY = "int-key"
 

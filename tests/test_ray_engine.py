@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("lance")
+from extras import require  # noqa: E402  (tests/ is on sys.path)
+
+require("ray", "ray.data", "lance", "lance_ray", extra="scale")  # what robustir.scale.ray_encode imports
+import ray  # noqa: E402
 
 from robustir.errors import ConfigError  # noqa: E402
 from robustir.scale.ray_encode import RayEncodeConfig, encode_with_ray, read_vectors  # noqa: E402

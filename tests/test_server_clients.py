@@ -16,8 +16,11 @@ import numpy as np
 import openai
 import pytest
 
-langchain_openai = pytest.importorskip("langchain_openai")
-llama_openai = pytest.importorskip("llama_index.embeddings.openai")
+from extras import require  # noqa: E402  (tests/ is on sys.path)
+
+require("langchain_openai", "llama_index.embeddings.openai", extra="dev")
+import langchain_openai  # noqa: E402
+import llama_index.embeddings.openai as llama_openai  # noqa: E402
 
 from robustir.models.encoder import Encoder  # noqa: E402
 from robustir.serving import ServeConfig, create_app, running_server  # noqa: E402
