@@ -53,6 +53,7 @@ def score(audit_dir: Path, folder: Path) -> dict:
                 fn_flags.add((lines[item["line"]], item["text"]))
     fp_truth = {qid for qid, p in plants.items() if p["false_positives"]}
     est = report["false_positives"]["estimate"]
+    near = report["false_positives"].get("near_miss") or {}
 
     def pr(flags: set, truth: set) -> tuple[float | None, float | None]:
         hit = len(flags & truth)
@@ -62,7 +63,9 @@ def score(audit_dir: Path, folder: Path) -> dict:
     fn_p, fn_r = pr(fn_flags, fn_planted)
     return {"planted_pair_rate": fp_pairs / pairs, "planted_query_rate": len(fp_truth) / len(lines),
             "estimate": est["rate"], "low": est["low"], "high": est["high"], "random_like": est["random_like"],
-            "hard_like": est["hard_like"], "fp_flagged": len(fp_flags), "fp_precision": fp_p, "fp_recall": fp_r,
+            "hard_like": est["hard_like"], "near_miss": near.get("rate"), "near_miss_low": near.get("low"),
+            "near_miss_high": near.get("high"), "near_miss_hard_like": near.get("hard_like"),
+            "fp_flagged": len(fp_flags), "fp_precision": fp_p, "fp_recall": fp_r,
             "fn_flagged": len(fn_flags), "fn_planted": len(fn_planted), "fn_precision": fn_p, "fn_recall": fn_r,
             "recommendation": report["recommendation"]["loss"], "elapsed_s": report.get("elapsed_s")}
 
@@ -73,6 +76,8 @@ def main() -> int:
     parser.add_argument("--kinds", nargs="+", default=["fp-random", "fp-hard"])
     parser.add_argument("--rates", nargs="+", type=float, default=[0.0, 0.2, 0.4])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    parser.add_argument("--mining", choices=["bm25", "dense"], default="bm25",
+                        help="how the clean pools are mined (dense: fp-hard plants dense near-miss positives)")
     parser.add_argument("--work", default="runs/audit-bench")
     parser.add_argument("--out", default="docs/results/audit_bench.jsonl")
     args = parser.parse_args()
@@ -81,7 +86,7 @@ def main() -> int:
     from robustir.resources import default_model_path
     from robustir.robustness.bench import NoiseBenchConfig, _Bench
 
-    bench = _Bench(NoiseBenchConfig(data=args.data, output=args.work, preset="cpu"))
+    bench = _Bench(NoiseBenchConfig(data=args.data, output=args.work, preset="cpu", mining=args.mining))
     teacher = Encoder.from_pretrained(default_model_path())
     rows = []
     for kind in args.kinds:
@@ -93,7 +98,7 @@ def main() -> int:
                 audit(AuditConfig(data=str(folder / "noisy.jsonl"), output=str(out), corpus=args.data,
                                   eval_data=args.data, cache_dir=str(Path(args.work) / "cache"), progress=False,
                                   seed=seed), encoder=teacher)
-                row = {"kind": kind, "rate": rate, "seed": seed, **score(out, folder),
+                row = {"kind": kind, "mining": args.mining, "rate": rate, "seed": seed, **score(out, folder),
                        "wall_s": round(time.monotonic() - started, 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)

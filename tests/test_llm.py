@@ -601,6 +601,58 @@ def test_llm_judge_removes_negatives_judged_relevant(tmp_path):
         judge_negatives(source, source, client, progress=False)
 
 
+def test_llm_judge_asks_about_positives_removes_false_ones_and_corrects_labels(tmp_path):
+    """Issue 50 item 5: with positives=True every positive is asked too; one judged not relevant leaves ``pos``; a
+    record left without a positive takes its negatives judged relevant (promote), or stays ``"pos": []`` -- which
+    training skips -- when none was."""
+    from robustir.data.training_data import load_training_data
+
+    records = [
+        {"query": "q clean", "pos": ["RELEVANT true answer"], "neg": ["other passage"]},
+        {"query": "q near miss", "pos": ["near-miss passage"], "pos_ids": ["d7"],
+         "neg": ["RELEVANT the real answer", "unrelated"], "neg_scores": [0.9, 0.1]},
+        {"query": "q two positives", "pos": ["RELEVANT one", "wrong one"], "pos_scores": [0.8, 0.7], "neg": ["n"]},
+        {"query": "q nothing right", "pos": ["wrong"], "neg": ["also wrong"]},
+        {"query": "q undecided", "pos": ["UNSURE passage"], "neg": []},
+    ]
+    source = tmp_path / "mined.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+    def reply(messages):
+        prompt = last_user(messages)
+        return "It is hard to say." if "UNSURE" in prompt else ("yes" if "RELEVANT" in prompt else "no")
+
+    with FakeLLMServer(reply) as server:
+        client = make_client(server, cache_path=tmp_path / "cache.sqlite", max_retries=1)
+        report = judge_negatives(source, tmp_path / "judged.jsonl", client, progress=False, positives=True,
+                                 keep_removed=False, max_failure_rate=0.9)
+        client.close()
+        assert server.count == 2 + 3 + 3 + 2 + 1  # every negative and every positive of each record, once each
+    rows = read_lines(tmp_path / "judged.jsonl")
+    assert rows[0]["pos"] == ["RELEVANT true answer"] and "removed" not in rows[0]
+    # the near miss goes, the negative judged relevant takes its place (label correction), its stale ids go too
+    assert rows[1]["pos"] == ["RELEVANT the real answer"] and rows[1]["neg"] == ["unrelated"]
+    assert rows[1]["neg_scores"] == [0.1] and "pos_ids" not in rows[1]
+    assert {(r["text"], r["reason"]) for r in rows[1]["removed"]} == {
+        ("near-miss passage", "llm_judge_positive"), ("RELEVANT the real answer", "llm_judge"),
+        ("RELEVANT the real answer", "promoted")}
+    assert rows[2]["pos"] == ["RELEVANT one"] and rows[2]["pos_scores"] == [0.8]
+    assert rows[3]["pos"] == [] and rows[3]["removed"] == [{"text": "wrong", "reason": "llm_judge_positive",
+                                                            "positive": True}]
+    assert rows[4]["pos"] == ["UNSURE passage"]  # no verdict: kept, and listed to judge again
+    assert (report.positives_judged, report.positives_removed, report.records_corrected,
+            report.records_without_positives) == (6, 3, 1, 1)
+    examples, _ = load_training_data(tmp_path / "judged.jsonl")  # the emptied record is skipped, not an error
+    assert [e.query for e in examples] == ["q clean", "q near miss", "q two positives", "q undecided"]
+
+    with FakeLLMServer(reply) as server:  # promote off: the near-miss record is left without a positive
+        client = make_client(server, cache_path=tmp_path / "cache2.sqlite", max_retries=1)
+        judge_negatives(source, tmp_path / "dropped.jsonl", client, progress=False, positives=True, promote=False,
+                        max_failure_rate=0.9)
+        client.close()
+    assert read_lines(tmp_path / "dropped.jsonl")[1]["pos"] == []
+
+
 def test_llm_judge_resume(tmp_path):
     source = tmp_path / "mined.jsonl"
     records = [{"query": f"query {i}", "pos": [f"pos {i}"], "neg": [f"neg {i}a", f"neg {i}b RELEVANT"]}

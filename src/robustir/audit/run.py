@@ -214,6 +214,9 @@ class _Audit(Reading, Pooling, Scoring, Flagging):
         estimate = estimate_rates(u, gap, k=scored["k"], hard_null=scored["hard_null"],
                                   random_null_gap=scored["random_null_gap"], random_null_u=scored["random_null_u"],
                                   reference=ref, bootstrap=config.bootstrap, seed=config.seed)
+        near = estimate_rates(u, gap, k=scored["k"], hard_null=scored["near_null"],
+                              random_null_gap=scored["random_null_gap"], reference=ref,
+                              bootstrap=config.bootstrap, seed=config.seed)
         threshold = estimate.parts.get("threshold", float("inf"))
         fp_flags, suspects = self.suspected_positives(pairs, scored["k"], threshold)
         fn_flags, fn_info = self.false_negatives(pairs, suspects)
@@ -239,7 +242,7 @@ class _Audit(Reading, Pooling, Scoring, Flagging):
             "sampled": len(self.sample) < self.records,
             "teacher": str(config.model or "bundled all-MiniLM-L6-v2"),
             "search_pool": {"source": self.pool_source, "corpus": self.corpus_path, "passages": len(self.pool_.texts)},
-            "false_positives": {"estimate": estimate.to_json(), "text": estimate.text(),
+            "false_positives": {"estimate": estimate.to_json(), "text": estimate.text(), "near_miss": near.to_json(),
                                 "flagged": counts.get("false_positive", {})},
             "false_negatives": {**fn_info,
                                 "share_of_records": round(fn_info["records_with_a_flag"] / max(1, len(self.sample)), 6),

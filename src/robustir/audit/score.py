@@ -50,12 +50,32 @@ class Scoring:
                         "competitor": self.pool_.texts[best_rows[n]] if best_rows[n] >= 0 else None})
         return out
 
+    def _near_nulls(self, measured: list[dict]) -> list[dict]:
+        """Near-miss nulls: each record's best other passage of the search pool -- the teacher's own nearest
+        non-positive, the passage a dense near-miss false positive would be -- standing in as its positive.
+
+        Why a second family beside the first-negative nulls: a wrong positive's gap is at least the gap of the
+        teacher's top non-positive for the same query (anything above the top non-positive is a positive, and the
+        top non-positive scores at least as high as any other), so these nulls have the smallest gaps any near-miss
+        can have. Calibrated on them the hard-like share cannot miss near-miss noise the way first-negative nulls
+        do when the wrong positives are nearer to the query than the mined negatives (dense near-misses under
+        BM25 pools)."""
+        items, excluded, seen = [], [], set()
+        for item in measured:
+            record = item["record"]
+            if item["kind"] != "pair" or record.index in seen or not item["competitor"]:
+                continue
+            seen.add(record.index)
+            items.append(("near", record, item["competitor"], -1))
+            excluded.append(self._null_excluded(record, item["competitor"]))
+        return self._measure(items, excluded) if items else []
+
     def score(self) -> dict:
         config = self.config
         self.random_hashes = np.fromiter((text_hash(t) for t in self.random_texts), dtype=np.int64,
                                          count=len(self.random_texts))
         pairs: list[dict] = []
-        hard_null, random_null_gap, random_null_u = [], [], []
+        hard_null, near_null, random_null_gap, random_null_u = [], [], [], []
         neg_scores: dict[int, np.ndarray] = {}
         from tqdm.auto import tqdm
 
@@ -75,12 +95,15 @@ class Scoring:
                 items.append(("random", record, null_text, -1))
                 excluded.append(self._null_excluded(record, null_text))
             measured = self._measure(items, excluded)
+            measured += self._near_nulls(measured)
             for item in measured:
                 if item["kind"] == "random":
                     random_null_gap.append((item["gap"], item["u"]))
                     random_null_u.append(item["u"])
                 elif item["kind"] == "hard":
                     hard_null.append((item["gap"], item["u"]))
+                elif item["kind"] == "near":
+                    near_null.append((item["gap"], item["u"]))
                 else:
                     record = item["record"]
                     if record.index not in neg_scores:  # once per record, however many positives it has
@@ -93,6 +116,7 @@ class Scoring:
             bar.update(len(block))
         bar.close()
         return {"pairs": pairs, "hard_null": np.array(hard_null, dtype=np.float64).reshape(-1, 2),
+                "near_null": np.array(near_null, dtype=np.float64).reshape(-1, 2),
                 "random_null_gap": np.array(random_null_gap, dtype=np.float64).reshape(-1, 2),
                 "random_null_u": np.array(random_null_u, dtype=np.float64), "k": len(self.random_texts)}
 

@@ -39,7 +39,7 @@ command = App(name="filter", help="Remove false negatives from a training JSONL 
 @command.command(name="llm")
 def llm(*overrides: Overrides, config_file: ConfigFile = None,
         config: Annotated[JudgeConfig | None, CONFIG] = None) -> int:
-    """PEG: ask an LLM whether each negative is relevant to its query (--input, --output, --base-url, --model)."""
+    """PEG: ask an LLM whether each negative (--judge-positives: each positive too) is relevant to its query (--input, --output, --base-url, --model)."""
     return run("llm", overrides, config_file)
 
 

@@ -17,6 +17,14 @@ finished ``OUT`` copies the other records from it into ``OUT.partial`` and repla
 it finishes, so a failing re-run leaves ``OUT`` as it was. When more than ``max_failure_rate`` of the judgements
 failed the stage raises instead of finishing. A negative identical to one of the record's positives is removed
 without asking (reason ``equals_positive``): it is a false negative by construction.
+
+**Positives too** (``positives: true``, ``--judge-positives``; issue 50): PEG's judge asks only about negatives, but
+generated and mined data also has *false positives* -- a too-generic generated query, a near-miss passage given as
+the answer. With this option every positive is asked the same question; one judged not relevant leaves ``pos``
+(listed in ``removed`` with ``"positive": true``, reason ``llm_judge_positive``). When a record loses every positive
+and some of its negatives were judged relevant, those negatives become its positives (``promote``, reason
+``promoted``: the label is corrected, not dropped -- removal alone cannot beat a perfect filter's loss of training
+signal); otherwise the record is kept as ``"pos": []``, which training skips and later filters pass on.
 """
 
 from __future__ import annotations
@@ -153,6 +161,11 @@ class JudgeConfig(LLMStageConfig):
 
     keep_removed: Annotated[bool, cli("removed")] = True
     """Keep what was removed in the record's ``removed`` list (with the reason)."""
+    positives: Annotated[bool, cli("judge-positives")] = False
+    """Also ask whether each positive answers its query; one judged not relevant is removed (false positive)."""
+    promote: bool = True
+    """With ``positives``: a record whose every positive was judged not relevant takes its negatives judged relevant
+    as positives (label correction) instead of being left without a positive."""
     llm: Annotated[JudgeLLMConfig, cli(flatten=True)] = field(default_factory=JudgeLLMConfig)
     """The endpoint; a yes/no judge by default (temperature 0, 16 tokens)."""
 
@@ -168,6 +181,13 @@ class JudgeReport:
     negatives_judged: int = 0
     removed: int = 0
     removed_equal_positive: int = 0
+    positives_judged: int = 0
+    positives_removed: int = 0
+    """Positives judged not relevant (``positives``)."""
+    records_corrected: int = 0
+    """Records whose positives were all removed and that took their negatives judged relevant instead (``promote``)."""
+    records_without_positives: int = 0
+    """Records left with ``"pos": []`` (every positive judged not relevant, no negative judged relevant)."""
     kept: int = 0
     undecidable: int = 0
     """Negatives kept without a verdict (their judgement failed; retried on the next run)."""
@@ -187,8 +207,12 @@ class JudgeReport:
     def summary(self) -> str:
         reasons = sorted(self.failed_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
         why = f": {', '.join(f'{n} {reason}' for reason, n in reasons)}" if reasons else ""
+        positives = (f"{self.positives_judged} positives judged, {self.positives_removed} removed "
+                     f"({self.records_corrected} records corrected, {self.records_without_positives} left without a "
+                     "positive), ") if self.positives_judged else ""
         return (f"{self.records_judged} records ({self.resumed} earlier), {self.negatives_judged} negatives "
                 f"judged, {self.removed} removed by the LLM, {self.removed_equal_positive} equal to a positive, "
+                f"{positives}"
                 f"{self.failed} failed judgements{why} (negatives kept, {self.failed_records} records to retry), "
                 f"{self.llm.get('cache_hits', 0)} cache hits -> {self.output}")
 
@@ -203,14 +227,19 @@ class _Pending:
     line: int = 0  # line in the input
     copy: dict | None = None  # the record as an earlier run finished it: written as it is
     failures: list[dict] = field(default_factory=list)  # failed judgements: index, reason, error, reply
+    pos_verdicts: list[bool | str | None] = field(default_factory=list)  # the positives', when they are judged
 
 
 def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLMBackend, *,
                     template: str | None = None, template_zh: str | None = None, language: str = "auto",
                     cjk_threshold: float = 0.3, max_passage_chars: int = 4000, keep_removed: bool = True,
                     max_failure_rate: float = 0.5, shard: Shard = Shard(), overwrite: bool = False,
-                    progress: bool = True, report_path: str | Path | None = None) -> JudgeReport:
+                    progress: bool = True, report_path: str | Path | None = None, positives: bool = False,
+                    promote: bool = True) -> JudgeReport:
     """Remove the negatives ``client`` judges relevant to their query; write ``output_path`` and a report JSON.
+
+    ``positives``: also remove the positives it judges not relevant (``promote``: a record left without one takes
+    its negatives judged relevant as positives); see the module docstring.
 
     Resuming: records are written in input order, so a re-run skips as many (owned) records as the partial
     output already holds -- re-run with the same input and shard. Records with failed judgements are listed in
@@ -226,6 +255,7 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
     if language not in ("auto", "en", "zh"):
         raise ConfigError(f"language must be auto, en or zh, got {language!r}")
     tally = FailureTally("llm judge", "judgements", max_failure_rate, endpoint=endpoint_of(client))
+    positives_too = positives
     started = time.monotonic()
     stage = StageOutput(output)
     if overwrite:
@@ -258,7 +288,7 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
             if item.copy is not None:
                 writer.write(item.copy)
             else:
-                writer.write(_finish_record(item, keep_removed, report, histogram))
+                writer.write(_finish_record(item, keep_removed, report, histogram, promote))
                 changed = True
                 if item.failures:
                     new_failed[item.ordinal] = _failed_entry(item)
@@ -288,7 +318,8 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
                                   f"{listed.get('query')!r}, the input now has {query[:200]!r}: the input changed "
                                   f"since the last run. Fix: re-run with the input of the last run, or --overwrite")
             positives = {p.strip() for p in pos}
-            item = _Pending(record, neg, [None] * len(neg), 0, ordinal, line)
+            item = _Pending(record, neg, [None] * len(neg), 0, ordinal, line,
+                            pos_verdicts=[None] * len(pos) if positives_too else [])
             jobs = []
             for i, negative in enumerate(neg):
                 if negative.strip() in positives:
@@ -297,6 +328,10 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
                 jobs.append((i, render_template(pick_template(query, negative), {
                     "query": query.strip(), "passage": negative.strip()[:max_passage_chars],
                     "positive": (pos[0].strip()[:max_passage_chars] if pos else "")})))
+            for j, positive in enumerate(pos if positives_too else []):  # index -1 - j: the j-th positive
+                jobs.append((-1 - j, render_template(pick_template(query, positive), {
+                    "query": query.strip(), "passage": positive.strip()[:max_passage_chars],
+                    "positive": positive.strip()[:max_passage_chars]})))
             item.waiting = len(jobs)
             pending.append(item)
             flush_ready()  # a record with nothing to ask is written as soon as it reaches the head
@@ -315,15 +350,19 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
                     kind, error = FAILED_UNPARSEABLE, "unparseable reply (neither yes nor no)"
                 else:
                     kind, error = FAILED_REQUEST, completion.error or FAILED_REQUEST
-                item.failures.append({"negative": index, "reason": kind, "error": error,
-                                      "reply": (completion.text or "")[:300]})
+                item.failures.append({("negative" if index >= 0 else "positive"): index if index >= 0 else -1 - index,
+                                      "reason": kind, "error": error, "reply": (completion.text or "")[:300]})
                 failed_reasons[kind] += 1
                 report.failed += 1
                 tally.failure(kind, error)
             else:
                 tally.success()
-            item.verdicts[index] = UNDECIDABLE if verdict is None else verdict
-            report.negatives_judged += 1
+            if index >= 0:
+                item.verdicts[index] = UNDECIDABLE if verdict is None else verdict
+                report.negatives_judged += 1
+            else:
+                item.pos_verdicts[-1 - index] = UNDECIDABLE if verdict is None else verdict
+                report.positives_judged += 1
             item.waiting -= 1
             flush_ready()
             tally.check(final=False, failed_path=stage.failed)
@@ -416,14 +455,15 @@ def _judge_step(config: JudgeConfig, job: Any) -> JudgeReport:
                                language=config.language, cjk_threshold=config.cjk_threshold,
                                max_passage_chars=config.max_passage_chars, keep_removed=config.keep_removed,
                                max_failure_rate=config.max_failure_rate, shard=stage.shard, overwrite=False,
-                               progress=config.progress)
+                               progress=config.progress, positives=config.positives, promote=config.promote)
 
 
 JUDGE = llm_step("filter llm", JudgeConfig, _judge_step)
 """PEG's LLM removal of false negatives as a :class:`~robustir.runs.Step`."""
 
 
-def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, histogram: Counter) -> dict:
+def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, histogram: Counter,
+                   promote: bool = True) -> dict:
     record = dict(item.record)
     keep_mask: list[bool] = []
     removed: list[dict] = []
@@ -446,7 +486,8 @@ def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, hist
     for key, value in item.record.items():  # keep aligned per-negative fields (neg_scores, neg_ids, ...) aligned
         if key.startswith("neg_") and isinstance(value, list) and len(value) == n:
             record[key] = [v for v, keep in zip(value, keep_mask) if keep]
-    if keep_removed:
+    removed += _judge_positives(item, record, report, promote)
+    if keep_removed or any(entry.get("positive") for entry in removed):  # training reads why "pos" is empty
         earlier = item.record.get("removed")  # a previous filter pass may have listed removals already
         record["removed"] = (earlier if isinstance(earlier, list) else []) + removed
     histogram[len(removed)] += 1
@@ -454,3 +495,37 @@ def _finish_record(item: _Pending, keep_removed: bool, report: JudgeReport, hist
     if removed:
         report.queries_with_removals += 1
     return record
+
+
+REASON_LLM_POSITIVE = "llm_judge_positive"
+REASON_PROMOTED = "promoted"
+
+
+def _judge_positives(item: _Pending, record: dict, report: JudgeReport, promote: bool) -> list[dict]:
+    """Apply the positives' verdicts to ``record`` (``pos`` and the ``pos_*`` lists aligned with it): the ones judged
+    not relevant go; a record left without one takes its negatives judged relevant (``promote``). Returns the
+    ``removed`` entries (``"positive": true`` for removed positives)."""
+    if not item.pos_verdicts:
+        return []
+    pos = list(item.record.get("pos") or [])
+    keep = [verdict is not False for verdict in item.pos_verdicts]  # a failed judgement keeps the positive
+    removed = [{"text": text, "reason": REASON_LLM_POSITIVE, "positive": True}
+               for text, k in zip(pos, keep) if not k]
+    if not removed:
+        return []
+    report.positives_removed += len(removed)
+    for key, value in item.record.items():  # pos, pos_scores, pos_ids, ... stay aligned
+        if (key == "pos" or key.startswith("pos_")) and isinstance(value, list) and len(value) == len(pos):
+            record[key] = [v for v, k in zip(value, keep) if k]
+    if any(keep):
+        return removed
+    relevant = [negative for negative, verdict in zip(item.negatives, item.verdicts) if verdict is True]
+    if promote and relevant:
+        for key in [k for k in record if k.startswith("pos_")]:  # scores and ids of other passages: no longer aligned
+            del record[key]
+        record["pos"] = relevant
+        report.records_corrected += 1
+        return removed + [{"text": text, "reason": REASON_PROMOTED} for text in relevant]
+    record["pos"] = []
+    report.records_without_positives += 1
+    return removed

@@ -1,6 +1,6 @@
 """The planted-noise benchmark (``robustir noise-bench``): how much does each kind of noise cost each method?
 
-For every (noise kind, rate, seed) the clean BM25-mined training data of a BEIR train split gets planted
+For every (noise kind, rate, seed) the clean BM25-mined (or ``mining: dense``) training data of a BEIR train split gets planted
 noise (:mod:`robustir.robustness.noise`); every method then trains the same model at the same budget
 (:class:`~robustir.robustness.sidebyside.Budget`) on rows materialised from its own input, and the model is
 evaluated on the test split. Rate 0 is run once per seed and shared by every kind.
@@ -13,6 +13,8 @@ Methods (``METHODS``):
                                   positives that more than half of the pool outscores), then InfoNCE
 ``llm``                           the PEG LLM judge over the negatives (needs ``llm.base_url``/``llm.model``),
                                   then InfoNCE
+``llm-pos``                       the same judge asked about every positive too: false positives removed, a record
+                                  left without one takes its negatives judged relevant (label correction)
 ``teacher-peg``                   the teacher filter on the negatives only (false negatives), then PEG
 ``robust``                        the recipe for noisy data (``robust`` options): the teacher filter drops positives
                                   that look random to the teacher, then PEG
@@ -81,11 +83,13 @@ class BenchMethod:
 METHOD_TABLE: dict[str, BenchMethod] = {m.name: m for m in (
     BenchMethod("infonce"), BenchMethod("peg", loss="peg"), BenchMethod("ccr", loss="ccr"),
     BenchMethod("sieve", filter="sieve", options="sieve"), BenchMethod("teacher", filter="teacher", options="teacher"),
-    BenchMethod("llm", filter="llm", options="llm"),
+    BenchMethod("llm", filter="llm", options="llm"), BenchMethod("llm-pos", filter="llm-pos", options="llm"),
     BenchMethod("teacher-peg", loss="peg", filter="teacher", options="teacher_peg"),
     BenchMethod("robust", loss="peg", filter="teacher", options="robust"), BenchMethod("oracle", filter="oracle"),
     BenchMethod("st", loss="mnrl", trainer="st"))}
 METHODS = tuple(METHOD_TABLE)
+#: the filters that ask an LLM judge: PEG's (negatives), and the same judge asked about the positives too (issue 50)
+LLM_FILTERS = ("llm", "llm-pos")
 #: methods that train on a filtered copy of the noisy data, and the filter each uses (from :data:`METHOD_TABLE`)
 FILTERS = {m.name: m.filter for m in METHOD_TABLE.values() if m.filter}
 Method = Literal[METHODS]  # type: ignore[valid-type]
@@ -137,6 +141,9 @@ class NoiseBenchConfig:
     the rest, and evaluate on the held-out queries (clean labels, full corpus) instead of ``eval_split``. 0 = off."""
     per_query: PositiveInt = 3
     """False negatives planted per noisy query."""
+    mining: Literal["bm25", "dense"] = "bm25"
+    """How the clean pools are mined: ``bm25``, or ``dense`` with the benchmark's model (PEG's setting). With
+    ``dense``, ``fp-hard`` plants *dense near-miss* positives: the model's own top non-relevant passage."""
     budget: dict = field(default_factory=dict)
     """Overrides of the preset's budget fields, e.g. ``{epochs: 2}``."""
     teacher: dict = field(default_factory=lambda: {"relative_margin": 0.05, "suspect_positive_share": 0.5})
@@ -203,8 +210,9 @@ class NoiseBenchConfig:
             if not 0 <= rate <= 1:
                 raise ConfigError(f"noise-bench: rates must be in [0, 1], got {rate}")
         llm = out.llm_config()
-        if "llm" in out.methods and not llm.model:
-            raise ConfigError("noise-bench: method 'llm' needs an endpoint: llm.base_url=... llm.model=...")
+        for method in (m for m in out.methods if METHOD_TABLE[m].filter in LLM_FILTERS):
+            if not llm.model:
+                raise ConfigError(f"noise-bench: method {method!r} needs an endpoint: llm.base_url=... llm.model=...")
         self.budget_obj().validate()
         return out
 
@@ -227,7 +235,7 @@ class NoiseBenchConfig:
         if spec.options is None:
             return {}
         options = dict(getattr(self, spec.options))
-        if spec.filter == "llm":  # the key and the concurrency do not change the judgements
+        if spec.filter in LLM_FILTERS:  # the key and the concurrency do not change the judgements
             options = {k: v for k, v in options.items() if k not in ("api_key", "api_key_env", "concurrency")}
         return options
 
@@ -342,19 +350,33 @@ class _Bench:
         self._corpus = None
 
     # -- data
+    def model_path(self) -> str:
+        """The benchmark's starting model as a local folder (the bundled MiniLM unless ``model`` names another)."""
+        from ..models.encoder import resolve_model_path
+        from ..resources import default_model_path
+
+        return str(resolve_model_path(self.config.model or default_model_path()))
+
     def clean(self) -> list[TrainingExample]:
         if self._clean is None:
             from ..negatives.mining import MiningConfig, mine_beir
 
             mined = self.out / "data" / "mined.jsonl"
             # a few spare negatives: fp-hard takes the top one away and planting pushes the lowest out
-            mining = MiningConfig(method="bm25", num_negatives=self.budget.pool + 2)
+            mining = MiningConfig(method=self.config.mining, num_negatives=self.budget.pool + 2,
+                                  cache_dir=str(self.out / "cache") if self.config.mining == "dense" else None)
+            model = self.model_path() if self.config.mining == "dense" else None
             self.fingerprints["clean"] = made = fingerprint(
-                "bench-mine", {"mining": mining, "split": self.config.train_split}, {"data": self.data},
-                cache=self.digests)
+                "bench-mine", {"mining": mining, "split": self.config.train_split},
+                {"data": self.data, **({"model": model} if model else {})}, cache=self.digests)
             artifact = Artifact(mined, what="noise-bench clean data")
             if not artifact.begin(made, resume=False):
-                mine_beir(self.data, self.config.train_split, mined, mining)
+                encoder = None
+                if model:
+                    from ..models.encoder import Encoder
+
+                    encoder = Encoder.from_pretrained(model)
+                mine_beir(self.data, self.config.train_split, mined, mining, encoder=encoder)
                 artifact.finish()
             examples, _ = load_training_data(mined)
             self._clean = self.select(examples)
@@ -470,7 +492,7 @@ class _Bench:
                 sieve_negatives(noisy, target, from_dict(SieveConfig, options, where="sieve"))
             elif name == "oracle":
                 _remove_planted_positives(noisy, target, noisy.with_name("plants.jsonl"))
-            elif name == "llm":
+            elif name in LLM_FILTERS:
                 from ..llm import LLMClient, build_backend
                 from ..filtering.llm_judge import judge_negatives
 
@@ -478,7 +500,8 @@ class _Bench:
                 with backend:
                     if isinstance(backend, LLMClient):
                         backend.preflight()
-                    judge_negatives(noisy, target, backend, progress=False, report_path=report)
+                    judge_negatives(noisy, target, backend, progress=False, report_path=report,
+                                    positives=name == "llm-pos")
             if not report.exists():
                 write_json(report, {"method": name})
             artifact.finish()
@@ -579,7 +602,9 @@ class _Bench:
                                           "budget": self.budget, "per_query": self.config.per_query,
                                           "train_split": self.config.train_split, "eval_split": self.config.eval_split,
                                           "dev": self.config.dev, **self.step_rule(method),
-                                          "model": self.config.model},
+                                          "model": self.config.model,
+                                          # bm25 left out: the cells of benchmarks run before the option keep theirs
+                                          **({"mining": self.config.mining} if self.config.mining != "bm25" else {})},
                            {"data": self.data, "model": self.config.model}, cache=self.digests)
 
     def finished(self) -> dict[str, dict]:
