@@ -59,6 +59,24 @@ def test_estimate_recovers_known_random_and_hard_shares(random_share, hard_share
     assert not est.upper_bound
 
 
+@pytest.mark.parametrize("near_gap, readable", [(0.12, True), (-0.04, False)])
+def test_near_misses_are_read_only_where_the_teacher_separates_them_from_true_positives(near_gap, readable):
+    """Issue 50: near-miss nulls that sit where trusted positives do (a teacher that confuses its nearest passage with
+    the answer) give no estimate and a plain "unknown, not 0"; well separated ones give the share."""
+    from robustir.audit.estimate import near_miss_reading
+
+    rng = np.random.default_rng(5)
+    u, gap, nulls = _synthetic(0.0, 0.3, 4000, seed=5)
+    near = estimate_rates(u, gap, k=200, hard_null=rng.normal(near_gap, 0.1, 4000),
+                          random_null_gap=nulls["random_null_gap"], reference=nulls["reference"], bootstrap=50)
+    reading = near_miss_reading(near)
+    assert reading["readable"] is readable
+    if readable:
+        assert reading["hard_like"] == pytest.approx(0.3, abs=0.05) and "near misses read" in reading["why"]
+    else:
+        assert "unknown, not 0" in reading["why"] and reading["separation"] < 0.25
+
+
 def test_without_a_reference_the_hard_share_is_an_upper_bound():
     u, gap, nulls = _synthetic(0.0, 0.0, 4000, seed=3)
     with_ref = estimate_rates(u, gap, k=200, hard_null=nulls["hard_null"], random_null_gap=nulls["random_null_gap"],
@@ -298,6 +316,38 @@ def _report(rate: float, low: float, high: float, **extra) -> dict:
     return {"data": "train.jsonl", "config": {"max_positive_reuse": 20},
             "false_positives": {"estimate": {"rate": rate, "low": low, "high": high, "upper_bound": False}},
             "false_negatives": {"share_of_records": 0.0}, **extra}
+
+
+def test_recommendation_never_calls_data_clean_when_near_misses_cannot_be_read():
+    """Issue 50 item 4: 0 % random-like false positives with near misses the teacher cannot read is "unknown", with
+    the LLM judge of positives to find them -- not "0 %, your data is clean"."""
+    near = {"readable": False, "why": "near misses cannot be read by this teacher: ... their share is unknown, not 0"}
+    report = _report(0.0, 0.0, 0.02)
+    report["false_positives"].update(near_miss=near)
+    report["false_positives"]["estimate"].update(random_like=0.0, random_like_high=0.01, hard_like=None,
+                                                 hard_nulls=800)
+    rec = recommend(report)
+    assert rec["unknown"] == ["near_miss"] and "unknown, not 0" in rec["reason"]
+    assert "the teacher scores hard nulls like trusted positives" in rec["reason"]
+    assert any("--judge-positives" in item for item in rec["also"])
+    readable = _report(0.0, 0.0, 0.02)
+    readable["false_positives"]["near_miss"] = {"readable": True, "why": "near misses read: 1.0 %"}
+    assert recommend(readable)["unknown"] == [] and not recommend(readable)["also"]
+
+
+def test_recommendation_per_noise_kind():
+    """Random-like false positives call for the recipe; hard-like ones alone for the plain loss (no method protected
+    against them, the recipe's filter does not catch them) and the LLM judge of positives."""
+    random = _report(0.31, 0.27, 0.35)
+    random["false_positives"]["estimate"].update(random_like=0.30, random_like_high=0.34, hard_like=0.01,
+                                                 hard_like_high=0.03)
+    assert recommend(random)["loss"] == "peg" and recommend(random)["filter_positives"]
+    hard = _report(0.31, 0.17, 0.44)
+    hard["false_positives"]["estimate"].update(random_like=0.005, random_like_high=0.01, hard_like=0.306,
+                                               hard_like_high=0.43)
+    rec = recommend(hard)
+    assert rec["loss"] == "infonce" and not rec["filter_positives"] and "hard-like" in rec["reason"]
+    assert any("--judge-positives" in item for item in rec["also"])
 
 
 def test_recommendation_rule():

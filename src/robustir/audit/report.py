@@ -26,6 +26,9 @@ def write_markdown(report: dict, path: Path) -> Path:
               f"the teacher ({report['teacher']}) scored {report['scored_records']} records"
               + (" (a uniform sample)" if report["sampled"] else "") + f", against a search pool of "
               f"{report['search_pool']['passages']} passages ({report['search_pool']['source']}).", ""]
+    if "near_miss" in rec.get("unknown", []):
+        lines += ["**False positives that look right (near misses) are not measured**: "
+                  f"{(report['false_positives'].get('near_miss') or {}).get('why', 'unknown')}.", ""]
     lines += ["## Recommendation", "", f"**Train with `{rec['loss']}`**: {rec['reason']}.", "", "```bash",
               rec["command"], "```", "", f"Config file: `{rec['config_line']}`; or let the audit choose: "
               f"`robustir train --loss auto --audit {report['config']['output']} ...`", ""]
@@ -43,6 +46,14 @@ def write_markdown(report: dict, path: Path) -> Path:
               "share of positives outranked by a pool passage by more than planted hard nulls' median gap, beyond "
               "what random nulls and " + ("the clean reference put there |" if not est["upper_bound"] else
                                           "(no clean reference: **an upper bound**, the teacher's misses count) |")]
+    near = report["false_positives"].get("near_miss") or {}
+    if near:
+        near_parts = near.get("parts") or {}
+        lines += ["", ("**Near misses** (a positive replaced by a passage as near the query as the teacher's own "
+                       f"nearest other passage): {near['why']}.")
+                  + (f" Terms: near-miss nulls {_pct(near_parts.get('hard_null'))} over the gap threshold "
+                     f"{near_parts['threshold']:.3f}, trusted positives {_pct(near_parts.get('reference'))}."
+                     if near_parts.get("threshold") is not None else "")]
     parts = est.get("parts") or {}
     if est.get("hard_like") is None:
         lines += ["", "The hard-like part is **not estimated**: no record has negatives to plant hard nulls from "

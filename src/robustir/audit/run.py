@@ -49,7 +49,7 @@ from ..io import atomic_write, write_json
 from ..precision import Precision
 from ..runs import Artifact, fingerprint, operational
 from ..validation import NonNegativeInt, OpenFraction, PositiveInt, Range, config_dataclass
-from .estimate import estimate_rates
+from .estimate import estimate_rates, near_miss_reading
 from .flags import Flagging
 from .pool import Pooling, _load_teacher
 from .sample import Reading, Record, _is_beir, iter_records
@@ -217,6 +217,7 @@ class _Audit(Reading, Pooling, Scoring, Flagging):
         near = estimate_rates(u, gap, k=scored["k"], hard_null=scored["near_null"],
                               random_null_gap=scored["random_null_gap"], reference=ref,
                               bootstrap=config.bootstrap, seed=config.seed)
+        reading = near_miss_reading(near)
         threshold = estimate.parts.get("threshold", float("inf"))
         fp_flags, suspects = self.suspected_positives(pairs, scored["k"], threshold)
         fn_flags, fn_info = self.false_negatives(pairs, suspects)
@@ -242,7 +243,8 @@ class _Audit(Reading, Pooling, Scoring, Flagging):
             "sampled": len(self.sample) < self.records,
             "teacher": str(config.model or "bundled all-MiniLM-L6-v2"),
             "search_pool": {"source": self.pool_source, "corpus": self.corpus_path, "passages": len(self.pool_.texts)},
-            "false_positives": {"estimate": estimate.to_json(), "text": estimate.text(), "near_miss": near.to_json(),
+            "false_positives": {"estimate": estimate.to_json(), "text": estimate.text() + (f"; {reading['why']}" if not reading["readable"] else ""),
+                                "near_miss": reading,
                                 "flagged": counts.get("false_positive", {})},
             "false_negatives": {**fn_info,
                                 "share_of_records": round(fn_info["records_with_a_flag"] / max(1, len(self.sample)), 6),
