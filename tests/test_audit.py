@@ -236,6 +236,10 @@ def test_report_files_and_flags_point_at_lines(tmp_path, tiny_encoder):
     md = (out / "report.md").read_text()
     assert "## Recommendation" in md and result.recommendation["loss"] in md
     assert result.report["recommendation"]["command"].startswith("robustir train --train-data")
+    near = report["false_positives"]["near_miss"]  # issue 50: near misses read, or said to be unknown
+    assert isinstance(near["readable"], bool) and near["why"] in md and "**Near misses**" in md
+    if not near["readable"]:
+        assert near["why"] in report["false_positives"]["text"] and "near_miss" in report["recommendation"]["unknown"]
 
 
 def test_a_rerun_is_reused_and_an_edited_input_is_audited_again(tmp_path, tiny_encoder):
