@@ -305,6 +305,45 @@ def test_bench_llm_judge_method_against_a_local_fake_endpoint(tiny_model_dir, tm
         NoiseBenchConfig(methods=["llm"], llm={"modle": "x"}).resolved()
 
 
+def test_bench_llm_pos_corrects_planted_near_misses_with_dense_pools(tiny_model_dir, tmp_path):
+    """Issue 50: ``mining: dense`` mines the pools with the benchmark's model, so fp-hard plants its own nearest
+    non-relevant passage; ``llm-pos`` asks the judge about positives too. The fake judge knows the truth (a passage
+    is relevant when the qrels say so): it removes every planted near miss and nothing else."""
+    from fake_llm_server import FakeLLMServer, last_user
+
+    from robustir.robustness.bench import NoiseBenchConfig, _Bench, run_noise_bench
+
+    data = _tiny_beir(tmp_path / "beir")
+    relevant = {}  # query text -> its relevant documents' texts
+    queries = {json.loads(l)["_id"]: json.loads(l)["text"] for l in (data / "queries.jsonl").read_text().splitlines()}
+    corpus = {json.loads(l)["_id"]: json.loads(l) for l in (data / "corpus.jsonl").read_text().splitlines()}
+    for line in (data / "qrels" / "train.tsv").read_text().splitlines()[1:]:
+        qid, did, _ = line.split("\t")
+        relevant.setdefault(queries[qid], set()).add(corpus[did]["text"])
+
+    def judge(messages):
+        prompt = last_user(messages)
+        query = prompt.split("Query: ", 1)[1].split("\n", 1)[0]
+        passage = prompt.split("Passage: ", 1)[1].rsplit("\n\nIs the passage", 1)[0]
+        return "yes" if any(passage.strip() in text or text in passage for text in relevant.get(query, ())) else "no"
+
+    budget = {"batch_size": 4, "num_negatives": 2, "pool": 4, "epochs": 1.0, "precision": "fp32",
+              "query_max_length": 16, "train_passage_max_length": 32, "passage_max_length": 32}
+    with FakeLLMServer(judge) as server:
+        config = NoiseBenchConfig(data=str(data), model=tiny_model_dir, kinds=["fp-hard"], rates=[0.5],
+                                  methods=["llm-pos"], seeds=[2], output=str(tmp_path / "out"), plots=False,
+                                  mining="dense", llm={"base_url": server.url, "model": "fake-judge"}, budget=budget)
+        (row,) = run_noise_bench(config)
+    stats = row["filter"]
+    assert stats["planted_positives"] > 0 and stats["fp_recall"] == 1.0 and stats["fp_precision"] == 1.0
+    mined = [json.loads(l) for l in (tmp_path / "out" / "data" / "mined.jsonl").read_text().splitlines()]
+    bm25 = _Bench(NoiseBenchConfig(data=str(data), model=tiny_model_dir, output=str(tmp_path / "bm25"), budget=budget))
+    assert [e.neg for e in bm25.clean()] != [r["neg"] for r in mined]  # the dense pools are not BM25's
+    assert config.resolved().methods == ["llm-pos"]
+    with pytest.raises(ConfigError, match="llm-pos"):
+        NoiseBenchConfig(methods=["llm-pos"]).resolved()
+
+
 def test_bench_reruns_a_cell_when_its_model_budget_or_data_change(tiny_model_dir, tmp_path, monkeypatch):
     """A result is reused only for the same cell: another budget or model trains again, and an edited data folder
     (same path) is mined again first. (On 5245875 all three re-runs reported the first result.)"""
