@@ -147,23 +147,33 @@ class FastTokens:
     def _encode(self, texts: Sequence[str]) -> TokenBlock:
         limit = self.max_length * CHARS_PER_TOKEN
         encodings = self.backend.encode_batch_fast([t if len(t) <= limit else "" for t in texts])
-        for i, text in enumerate(texts):
-            if len(text) > limit:
-                encodings[i] = self._long(text)
+        long = [i for i, text in enumerate(texts) if len(text) > limit]
+        for i, encoding in zip(long, self._long([texts[i] for i in long])):
+            encodings[i] = encoding
         lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64,
                           count=int(lengths.sum()))
         return TokenBlock(ids, lengths)
 
-    def _long(self, text: str) -> Any:
-        """A long text's ids from its head, tokenized once (:func:`robustir.models.tokens._head`'s search)."""
-        cut, cap, length = self.max_length * CHARS_PER_TOKEN, self.max_length * MAX_CHARS_PER_TOKEN, self.max_length
-        while True:
-            head, whole_words = (text, True) if cut >= len(text) else _before_whitespace(text, cut)
-            counted = self.counter.encode(head, add_special_tokens=False)
-            if cut >= len(text) or len(counted) >= (length if whole_words else 2 * length) or cut >= cap:
-                return self.backend.post_process(counted, add_special_tokens=True)
-            cut *= 4
+    def _long(self, texts: Sequence[str]) -> list[Any]:
+        """Long texts' encodings from their heads, each head tokenized once (:func:`robustir.models.tokens._head`'s
+        search, a batch per head length): the count's encoding becomes the ids through ``post_process``
+        (truncation and special tokens), as ``encode`` of the head would make them."""
+        length = self.max_length
+        cut, cap = length * CHARS_PER_TOKEN, length * MAX_CHARS_PER_TOKEN
+        out: list[Any] = [None] * len(texts)
+        pending = list(range(len(texts)))
+        while pending:
+            heads = [(texts[i], True) if cut >= len(texts[i]) else _before_whitespace(texts[i], cut) for i in pending]
+            counted = self.counter.encode_batch_fast([head for head, _ in heads], add_special_tokens=False)
+            rest = []
+            for i, (_, whole_words), encoding in zip(pending, heads, counted):
+                if cut >= len(texts[i]) or len(encoding) >= (length if whole_words else 2 * length) or cut >= cap:
+                    out[i] = self.backend.post_process(encoding, add_special_tokens=True)
+                else:
+                    rest.append(i)
+            pending, cut = rest, cut * 4
+        return out
 
 
 _DONE = object()
