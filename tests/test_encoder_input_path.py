@@ -204,3 +204,18 @@ def test_prefetch_stops_its_thread_when_the_consumer_leaves_early():
     items.close()  # what leaving a for loop early does
     assert threading.active_count() == before
     assert len(made) <= 3 + 2 + 1  # at most depth ahead (+ the one waiting to be queued)
+
+
+def test_a_model_error_stops_the_batching_thread_at_once(encoder, monkeypatch):
+    """The prefetch thread is stopped in encode's ``finally``, not when the traceback is collected."""
+    calls = []
+
+    def broken(**features):
+        calls.append(1)
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(encoder, "_inference_transformer", lambda precision: broken)
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="device lost") as caught:
+        encoder.encode(_texts() * 4, batch_size=2)
+    assert calls == [1] and threading.active_count() == before, caught

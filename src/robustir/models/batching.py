@@ -26,7 +26,7 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Generator, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -179,7 +179,7 @@ class FastTokens:
 _DONE = object()
 
 
-def prefetch(items: Iterable[Any], depth: int) -> Iterator[Any]:
+def prefetch(items: Iterable[Any], depth: int) -> Generator[Any, None, None]:
     """``items``, made on a background thread up to ``depth`` ahead (a bounded queue); ``depth`` 0: made here, when
     asked for. An exception raised while making an item is raised here; leaving the loop early stops the thread."""
     if depth <= 0:

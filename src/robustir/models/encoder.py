@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -445,7 +445,9 @@ class Encoder(nn.Module):
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         device = self.device
-        features = {k: v.to(device) for k, v in features.items()}
+        # on CUDA the copy does not block: training batches (and GradCache's chunks, views of them) come pinned from
+        # the input pipeline, so it overlaps; on the CPU nothing changes
+        features = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in features.items()}
         hidden = self.transformer(**features).last_hidden_state
         embeddings = self.pool(hidden, features["attention_mask"])
         if self.config.normalize:
@@ -515,16 +517,18 @@ class Encoder(nn.Module):
         show = n >= 2000 if show_progress is None else show_progress
         plural = "queries" if kind == "query" else f"{kind}s"
         bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {plural}", disable=not show, unit="batch")
+        blocks = self._token_blocks(texts, kind, limit, instruction, tokenize_threads)
         try:
-            for start, tokens in self._token_blocks(texts, kind, limit, instruction, tokenize_threads):
+            for start, tokens in blocks:
                 out[start:start + len(tokens)] = self._encode_tokens(
                     tokens, batch_size=batch_size, precision=precision, bf16=bf16, on_batch=lambda: bar.update(1))
         finally:
+            blocks.close()  # stops the tokenizing thread now, also when the model raised
             bar.close()
         return out
 
     def _token_blocks(self, texts: Sequence[str], kind: TextKind, limit: int, instruction: str | None,
-                      threads: int | None) -> Iterator[tuple[int, TokenBlock]]:
+                      threads: int | None) -> Generator[tuple[int, TokenBlock], None, None]:
         """``(start, token ids)`` of each :data:`ENCODE_BLOCK` texts (bounds tokenizer memory); the next block is
         tokenized on a background thread while the model encodes this one."""
         from .batching import FastTokens, TokenBlock, prefetch
@@ -596,9 +600,10 @@ class Encoder(nn.Module):
                                 multiple=pad_to_multiple_of, left=left, pin=cuda)
                    for b in range(0, n, batch_size))
         vectors = torch.empty((n, self.dim), dtype=torch.float32, device=device)
+        ready = prefetch(batches, depth=2 if n > batch_size else 0)
         try:
             done = 0
-            for batch in prefetch(batches, depth=2 if n > batch_size else 0):
+            for batch in ready:
                 features = {k: v.to(device, non_blocking=cuda) for k, v in batch.items()}
                 hidden = transformer(**features).last_hidden_state
                 emb = self.pool(hidden.float(), features["attention_mask"])
@@ -609,6 +614,7 @@ class Encoder(nn.Module):
                 if on_batch is not None:
                     on_batch()
         finally:
+            ready.close()  # stops the batching thread now, also when the model raised
             self.train(was_training)
         out = np.empty((n, self.dim), dtype=np.float32)
         out[order] = vectors.cpu().numpy()
