@@ -188,17 +188,21 @@ def set_threads(threads: int) -> None:
 
 
 def input_path_runs(encoder, texts: list[str], args) -> dict:
-    """name -> (threads -> run): the three input paths."""
+    """name -> (threads -> run): the three input paths, and the old and new ``encode_ids`` on ids made beforehand
+    (what ``robustir serve`` runs on a shared batch: padding, copies, no tokenizing)."""
     batches = [texts[i:i + args.batch_size] for i in range(0, len(texts), args.batch_size)]
 
     def raw(threads):
         for batch in batches:
             encoder.tokenizer(batch, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
 
+    ids = encoder.token_ids(texts)  # the server's input: each request tokenized before it joins a batch
     return {"old": lambda threads: old_encode(encoder, texts, batch_size=args.batch_size),
             "new": lambda threads: encoder.encode(texts, batch_size=args.batch_size, show_progress=False,
                                                   tokenize_threads=threads),
-            "raw tokenizer": raw}
+            "raw tokenizer": raw,
+            "old ids (serve)": lambda threads: old_encode_ids(encoder, ids, batch_size=args.batch_size),
+            "new ids (serve)": lambda threads: encoder.encode_ids(ids, batch_size=args.batch_size)}
 
 
 def null_model_bench(args) -> None:
@@ -222,6 +226,40 @@ def null_model_bench(args) -> None:
             runs[name](threads)
             rates[name, threads].append(len(texts) / (time.perf_counter() - start))
     print_null_model_table(args, texts, rates)
+    share = float(np.median([tokenizer_share(encoder, texts, args) for _ in range(3)]))
+    print(f"new path at 1 thread: {share:.1%} of the time inside the Rust tokenizer calls (the part threads share; "
+          f"the rest holds the GIL): Amdahl's bound at 2 threads {1 / ((1 - share) + share / 2):.2f}x")
+
+
+class _Timed:
+    """A tokenizer backend whose ``encode_batch_fast`` calls add their wall time to ``spent``."""
+
+    def __init__(self, real, spent: list[float]) -> None:
+        self.real, self.spent = real, spent
+
+    def encode_batch_fast(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.real.encode_batch_fast(*args, **kwargs)
+        finally:
+            self.spent[0] += time.perf_counter() - start
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def tokenizer_share(encoder, texts: list[str], args) -> float:
+    """The share of the new path's time (1 thread) spent inside the fast tokenizer's Rust calls (no GIL held)."""
+    fast = encoder._fast_tokens[(id(encoder.tokenizer), args.max_length)][1]
+    real, spent = (fast.backend, fast.counter), [0.0]
+    fast.backend, fast.counter = _Timed(real[0], spent), _Timed(real[1], spent)
+    set_threads(1)
+    try:
+        start = time.perf_counter()
+        encoder.encode(texts, batch_size=args.batch_size, show_progress=False, tokenize_threads=1)
+        return spent[0] / (time.perf_counter() - start)
+    finally:
+        fast.backend, fast.counter = real
 
 
 def bench_texts(args) -> list[str]:
@@ -240,12 +278,13 @@ def print_null_model_table(args, texts: list[str], rates: dict) -> None:
     median = {cell: float(np.median(v)) for cell, v in rates.items()}
     print(f"null model, {len(texts)} passages, max_length {args.max_length}, batch {args.batch_size}, "
           f"{args.rounds} alternated rounds, {platform.processor() or platform.machine()}, {os.cpu_count()} cpus")
-    print(f"{'path':16s}{'threads':>8s}{'texts/s median':>16s}{'range':>20s}{'x raw':>8s}{'x 1 thread':>12s}")
+    print(f"{'path':18s}{'threads':>8s}{'texts/s median':>16s}{'range':>20s}{'x raw':>8s}{'x 1 thread':>12s}")
     for (name, threads), values in rates.items():
         raw = median["raw tokenizer", threads]
         one = median.get((name, min(args.thread_counts)), median[name, threads])
-        print(f"{name:16s}{threads:8d}{median[name, threads]:16.0f}{min(values):10.0f} - {max(values):<8.0f}"
+        print(f"{name:18s}{threads:8d}{median[name, threads]:16.0f}{min(values):10.0f} - {max(values):<8.0f}"
               f"{median[name, threads] / raw:8.2f}{median[name, threads] / one:12.2f}")
+    print(f"load average after the run: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -295,8 +295,8 @@ class Encoder(nn.Module):
         # (weights version key, bf16/fp16 copy of the transformer) for fast inference; a tuple, so that
         # nn.Module does not register the copy as a sub-module (it never enters state_dict)
         self._half_cache: tuple | None = None
-        # (id(tokenizer), max length) -> FastTokens or None (a tokenizer the fast path cannot mirror): encode's input
-        self._fast_tokens: dict[tuple[int, int], Any] = {}
+        # (id(tokenizer), max length) -> (that tokenizer, its FastTokens or None: one the fast path cannot mirror)
+        self._fast_tokens: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -534,9 +534,9 @@ class Encoder(nn.Module):
         from .batching import FastTokens, TokenBlock, prefetch
 
         key = (id(self.tokenizer), limit)
-        if key not in self._fast_tokens:  # built once per tokenizer and length: the probe check costs ~ms
-            self._fast_tokens[key] = FastTokens.create(self.tokenizer, limit)
-        fast = self._fast_tokens[key]
+        if self._fast_tokens.get(key, (None,))[0] is not self.tokenizer:  # once per tokenizer and length (~ms)
+            self._fast_tokens[key] = (self.tokenizer, FastTokens.create(self.tokenizer, limit))
+        fast = self._fast_tokens[key][1]
         threads = max(1, threads or torch.get_num_threads())
 
         def blocks() -> Iterator[tuple[int, TokenBlock]]:
