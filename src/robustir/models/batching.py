@@ -2,9 +2,11 @@
 
 :meth:`robustir.models.encoder.Encoder.encode` used to tokenize a block into Python lists of ids, pad each batch with
 ``tokenizer.pad`` (Python, per row), copy it to the device and copy each batch's vectors back (a sync per batch); the
-model waited for all of it. Measured with a null model (the forward replaced by zeros, ``bench/encode.py``) on
-the 2-core box, that path delivered ~0.7x of what the fast tokenizer alone makes (docs/benchmarks.md, issue 54).
-Here:
+model waited for all of it. Measured with a null model (the forward replaced by zeros, ``bench/encode.py
+--null-model``) on the 2-core box, that path made 0.6-1.0x the texts/s of the ``transformers`` tokenizer call alone;
+this one makes 1.4-1.5x (its padding of ready ids, what the server runs: 6x the old), with the same vectors
+(docs/benchmarks.md, "Issue 54: the input path"). Hand-written beside the tokenizer call and ``tokenizer.pad``
+because those build Python lists of ids per row and convert them to tensors. Here:
 
 * :class:`FastTokens`: a private copy of the fast tokenizer's Rust backend, set up once per max length (truncation
   as the ``transformers`` call sets it), checked at construction to give the tokenizer call's ids on probe texts.
@@ -17,6 +19,8 @@ Here:
   element for element, and the vectors identical (``tests/test_encoder_input_path.py``).
 * :func:`prefetch`: a generator run on a background thread through a bounded queue, so the next batches (and the
   next block's tokens) are made while the model runs; an error raised there is raised again in the caller.
+  (Training's :class:`~robustir.training.input_pipeline.InputPipeline` is indexed by step, for resuming; encoding
+  only needs an iterator.)
 """
 
 from __future__ import annotations
