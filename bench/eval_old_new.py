@@ -51,8 +51,8 @@ def make_subset(data: Path, queries: int, passages: int, out: Path) -> Path:
     (out / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in chosen), encoding="utf-8")
     (out / "queries.jsonl").write_text("".join(line + "\n" for line in (data / "queries.jsonl").read_text(
         encoding="utf-8").splitlines() if json.loads(line)["_id"] in keep), encoding="utf-8")
-    (out / "qrels" / "test.tsv").write_text("\n".join("\t".join(r) for r in [header] + [r for r in rows if r[0] in keep])
-                                            + "\n")
+    kept = [header] + [r for r in rows if r[0] in keep]
+    (out / "qrels" / "test.tsv").write_text("".join("\t".join(r) + "\n" for r in kept))
     return out
 
 
