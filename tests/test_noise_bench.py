@@ -432,6 +432,7 @@ def test_parallel_runs_give_the_rows_of_serial_runs_and_dev_and_subset_hold_out_
     assert len(serial) == len(parallel) == 4
     for a, b in zip(sorted(serial, key=key), sorted(parallel, key=key)):
         assert a["cell"] == b["cell"] and a["metrics"] == b["metrics"] and a["rows"] == b["rows"]
+    assert all(r["peak_gpu_bytes"] is None for r in serial + parallel)  # recorded on CUDA only (issue 54)
     bench = _Bench(config)
     dev = bench.dev_ids()
     assert len(dev) == 6

@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from ..errors import ConfigError
 from ..io import write_json
 from ..validation import config_dataclass, PositiveInt
 from ..runs import Artifact, fingerprint
+
+if TYPE_CHECKING:
+    from .batching import TokenBlock
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +295,8 @@ class Encoder(nn.Module):
         # (weights version key, bf16/fp16 copy of the transformer) for fast inference; a tuple, so that
         # nn.Module does not register the copy as a sub-module (it never enters state_dict)
         self._half_cache: tuple | None = None
+        # (id(tokenizer), max length) -> (that tokenizer, its FastTokens or None: one the fast path cannot mirror)
+        self._fast_tokens: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -440,7 +445,9 @@ class Encoder(nn.Module):
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         device = self.device
-        features = {k: v.to(device) for k, v in features.items()}
+        # on CUDA the copy does not block: training batches (and GradCache's chunks, views of them) come pinned from
+        # the input pipeline, so it overlaps; on the CPU nothing changes
+        features = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in features.items()}
         hidden = self.transformer(**features).last_hidden_state
         embeddings = self.pool(hidden, features["attention_mask"])
         if self.config.normalize:
@@ -480,7 +487,8 @@ class Encoder(nn.Module):
 
     def encode(self, texts: Sequence[str], kind: TextKind = "passage", *, batch_size: int = 64,
                precision: str | None = "fp32", bf16: bool | None = None, show_progress: bool | None = None,
-               max_length: int | None = None, instruction: str | None = None, desc: str | None = None) -> np.ndarray:
+               max_length: int | None = None, instruction: str | None = None, desc: str | None = None,
+               tokenize_threads: int | None = None) -> np.ndarray:
         """Embed ``texts`` → float32 array ``(n, d)`` in input order.
 
         Texts are tokenized once, sorted by token count and batched, so each batch pads to similar
@@ -488,7 +496,15 @@ class Encoder(nn.Module):
         an alias of ``precision="bf16"``) is the dtype of the forward pass, run on a copy of the weights in that
         dtype; ``auto`` is bf16 only where the device computes it natively. Pooling and normalisation stay in
         float32.
+
+        Input path (:mod:`robustir.models.batching`): a fast tokenizer's ids come as arrays from ``tokenize_threads``
+        threads at once (default: torch's thread count), batches are padded by numpy on a background thread ahead
+        of the model, and the vectors come back from the device once per block; the vectors are the very ones the
+        tokenizer call + ``tokenizer.pad`` path gave (same batches, same tensors).
         """
+        if tokenize_threads is not None and (isinstance(tokenize_threads, bool) or
+                                             not isinstance(tokenize_threads, int) or tokenize_threads < 1):
+            raise ConfigError(f"tokenize_threads = {tokenize_threads!r} is out of range: it must be an integer >= 1")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size = {batch_size!r} is out of range: it must be an integer >= 1")
         if max_length is not None and max_length < 1:
@@ -499,17 +515,40 @@ class Encoder(nn.Module):
             return out
         limit = max_length or self.config.max_length(kind)
         show = n >= 2000 if show_progress is None else show_progress
-        block = ENCODE_BLOCK  # bound tokenizer memory on very large inputs
         plural = "queries" if kind == "query" else f"{kind}s"
         bar = tqdm(total=math.ceil(n / batch_size), desc=desc or f"encode {plural}", disable=not show, unit="batch")
+        blocks = self._token_blocks(texts, kind, limit, instruction, tokenize_threads)
         try:
-            for start in range(0, n, block):
-                ids = self.token_ids(texts[start:start + block], kind, max_length=limit, instruction=instruction)
-                out[start:start + len(ids)] = self.encode_ids(ids, batch_size=batch_size, precision=precision,
-                                                              bf16=bf16, on_batch=lambda: bar.update(1))
+            for start, tokens in blocks:
+                out[start:start + len(tokens)] = self._encode_tokens(
+                    tokens, batch_size=batch_size, precision=precision, bf16=bf16, on_batch=lambda: bar.update(1))
         finally:
+            blocks.close()  # stops the tokenizing thread now, also when the model raised
             bar.close()
         return out
+
+    def _token_blocks(self, texts: Sequence[str], kind: TextKind, limit: int, instruction: str | None,
+                      threads: int | None) -> Generator[tuple[int, TokenBlock], None, None]:
+        """``(start, token ids)`` of each :data:`ENCODE_BLOCK` texts (bounds tokenizer memory); the next block is
+        tokenized on a background thread while the model encodes this one."""
+        from .batching import FastTokens, TokenBlock, prefetch
+
+        key = (id(self.tokenizer), limit)
+        if self._fast_tokens.get(key, (None,))[0] is not self.tokenizer:  # once per tokenizer and length (~ms)
+            self._fast_tokens[key] = (self.tokenizer, FastTokens.create(self.tokenizer, limit))
+        fast = self._fast_tokens[key][1]
+        threads = max(1, threads or torch.get_num_threads())
+
+        def blocks() -> Iterator[tuple[int, TokenBlock]]:
+            for start in range(0, len(texts), ENCODE_BLOCK):
+                chunk = texts[start:start + ENCODE_BLOCK]
+                if fast is None:  # a tokenizer the fast path cannot mirror: its own call
+                    ids = self.token_ids(chunk, kind, max_length=limit, instruction=instruction)
+                    yield start, TokenBlock.from_lists(ids)
+                else:
+                    yield start, fast.encode(self.config.with_instruction(chunk, kind, instruction), threads)
+
+        return prefetch(blocks(), depth=1 if len(texts) > ENCODE_BLOCK else 0)
 
     def token_ids(self, texts: Sequence[str], kind: TextKind = "passage", *, max_length: int | None = None,
                   instruction: str | None = None, tokenizer: Any = None) -> list[list[int]]:
@@ -524,7 +563,6 @@ class Encoder(nn.Module):
         return tokenizer(texts, truncation=True, max_length=limit, padding=False, return_attention_mask=False,
                          return_token_type_ids=False)["input_ids"]
 
-    @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int = 64, precision: str | None = "fp32",
                    bf16: bool | None = None, on_batch: Any = None, pad_to_multiple_of: int | None = None
                    ) -> np.ndarray:
@@ -532,29 +570,54 @@ class Encoder(nn.Module):
         ``batch_size`` per forward pass, each batch padded to its longest row (rounded up to ``pad_to_multiple_of``:
         fewer distinct shapes, which a long-lived server needs to keep its memory flat). ``robustir serve``
         tokenizes each request once, before it joins a shared batch, and runs the batch through here."""
-        out = np.zeros((len(ids), self.dim), dtype=np.float32)
-        if not len(ids):
-            return out
+        from .batching import TokenBlock
+
+        return self._encode_tokens(TokenBlock.from_lists(ids), batch_size=batch_size, precision=precision, bf16=bf16,
+                                   on_batch=on_batch, pad_to_multiple_of=pad_to_multiple_of)
+
+    @torch.inference_mode()
+    def _encode_tokens(self, tokens: TokenBlock, *, batch_size: int, precision: str | None, bf16: bool | None,
+                       on_batch: Any = None, pad_to_multiple_of: int | None = None) -> np.ndarray:
+        """The vectors of ``tokens`` in input order. Rows go longest first, ``batch_size`` a batch, each padded
+        (:func:`~robustir.models.batching.padded_batch`) on a background thread ahead of the model, in pinned
+        memory and copied without blocking on CUDA; the vectors stay on the device and come back in one copy."""
+        from .batching import padded_batch, prefetch
+
+        n = len(tokens)
+        if not n:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self.tokenizer.pad_token_id is None:
+            raise ConfigError(f"the tokenizer of {self.source or 'this model'} has no padding token; batches of "
+                              "texts of different lengths cannot be made: set tokenizer.pad_token")
         was_training = self.training
         self.eval()
         device = self.device
+        cuda = device.type == "cuda"
         transformer = self._inference_transformer(self.resolve_precision(precision, bf16))
-        order = np.argsort([-len(x) for x in ids], kind="stable")
+        order = tokens.by_length()
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        batches = (padded_batch(tokens, order[b:b + batch_size], self.tokenizer.pad_token_id,
+                                multiple=pad_to_multiple_of, left=left, pin=cuda)
+                   for b in range(0, n, batch_size))
+        vectors = torch.empty((n, self.dim), dtype=torch.float32, device=device)
+        ready = prefetch(batches, depth=2 if n > batch_size else 0)
         try:
-            for b in range(0, len(order), batch_size):
-                rows = order[b:b + batch_size]
-                batch = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt",
-                                           pad_to_multiple_of=pad_to_multiple_of)
-                features = {k: v.to(device) for k, v in batch.items()}
+            done = 0
+            for batch in ready:
+                features = {k: v.to(device, non_blocking=cuda) for k, v in batch.items()}
                 hidden = transformer(**features).last_hidden_state
                 emb = self.pool(hidden.float(), features["attention_mask"])
                 if self.config.normalize:
                     emb = nn.functional.normalize(emb, dim=-1)
-                out[rows] = emb.cpu().numpy()
+                vectors[done:done + len(emb)] = emb
+                done += len(emb)
                 if on_batch is not None:
                     on_batch()
         finally:
+            ready.close()  # stops the batching thread now, also when the model raised
             self.train(was_training)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        out[order] = vectors.cpu().numpy()
         return out
 
     def encode_corpus(self, passages: Sequence[str], *, cache_dir: str | os.PathLike | None = None,

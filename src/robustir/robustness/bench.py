@@ -56,6 +56,7 @@ from ..llm import LLMConfig
 from ..outputs import StageOutput
 from ..filtering.teacher import ROBUST_FILTER
 from ..runs import Artifact, Fingerprint, fingerprint, operational
+from .jobs import MemoryGate, run_gated
 from .noise import NOISE_KINDS, NoiseKind, plant_noise
 from ..validation import Items, NonNegativeInt, PositiveInt, config_dataclass
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
@@ -168,7 +169,8 @@ class NoiseBenchConfig:
     is left (fewer steps)."""
     jobs: PositiveInt = operational(1)
     """Runs trained and evaluated at once, each in its own process (e.g. 9 on one H200: small models leave the
-    GPU mostly idle); the data is prepared first, one file at a time."""
+    GPU mostly idle); the data is prepared first, one file at a time. On a GPU a run starts only when the device has
+    the memory runs were seen to need (each row records its peak; a fresh bench runs one alone first)."""
 
     def __post_init__(self) -> None:
         self.check_method_options()
@@ -532,7 +534,10 @@ class _Bench:
         return noisy, filter_stats, run_dir, rows
 
     def run_one(self, kind: str, rate: float, seed: int, method: str) -> dict:
+        from .jobs import peak_device_memory, reset_peak_device_memory
+
         started = time.perf_counter()
+        reset_peak_device_memory()  # a worker process runs several cells: each row has its own peak
         noisy, filter_stats, run_dir, rows = self.prepare(kind, rate, seed, method)
         rows_path, variant = rows.path, self.config.variant(method)
         spec = METHOD_TABLE[method]
@@ -553,14 +558,17 @@ class _Bench:
                 "steps": outcome.steps, "train_seconds": round(outcome.seconds, 1),
                 "seconds": round(time.perf_counter() - started, 1), "filter": filter_stats,
                 "rows": sum(1 for _ in open(rows_path, encoding="utf-8")), "budget": asdict(self.budget),
-                "noise": json.loads((noisy.parent / "summary.json").read_text())}
+                "noise": json.loads((noisy.parent / "summary.json").read_text()),
+                "peak_gpu_bytes": peak_device_memory()}
 
     def run_parallel(self, todo: list, record) -> None:
         """Train and evaluate ``todo``'s runs in ``jobs`` worker processes (one GPU can hold several small runs).
 
         The data every run needs (noise, filtered copies, rows) is made here first, one file at a time, so
-        workers only read shared files; each worker gets an equal share of the CPU threads. A run that fails
-        is logged and left for the serial pass after it, which raises its error where it happens.
+        workers only read shared files; each worker gets an equal share of the CPU threads. A run starts only when
+        the GPU has the memory runs of this budget were seen to need (:mod:`robustir.robustness.jobs`: their
+        recorded peaks, earlier rows included; a fresh bench runs one alone first). A run that fails is logged and
+        left for the serial pass after it, which raises its error where it happens.
         """
         import multiprocessing
         import os
@@ -581,13 +589,28 @@ class _Bench:
                 future.result()
             for cell, _ in todo:  # every file a run reads, made or verified here: the workers only read them
                 self.prepare(*cell)
-            futures = {pool.submit(_run_cell, self.config, cell, threads): key for cell, key in todo}
-            for future in as_completed(futures):
+            gate = self.memory_gate()
+            for (cell, key), future in run_gated(todo, lambda item: pool.submit(_run_cell, self.config, item[0],
+                                                                                threads), self.config.jobs, gate):
                 try:
-                    record(futures[future], future.result())
+                    row = future.result()
                 except Exception as exc:  # noqa: BLE001 - retried serially, where it raises
                     logger.warning("noise-bench: a parallel run failed (%s: %s); it is run again serially",
                                    type(exc).__name__, exc)
+                    continue
+                gate.observe(row.get("peak_gpu_bytes"))
+                record(key, row)
+
+    def memory_gate(self) -> MemoryGate:
+        """The device-memory gate of :meth:`run_parallel`, knowing the largest peak of the earlier runs of this
+        budget in results.jsonl (the largest: a cautious start)."""
+        from .jobs import MemoryGate
+
+        gate = MemoryGate()
+        for row in self.finished().values():
+            if row.get("budget") == asdict(self.budget):
+                gate.observe(row.get("peak_gpu_bytes"))
+        return gate
 
     def step_rule(self, method: str) -> dict:
         """``{"keep_steps": ...}`` for a method that trains on a filtered copy, {} for the rest (whose cells and rows
