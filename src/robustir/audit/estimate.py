@@ -116,6 +116,9 @@ class RateEstimate:
     hard_like_high: float
     upper_bound: bool
     """True when no clean reference was given: the hard-like part counts the teacher's misses too."""
+    lower_bound: bool
+    """True when the hard-like part could not be estimated: ``rate`` is the random-like part alone (issue 50: never
+    read it as "clean")."""
     pairs: int
     random_passages: int
     hard_nulls: int
@@ -196,7 +199,7 @@ def estimate_rates(u: np.ndarray, gap: np.ndarray, *, k: int, hard_null: np.ndar
                  "expected": null_tail(k)}
     return RateEstimate(rate=total, low=t_low, high=t_high, random_like=pi_r, random_like_low=r_low,
                         random_like_high=r_high, hard_like=pi_h, hard_like_low=h_low, hard_like_high=h_high,
-                        upper_bound=ref is None, pairs=int(u.size), random_passages=k, hard_nulls=len(hard_null),
+                        upper_bound=ref is None, lower_bound=not hard_ok, pairs=int(u.size), random_passages=k, hard_nulls=len(hard_null),
                         reference_pairs=0 if ref is None else len(ref), parts=parts, check=check)
 
 
