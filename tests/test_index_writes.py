@@ -321,3 +321,26 @@ def test_the_field_kind_check_accepts_tests_under_not_and_never_suggests_null(se
     only_null = parse_filter({"gone": "x"}, ["gone"])
     with pytest.raises(ConfigError, match="holds only null values .*\\$exists"):
         check_kinds(only_null, {"gone": ["null"]})
+
+
+def test_the_cli_past_a_file_size_limit_names_the_cause_and_resumes_when_run_again(index_path, tmp_path):
+    """``ulimit -f`` on ``robustir index --add``: before, Lance's ``RuntimeError`` was a traceback; now the command
+    ends with exit 2 naming "File too large", and the same command without the limit finishes the job."""
+    import os
+    import resource
+    import subprocess
+
+    corpus = tmp_path / "big.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"b{i}", "text": "a long document " * 40}) + "\n" for i in range(40)))
+    command = [sys.executable, "-m", "robustir.cli.main", "index", "--add", str(corpus), "--output", str(index_path),
+               "--chunk-size", "8"]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    done = subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=limit, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "File too large" in done.stderr and "robustir index: error:" in done.stderr, done.stderr[-2000:]
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0 and "52 documents" in again.stdout, again.stdout + again.stderr[-2000:]

@@ -42,9 +42,11 @@ the file and, for ``add``, new to the index, finite numbers): bad input fails wi
 changes. Then they encode it in chunks. Each chunk is one Lance commit (``add``, or ``merge_insert`` by id for
 upsert), then the manifest records how many input records are in. A kill between the two leaves rows of the chunk
 that the manifest does not count; the re-run deletes the job's rows past the recorded line and goes on, so a killed
-and resumed build holds exactly the rows of an uninterrupted one. When the job ends, the full-text index is made
-(once; rows added later are searched beside it until ``compact``), the ANN index if asked for, and the manifest
-records the version, the count and the files.
+and resumed build holds exactly the rows of an uninterrupted one. No other writer erases an unfinished job's record
+(:mod:`robustir.serving.jobs`: a delete, compact or other job beside it is refused, naming it); what the index knows
+of its fields is bounded and shrinks when documents go (:mod:`robustir.serving.known_fields`). When the job ends, the
+full-text index is made (once; rows added later are searched beside it until ``compact``), the ANN index if asked
+for, and the manifest records the version, the count and the files.
 
 **Live reads.** A reader (the server, another process) opens the table with ``read_consistency_interval=0``: every
 query sees the latest committed version, so an ``add`` / ``delete`` / ``upsert`` made by a writer is visible on the
@@ -85,7 +87,7 @@ from ..runs import Artifact, Fingerprint, Job, Step, fingerprint, register
 from ..validation import PositiveInt, Range, cli, config_dataclass
 from .jobs import ATOMIC as _ATOMIC
 from .jobs import Job as _Job
-from .jobs import job_input, same_input, unfinished
+from .jobs import job_input, same_input, storage_errors, unfinished
 from .known_fields import check_bound, forget, top_level_names, vanished
 from .storage import IndexStore, ObjectPath, WriterLock, open_store
 
@@ -402,8 +404,9 @@ class SearchIndex:
             raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
         lock = store.lock()  # one writer at a time; held by the index returned, released by close()
         try:
-            index, report = cls._build(store, model, corpus, config, encoder_options, overwrite, on_chunk, scanned,
-                                       kinds, on_change)
+            with storage_errors(store.path):
+                index, report = cls._build(store, model, corpus, config, encoder_options, overwrite, on_chunk,
+                                           scanned, kinds, on_change)
             index._lock = lock
         except BaseException:
             lock.release()
@@ -635,9 +638,10 @@ class SearchIndex:
         self._save_job(_Job(int(self.manifest.get("jobs_done", 0)) + 1, "delete", f"{len(wanted)} ids"))
         # one predicate, one commit (measured: 50,000 ids in 0.24 s on the 2-core box; several commits of 500 left a
         # killed delete half-applied)
-        self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted)})")
-        forget(self.manifest, vanished(self._table, names))
-        self._finish_job()
+        with storage_errors(self.path):
+            self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted)})")
+            forget(self.manifest, vanished(self._table, names))
+            self._finish_job()
         return IndexReport("delete", documents=self.count, deleted=before - self.count)
 
     def discard_unfinished(self) -> int:
@@ -654,12 +658,13 @@ class SearchIndex:
         before = self.count
         names = top_level_names(self._table.search().where(f"job = {job.id}").select(["fields"])
                                 .limit(max(1, before)).to_arrow().column("fields").to_pylist())
-        if job.base is not None and int(self._table.version) != job.base:
-            self._table.restore(job.base)  # Lance's version before the job: what it replaced comes back too
-        elif job.kind == "add":  # a job recorded before issue 52 (no base version): its rows carry its id
-            self._table.delete(f"job = {job.id}")
-        forget(self.manifest, vanished(self._table, names))
-        self._finish_job()
+        with storage_errors(self.path):
+            if job.base is not None and int(self._table.version) != job.base:
+                self._table.restore(job.base)  # Lance's version before the job: what it replaced comes back too
+            elif job.kind == "add":  # a job recorded before issue 52 (no base version): its rows carry its id
+                self._table.delete(f"job = {job.id}")
+            forget(self.manifest, vanished(self._table, names))
+            self._finish_job()
         return before - self.count
 
     def compact(self, keep: timedelta = timedelta(minutes=10)) -> IndexReport:
@@ -671,8 +676,9 @@ class SearchIndex:
         self._refuse_beside_unfinished("compact")
         started = time.perf_counter()
         self._save_job(_Job(int(self.manifest.get("jobs_done", 0)) + 1, "compact", "compact"))
-        self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
-        self._finish_job(keep)
+        with storage_errors(self.path):
+            self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
+            self._finish_job(keep)
         return IndexReport("compact", documents=self.count, seconds=time.perf_counter() - started)
 
     # ------------------------------------------------------------------ searching
@@ -935,7 +941,8 @@ class SearchIndex:
     def _timed(self, kind: str, corpus: str | os.PathLike, config: IndexConfig | None, on_chunk: Any) -> IndexReport:
         self._need_writable(kind)
         started = time.perf_counter()
-        report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
+        with storage_errors(self.path):
+            report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
         report.seconds = time.perf_counter() - started
         return report
 

@@ -26,7 +26,6 @@ import errno
 import json
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -64,16 +63,12 @@ _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def storage_failure(exc: BaseException, what: str) -> StorageFailure | None:
-    """``exc`` as a :class:`StorageFailure` when the storage refused a write: an :class:`OSError`, or Lance's
-    ``RuntimeError`` that carries one (``... File too large (os error 27) ...``); None for anything else."""
-    if isinstance(exc, OSError):
-        code, cause = exc.errno, f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
-    else:
-        found = re.search(r"([^:()]*?)\s*\(os error (\d+)\)", str(exc)) if isinstance(exc, RuntimeError) else None
-        if found is None:
-            return None
-        code, cause = int(found.group(2)), found.group(1).strip() or os.strerror(int(found.group(2)))
-    full = code in _FULL
+    """``exc`` as a :class:`StorageFailure` when the storage refused a write (an :class:`OSError`: the index raises
+    Lance's IO errors as the ones they are, :func:`robustir.serving.jobs.storage_errors`); None for anything else."""
+    if not isinstance(exc, OSError):
+        return None
+    cause = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    full = exc.errno in _FULL
     return StorageFailure(f"{what} failed: the index's storage refused a write: {cause}"
                           + (" -- free space (or raise the file-size limit) on the index's disk" if full else "")
                           + "; the index is served as it was, and the next write can go ahead", 507 if full else 500)
@@ -186,7 +181,7 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any
             field = f".{exc.field}" if exc.field else ""
             fix = f" ({exc.fix})" if exc.fix else ""
             raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where) from None
-    except (OSError, RuntimeError) as exc:
+    except OSError as exc:
         failure = storage_failure(exc, "the upsert")
         if failure is None:
             raise
@@ -218,7 +213,7 @@ def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict 
     try:
         finish_pending(writer, encoder)  # rare: the model loads only then
         return _delete(writer, ids, filter, limit)
-    except (OSError, RuntimeError) as exc:
+    except OSError as exc:
         failure = storage_failure(exc, "the delete")
         if failure is None:
             raise

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError, DataError
 
-__all__ = ["Job", "ATOMIC", "UnfinishedJob", "job_input", "same_input", "unfinished"]
+__all__ = ["Job", "ATOMIC", "UnfinishedJob", "job_input", "same_input", "unfinished", "storage_errors"]
 
 #: jobs whose Lance commit leaves a consistent table (one commit each): a kill loses nothing, the next open records it
 ATOMIC = ("delete", "compact")
@@ -86,3 +88,19 @@ def unfinished(index: Any, job: Job, action: str) -> UnfinishedJob:
     return UnfinishedJob(f"index {index} has an unfinished {job.kind} of {job.input} (stopped after {job.position} "
                          f"input records): the {action} would leave its partial writes with no record, so it waits "
                          f"until that job is finished or dropped; {ways}. Nothing was changed", job)
+
+
+@contextmanager
+def storage_errors(index: Any):
+    """Lance reports a write the system refused as ``RuntimeError: lance error: LanceError(IO): File too large (os
+    error 27), <rust source file>``: raised here as the :class:`OSError` it is (errno, its words, the index as the
+    file), so the CLI and the server answer with the cause ("File too large", "No space left on device") instead of a
+    traceback or a bare 500 (measured with ``ulimit -f`` in a child process: tests/test_index_writes.py)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(index)) from exc
