@@ -14,8 +14,9 @@ were deleted, and every filtered search paid for it (24x). Now
 Why a scan here and not a count per field in the manifest: a count must stay exact across a ``kill -9`` between a
 Lance commit and the manifest write, which it cannot (the resumed chunk's replaced rows are already gone); the scan
 is exact, reads only the ``fields`` column, stops as soon as every name is found (a common field is found in the
-first batch) and runs only when a removed document held a name the job did not write again. Measured on the 2-core
-box (bench/field_names.py): a scan of 20,000 documents for a name no document holds took about 0.1 s.
+first batch) and runs only when a removed document held a name the job did not write again. Measured on the
+2-core box (bench/field_names.py, docs/benchmarks.md): 34 ms for 5,000 documents when the name is gone (the whole
+column read); its cost grows with the index, so a delete of documents with rare fields costs a read of ``fields``.
 The typed columns (at most 32, :data:`robustir.serving.index.MAX_TYPED_COLUMNS`) stay: the Lance table keeps its
 column, and a later document with that field fills it again.
 """
