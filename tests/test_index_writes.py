@@ -331,9 +331,11 @@ def test_the_cli_past_a_file_size_limit_names_the_cause_and_resumes_when_run_aga
     import subprocess
 
     corpus = tmp_path / "big.jsonl"
-    corpus.write_text("".join(json.dumps({"_id": f"b{i}", "text": "a long document " * 40}) + "\n" for i in range(40)))
+    words = [f"w{(i * 7919 + j * 104729) % 100003:x}" for i in range(40) for j in range(80)]  # not compressible
+    corpus.write_text("".join(json.dumps({"_id": f"b{i}", "text": " ".join(words[i * 80:(i + 1) * 80])}) + "\n"
+                              for i in range(40)))
     command = [sys.executable, "-m", "robustir.cli.main", "index", "--add", str(corpus), "--output", str(index_path),
-               "--chunk-size", "8"]
+               "--chunk-size", "16"]
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
     def limit():
