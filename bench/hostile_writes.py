@@ -13,8 +13,8 @@ The driver (this file run as a script) does what the robustir CLI cannot:
   a JSON object ``{"method", "path", "json" | "raw", "expect": status or [statuses], "fsize": bytes,
   "fail_commit": n, "killed": [KIND, CORPUS]}``. Every answer is printed. The last step decides the exit, as the
   campaign reads a CLI's: 2xx -> 0; a 4xx/5xx with a message -> ``robustir serve: error: HTTP 400 (code): ...`` on
-  stderr and 2; a 500 ``internal_error`` (an exception the server did not expect) prints ``Traceback`` (a crash); an earlier step
-  whose status is not its ``expect`` exits 3 (unclear).
+  stderr and 2; a 500 ``internal_error`` (an exception the server did not expect) prints ``Traceback`` (a crash);
+  an earlier step whose status is not its ``expect`` exits 3 (unclear).
 """
 
 from __future__ import annotations
