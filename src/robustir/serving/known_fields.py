@@ -17,6 +17,8 @@ is exact, reads only the ``fields`` column, stops as soon as every name is found
 first batch) and runs only when a removed document held a name the job did not write again. Measured on the
 2-core box (bench/field_names.py, docs/benchmarks.md): 34 ms for 5,000 documents when the name is gone (the whole
 column read); its cost grows with the index, so a delete of documents with rare fields costs a read of ``fields``.
+A job killed between its commit and the drop leaves those names known (a filter on one matches nothing instead of
+being refused) until a later job that removes documents looks again; never the other way round.
 The typed columns (at most 32, :data:`robustir.serving.index.MAX_TYPED_COLUMNS`) stay: the Lance table keeps its
 column, and a later document with that field fills it again.
 """
