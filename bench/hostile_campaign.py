@@ -322,6 +322,8 @@ class Case:
     check: Callable[[Path, str], str | None] | None = None  # (case folder, output) -> problem or None
     stdin: str | None = None
     protect_setup: bool = True  # files the setup commands wrote are inputs of the case (else outputs it may redo)
+    program: str = "robustir"  # or "driver": bench/hostile_writes.py (HTTP requests, killed jobs; issue 52)
+    fsize: int | None = None  # a file-size limit (ulimit -f, in bytes) for the case's command
 
 
 def E(id, cls, argv, msg=None, **kw) -> Case:
@@ -980,6 +982,9 @@ def cases() -> list[Case]:
           "flat index"))
     add(E("mine-search-shards-chunked", n, dense + ["--engine", "ray", "--ray-search-shards", "2", "--corpus-chunk",
                                                    "100"], "no corpus_chunk"))
+    import hostile_writes  # issue 52: writes that fail or are interrupted, over the CLI and HTTP
+
+    c.extend(hostile_writes.cases(sys.modules[__name__]))
     return c
 
 
@@ -1100,7 +1105,10 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
             Path(step[1]).parent.mkdir(parents=True, exist_ok=True)
             Path(step[1]).write_text(step[2], encoding="utf-8")
             continue
-        done = subprocess.run([sys.executable, "-m", "robustir.cli.main", *step], env=env, cwd=out,
+        program = [sys.executable, "-m", "robustir.cli.main"]
+        if step[0] == "@driver":  # bench/hostile_writes.py: a killed job, HTTP requests
+            program, step = [sys.executable, str(REPO / "bench" / "hostile_writes.py")], step[1:]
+        done = subprocess.run([*program, *step], env=env, cwd=out,
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             return Result(case, "setup-failed", " ".join(step), tail=(done.stdout + done.stderr)[-1500:])
@@ -1112,8 +1120,16 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
     before = signature(fx)
     argv = [fill(a, vals) for a in case.argv]
     started = time.perf_counter()
+    program = ([sys.executable, str(REPO / "bench" / "hostile_writes.py")] if case.program == "driver" else
+               [sys.executable, "-m", "robustir.cli.main"])
+    limit = None
+    if case.fsize is not None:
+        import resource
+
+        def limit() -> None:  # the child's own file-size limit (Python ignores SIGXFSZ: writes fail with EFBIG)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     try:
-        done = subprocess.run([sys.executable, "-m", "robustir.cli.main", *argv], env=env, cwd=out,
+        done = subprocess.run([*program, *argv], env=env, cwd=out, preexec_fn=limit,
                               capture_output=True, text=True, timeout=case.timeout, input=case.stdin,
                               **({} if case.stdin is not None else {"stdin": subprocess.DEVNULL}))
         rc, stdout, stderr = done.returncode, done.stdout, done.stderr

@@ -62,7 +62,8 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
         verify the index (every data file's size and SHA-256 -- on S3 its ETag --, the count) and print a summary;
         repairs nothing
     discard_unfinished
-        drop the documents of an interrupted --add instead of finishing it
+        drop what an interrupted --add / --upsert wrote instead of finishing it (an upsert's replaced documents
+        come back)
     overwrite
         with --corpus: rebuild from scratch, beside the index: readers (a running server) keep the old index until
         the new one is complete, then follow it; a killed rebuild resumes when run again
@@ -115,9 +116,11 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
         elif compact:
             report = index.compact()
         else:
+            job = index.manifest.get("job")
             dropped = index.discard_unfinished()
-            print(f"robustir index: dropped {dropped} documents of an unfinished job" if dropped else
-                  "robustir index: no unfinished job; nothing to do")
+            back = "; the documents it replaced are back" if job and job["kind"] == "upsert" else ""
+            print(f"robustir index: discarded the unfinished {job['kind']} of {job['input']} ({dropped} documents "
+                  f"fewer{back})" if job else "robustir index: no unfinished job; nothing to do")
             report = None
         if report is not None:
             print(f"robustir index: {report.format()}")

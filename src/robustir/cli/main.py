@@ -182,6 +182,9 @@ _PATH_FIXES: dict[int, str] = {
     errno.ENOENT: "check the path (and that its folder exists)",
     errno.EEXIST: "something is already there: remove it or choose another name",
     errno.ENOSPC: "the disk is full: free space or choose another location",
+    errno.EFBIG: "a file-size limit (ulimit -f) or the file system's stopped the write: raise it or choose another "
+                 "location (an interrupted index job resumes when run again)",
+    errno.EDQUOT: "the disk quota is used up: free space or choose another location",
     errno.ENAMETOOLONG: "the name is too long: choose a shorter path",
     errno.ENOTEMPTY: "the folder is not empty: remove it or choose another name",
 }

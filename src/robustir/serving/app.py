@@ -431,25 +431,35 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
     async def add_documents(body: documents_request, request: Request):  # type: ignore[valid-type]
         """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
         ``/search`` finds them on its next query."""
-        from .ingest import DocumentError, upsert_documents
+        from .ingest import DocumentError, StorageFailure, upsert_documents
+        from .jobs import UnfinishedJob
 
         s = _writable_index(request)
         c = s.config
         for i, document in enumerate(body.documents):
             _check_document(document, i, c.max_chars_per_input)
+        _check_field_count(body.documents)
         async with s.write_lock:
             try:
                 report = await s.batcher.run(upsert_documents, s.index.store, s.encoder, body.documents)
             except DocumentError as exc:
                 raise ApiError(400, str(exc), param=exc.param) from None
+            except UnfinishedJob as exc:  # a killed CLI job's record: never erased, named with its fix
+                raise ApiError(409, str(exc), code="unfinished_job") from None
             except ConfigError as exc:  # another process holds the index's writer lock
                 raise ApiError(409, str(exc), code="index_busy") from None
+            except StorageFailure as exc:  # a full disk: the cause, and the next write finishes what this began
+                raise ApiError(exc.status, f"{exc} (an upsert stopped half-way is finished by the server's next "
+                               "write; sending the same request again is safe)",
+                               kind="server_error", code="insufficient_storage" if exc.status == 507
+                               else "storage_error") from None
         return _answer({"object": "documents", "upserted": report.added, "documents": report.documents})
 
     @router.delete("/documents", dependencies=keyed, tags=["documents"])
     async def delete_documents_route(body: delete_request, request: Request):  # type: ignore[valid-type]
         """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
-        from .ingest import delete_documents
+        from .ingest import StorageFailure, delete_documents
+        from .jobs import UnfinishedJob
 
         s = _writable_index(request)
         if body.filter:
@@ -460,21 +470,31 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
         async with s.write_lock:
             try:
                 report = await s.searching(delete_documents, s.index.store, body.ids, body.filter,
-                                             s.config.max_inputs_per_request)
+                                             s.config.max_inputs_per_request, s.encoder)
             except DataError as exc:  # an id not in the index: nothing deleted
                 raise ApiError(404, exc.problem + (f" ({exc.fix})" if exc.fix else ""), param="ids",
                                code="document_not_found") from None
+            except UnfinishedJob as exc:  # a killed CLI job's record: never erased, named with its fix
+                raise ApiError(409, str(exc), code="unfinished_job") from None
+            except StorageFailure as exc:
+                raise ApiError(exc.status, str(exc), kind="server_error",
+                               code="insufficient_storage" if exc.status == 507 else "storage_error") from None
             except ConfigError as exc:
                 busy = "being changed by another process" in str(exc)
                 raise ApiError(409 if busy else 400, str(exc), param=None if busy else "filter",
                                code="index_busy" if busy else None) from None
         return _answer({"object": "documents", "deleted": report.deleted, "documents": report.documents})
 
-    @router.get("/documents/{document_id}", dependencies=keyed, tags=["documents"])
+    @router.get("/documents/{document_id:path}", dependencies=keyed, tags=["documents"])
     async def get_document(document_id: str, request: Request):
+        """The document with this id (an id may hold ``/``: ``GET /documents/a/b`` is the document ``a/b``)."""
         s = _server(request)
         if s.index is None:
             raise ApiError(404, "this server has no index: start it with --index IDX", code="no_index")
+        if "\x00" in document_id or _surrogate(document_id):
+            raise ApiError(400, f"document id {document_id[:40]!r} holds a NUL character or is not valid Unicode; no "
+                           "document id can (the index refuses such ids when they are written)",
+                           param="document_id", code="invalid_document_id")
         found = await s.searching(s.index.get, [document_id])
         if not found:
             raise ApiError(404, f"no document with id {document_id!r} in the index", param="document_id",
@@ -510,6 +530,44 @@ def _check_document(document: dict, i: int, max_chars: int) -> None:
                            "into passages)", param=f"{where}.{key}", code="input_too_long")
     if not str(document.get("text", "")).strip() and not str(document.get("title", "")).strip():
         raise ApiError(400, f"'{where}' has neither text nor title", param=where)
+    bad = _surrogate(document, where)
+    if bad:  # JSON's \ud8xx escapes decode to a lone surrogate, which no UTF-8 file (the upsert's spool) can hold
+        raise ApiError(400, f"'{bad}' is not valid Unicode (a lone surrogate: in JSON a \\ud8xx escape must be "
+                       "followed by its \\udcxx pair; send text encoded as UTF-8)", param=bad, code="invalid_unicode")
+
+
+def _surrogate(value: Any, where: str = "") -> str | None:
+    """Where in ``value`` (a JSON value: keys and strings at any depth) a lone surrogate is, else None."""
+    if isinstance(value, str):
+        return where or "value" if any("\ud800" <= ch <= "\udfff" for ch in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _surrogate(key):
+                return f"{where} (a field name)"
+            found = _surrogate(item, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _surrogate(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _check_field_count(documents: list[dict]) -> None:
+    """A request may bring at most :data:`~robustir.serving.known_fields.MAX_FIELDS` distinct top-level field names
+    (an index remembers each, and every filtered search reads them): more is a 413, before anything is written."""
+    from .known_fields import MAX_FIELDS
+
+    names: set[str] = set()
+    for i, document in enumerate(documents):
+        names.update(key for key in document if key not in ("_id", "id", "title", "text"))
+        if len(names) > MAX_FIELDS:
+            raise ApiError(413, f"'documents' hold more than {MAX_FIELDS} distinct field names (reached at "
+                           f"documents[{i}]); an index keeps at most {MAX_FIELDS}: put open-ended data under one "
+                           "nested field (e.g. \"meta\": {...}) or send fewer kinds of fields", param="documents",
+                           code="too_many_fields")
 
 
 # ------------------------------------------------------------------------------------------------ errors

@@ -718,14 +718,14 @@ def check_kinds(f: Filter, kinds: Mapping[str, Sequence[str]]) -> None:
     """Refuse a test that can match nothing because of the field's kind in this index (``kinds``: path -> the kinds
     its documents hold; ``id`` and ``title`` are strings): ``{"year": {"$gt": 2020}}`` where every ``year`` is a
     string, ``{"lang": 1}`` where ``lang`` holds strings. A :class:`~robustir.errors.ConfigError` names the field, the
-    kinds it holds and the fix. ``$ne`` / ``$nin`` and null tests are not checked (they match by design); a path the
+    kinds it holds and the fix. ``$ne`` / ``$nin``, null tests and anything under ``$not`` are not checked (they match
+    by design: ``{"$not": {"year": "2020"}}`` where every ``year`` is a number matches every document); a path the
     index did not record is not checked."""
     if isinstance(f, (And, Or)):
         for part in f.parts:
             check_kinds(part, kinds)
         return
-    if isinstance(f, Not):
-        check_kinds(f.part, kinds)
+    if isinstance(f, Not):  # a test that matches nothing, negated, matches every document: valid, never refused
         return
     if f.op in ("$ne", "$nin"):
         return
@@ -738,7 +738,12 @@ def check_kinds(f: Filter, kinds: Mapping[str, Sequence[str]]) -> None:
     if not wanted or wanted & set(held):
         return
     shown = ", ".join(held)
-    example = {"string": '"2020"', "number": "2020", "bool": "true"}.get(held[0], "a value of that kind")
+    given = f"a {'/'.join(sorted(wanted))} ({_show(values[0] if len(values) == 1 else list(values))})"
+    usable = [kind for kind in held if kind not in ("null", "object", "array")]
+    if not usable:  # nothing a scalar test can match: say what the field holds, suggest no comparison that cannot help
+        raise ConfigError(f"filter.{_name(name)}.{f.op}: '{name}' holds only {shown} values in this index, so "
+                          f"comparing it with {given} matches no document; test whether it is set with "
+                          f'{{"{name}": {{"$exists": true}}}}')
+    example = {"string": '"2020"', "number": "2020", "bool": "true"}.get(usable[0], "a value of that kind")
     raise ConfigError(f"filter.{_name(name)}.{f.op}: '{name}' holds {shown} values in this index, so comparing it with "
-                      f"a {'/'.join(sorted(wanted))} ({_show(values[0] if len(values) == 1 else list(values))}) "
-                      f"matches no document; compare it with a {held[0]} value (e.g. {example})")
+                      f"{given} matches no document; compare it with a {usable[0]} value (e.g. {example})")

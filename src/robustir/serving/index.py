@@ -42,9 +42,11 @@ the file and, for ``add``, new to the index, finite numbers): bad input fails wi
 changes. Then they encode it in chunks. Each chunk is one Lance commit (``add``, or ``merge_insert`` by id for
 upsert), then the manifest records how many input records are in. A kill between the two leaves rows of the chunk
 that the manifest does not count; the re-run deletes the job's rows past the recorded line and goes on, so a killed
-and resumed build holds exactly the rows of an uninterrupted one. When the job ends, the full-text index is made
-(once; rows added later are searched beside it until ``compact``), the ANN index if asked for, and the manifest
-records the version, the count and the files.
+and resumed build holds exactly the rows of an uninterrupted one. No other writer erases an unfinished job's record
+(:mod:`robustir.serving.jobs`: a delete, compact or other job beside it is refused, naming it); what the index knows
+of its fields is bounded and shrinks when documents go (:mod:`robustir.serving.known_fields`). When the job ends, the
+full-text index is made (once; rows added later are searched beside it until ``compact``), the ANN index if asked
+for, and the manifest records the version, the count and the files.
 
 **Live reads.** A reader (the server, another process) opens the table with ``read_consistency_interval=0``: every
 query sees the latest committed version, so an ``add`` / ``delete`` / ``upsert`` made by a writer is visible on the
@@ -83,6 +85,10 @@ from ..io import input_digest, read_jsonl
 from ..precision import Precision
 from ..runs import Artifact, Fingerprint, Job, Step, fingerprint, register
 from ..validation import PositiveInt, Range, cli, config_dataclass
+from .jobs import ATOMIC as _ATOMIC
+from .jobs import Job as _Job
+from .jobs import job_input, same_input, storage_errors, unfinished
+from .known_fields import check_bound, forget, top_level_names, vanished
 from .storage import IndexStore, ObjectPath, WriterLock, open_store
 
 logger = logging.getLogger(__name__)
@@ -353,29 +359,6 @@ def _load_encoder(model: Any, config: IndexConfig, options: dict):
 
 # ------------------------------------------------------------------------------------------------ the index
 
-@dataclass
-class _Job:
-    id: int
-    kind: Literal["build", "add", "upsert", "delete", "compact"]  # the last two: one consistent commit each
-    input: str
-    position: int = 0
-    skipped: int = 0
-
-    @classmethod
-    def from_json(cls, data: Any, where: Path) -> "_Job":
-        try:
-            job = cls(**data)
-            if job.kind not in ("build", "add", "upsert", *_ATOMIC) or not isinstance(job.position, int):
-                raise TypeError
-            return job
-        except TypeError:
-            raise DataError(where, f"its unfinished job is malformed: {json.dumps(data)[:120]}",
-                            fix="rebuild the index (robustir index --corpus ... --overwrite)") from None
-
-
-_ATOMIC = ("delete", "compact")  # jobs whose Lance commits each leave a consistent table: a kill loses nothing
-
-
 class SearchIndex:
     """A persistent LanceDB search index (see the module docstring): :meth:`build` / :meth:`open`, then
     :meth:`add`, :meth:`upsert`, :meth:`delete` and :meth:`search` (dense, lexical or hybrid, with filters)."""
@@ -396,6 +379,7 @@ class SearchIndex:
         self._following = threading.Lock()
         self._lock: WriterLock | None = None
         self._pool: Any = None  # engine ray: the encoder actors of the job under way
+        self._replaced_names: set[str] = set()  # top-level field names of the documents an upsert replaced
         self._refresh_s = 0.0  # a reader checks for a writer's commits at most this often (0: every query)
         self._checked_at = time.monotonic()
 
@@ -420,8 +404,9 @@ class SearchIndex:
             raise DataError(corpus, "no documents", fix="the corpus needs at least one record with non-empty text")
         lock = store.lock()  # one writer at a time; held by the index returned, released by close()
         try:
-            index, report = cls._build(store, model, corpus, config, encoder_options, overwrite, on_chunk, scanned,
-                                       kinds, on_change)
+            with storage_errors(store.path):
+                index, report = cls._build(store, model, corpus, config, encoder_options, overwrite, on_chunk,
+                                           scanned, kinds, on_change)
             index._lock = lock
         except BaseException:
             lock.release()
@@ -431,7 +416,8 @@ class SearchIndex:
 
     @classmethod
     def _build(cls, store: IndexStore, model: Any, corpus: str | os.PathLike, config: IndexConfig,
-               encoder_options: dict | None, overwrite: bool, on_chunk: Any, scanned: tuple[int, dict[str, int]],
+               encoder_options: dict | None, overwrite: bool, on_chunk: Any,
+               scanned: tuple[int, dict[str, int], set[str]],
                kinds: dict[str, set] | None = None, on_change: str = "refuse") -> tuple["SearchIndex", IndexReport]:
         encoder, label = _load_encoder(model, config, encoder_options or {})
         source = Path(encoder.source) if encoder.source else None
@@ -635,12 +621,14 @@ class SearchIndex:
         wanted = list(dict.fromkeys(str(i) for i in ids))
         if not wanted:
             raise ConfigError("no document ids to delete")
-        present = set()
+        self._refuse_beside_unfinished("delete")
+        present, names = set(), set()
         for start in range(0, len(wanted), 500):
             part = wanted[start:start + 500]
             where = f"id IN ({', '.join(_quote(i) for i in part)})"
-            present.update(self._table.search().where(where).select(["id"]).limit(len(part)).to_arrow()
-                           .column("id").to_pylist())
+            rows = self._table.search().where(where).select(["id", "fields"]).limit(len(part)).to_arrow()
+            present.update(rows.column("id").to_pylist())
+            names |= top_level_names(rows.column("fields").to_pylist())
         missing = [i for i in wanted if i not in present]
         if missing:
             shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -650,8 +638,10 @@ class SearchIndex:
         self._save_job(_Job(int(self.manifest.get("jobs_done", 0)) + 1, "delete", f"{len(wanted)} ids"))
         # one predicate, one commit (measured: 50,000 ids in 0.24 s on the 2-core box; several commits of 500 left a
         # killed delete half-applied)
-        self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted)})")
-        self._finish_job()
+        with storage_errors(self.path):
+            self._table.delete(f"id IN ({', '.join(_quote(i) for i in wanted)})")
+            forget(self.manifest, vanished(self._table, names))
+            self._finish_job()
         return IndexReport("delete", documents=self.count, deleted=before - self.count)
 
     def discard_unfinished(self) -> int:
@@ -666,9 +656,15 @@ class SearchIndex:
             raise ConfigError(f"index {self.path}: an unfinished build cannot be discarded; finish it (re-run the "
                               "build) or start afresh with --overwrite")
         before = self.count
-        if job.kind == "add":
-            self._table.delete(f"job = {job.id}")
-        self._finish_job()
+        names = top_level_names(self._table.search().where(f"job = {job.id}").select(["fields"])
+                                .limit(max(1, before)).to_arrow().column("fields").to_pylist())
+        with storage_errors(self.path):
+            if job.base is not None and int(self._table.version) != job.base:
+                self._table.restore(job.base)  # Lance's version before the job: what it replaced comes back too
+            elif job.kind == "add":  # a job recorded before issue 52 (no base version): its rows carry its id
+                self._table.delete(f"job = {job.id}")
+            forget(self.manifest, vanished(self._table, names))
+            self._finish_job()
         return before - self.count
 
     def compact(self, keep: timedelta = timedelta(minutes=10)) -> IndexReport:
@@ -677,10 +673,12 @@ class SearchIndex:
         ``keep``: a reader still reading an older version than that (a query running for longer than ``keep``) would
         fail, so keep it above the longest query."""
         self._need_writable("compact")
+        self._refuse_beside_unfinished("compact")
         started = time.perf_counter()
         self._save_job(_Job(int(self.manifest.get("jobs_done", 0)) + 1, "compact", "compact"))
-        self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
-        self._finish_job(keep)
+        with storage_errors(self.path):
+            self._table.optimize(cleanup_older_than=keep, delete_unverified=False)
+            self._finish_job(keep)
         return IndexReport("compact", documents=self.count, seconds=time.perf_counter() - started)
 
     # ------------------------------------------------------------------ searching
@@ -943,7 +941,8 @@ class SearchIndex:
     def _timed(self, kind: str, corpus: str | os.PathLike, config: IndexConfig | None, on_chunk: Any) -> IndexReport:
         self._need_writable(kind)
         started = time.perf_counter()
-        report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
+        with storage_errors(self.path):
+            report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -964,22 +963,23 @@ class SearchIndex:
         return dataclasses.replace(config, precision=wanted)
 
     def _run(self, kind: str, corpus: str | os.PathLike, config: IndexConfig, on_chunk: Any,
-             scanned: tuple[int, dict[str, int]] | None = None) -> IndexReport:
+             scanned: tuple[int, dict[str, int], set[str]] | None = None) -> IndexReport:
         from tqdm.auto import tqdm
 
         from ..data.beir import Corpus
 
         job = _Job.from_json(self.manifest["job"], self.path / MANIFEST) if self.manifest.get("job") else None
-        if job is not None and (job.kind != kind or job.input != str(corpus)):
-            raise ConfigError(f"index {self.path} has an unfinished {job.kind} of {job.input}: re-run that command to "
-                              "finish it first")
-        total, ids = scanned or _scan_corpus(corpus, config.format)  # bad input fails here, before any change
+        if job is not None and (job.kind != kind or not same_input(job.input, corpus)):
+            raise unfinished(self.path, job, f"{kind} of {corpus}")
+        total, ids, names = scanned or _scan_corpus(corpus, config.format)  # bad input fails here, before any change
+        check_bound(self.field_names, names, corpus)
         if kind == "add":
             self._refuse_present(ids, corpus, job.id if job is not None else None)
         del ids
         config = self._same_precision(config)
         if job is None:
-            job = _Job(int(self.manifest.get("jobs_done", 0)) + 1, kind, str(corpus))  # type: ignore[arg-type]
+            job = _Job(int(self.manifest.get("jobs_done", 0)) + 1, kind, job_input(corpus),  # type: ignore[arg-type]
+                       base=int(self._table.version))
             self.manifest["precision"] = config.precision  # what the documents are encoded in, for the readers
             self._save_job(job)
         else:  # rows a killed run committed after its last recorded position are written again below
@@ -993,6 +993,7 @@ class SearchIndex:
             self._pool = RayEncoderPool(self.encoder, actors=config.ray_actors, num_gpus=config.ray_gpus,
                                         address=config.ray_address)
         fields = set(self.field_names)
+        self._replaced_names = set()
         buffer: list[_Record] = []
         with tqdm(total=total, initial=job.position, desc=f"index {kind}", unit="doc", disable=not show) as bar:
             position = job.position
@@ -1025,6 +1026,7 @@ class SearchIndex:
             if self._lock is not None:
                 self._lock.check()
             self._table.optimize(delete_unverified=False)
+        forget(self.manifest, vanished(self._table, self._replaced_names - names))
         self._finish_job()
         if self._manifest_name == BUILDING:
             self._swap()
@@ -1098,12 +1100,30 @@ class SearchIndex:
                             schema=_schema(self.dim, columns))
             if self._lock is not None:
                 self._lock.check()  # a lost lease (object store): stop before committing
-            if job.kind == "upsert":
+            if job.kind == "upsert":  # the names the replaced documents held: dropped at the end if none is left
+                self._replaced_names |= self._names_of([r.id for r in records])
                 self._table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
             else:
                 self._table.add(rows)
         job.position = position
         self._save_job(job)
+
+    def _names_of(self, ids: list[str]) -> set[str]:
+        """The top-level field names the documents with these ids hold now."""
+        names: set[str] = set()
+        for start in range(0, len(ids), 500):
+            part = ids[start:start + 500]
+            rows = (self._table.search().where(f"id IN ({', '.join(_quote(i) for i in part)})").select(["fields"])
+                    .limit(len(part)).to_arrow())
+            names |= top_level_names(rows.column("fields").to_pylist())
+        return names
+
+    def _refuse_beside_unfinished(self, action: str) -> None:
+        """A delete or compact beside an unfinished add / upsert / build would erase its record (the next job
+        overwrites it) and leave its partial writes for good: refused, naming it and the ways out."""
+        job = self.manifest.get("job")
+        if job is not None and job.get("kind") not in _ATOMIC:
+            raise unfinished(self.path, _Job.from_json(job, self.path / MANIFEST), action)
 
     def _refuse_present(self, ids: dict[str, int], source: str | os.PathLike, own_job: int | None) -> None:
         """An ``add`` of an id already in the index (other than by this job, when it resumes) is an error."""
@@ -1203,20 +1223,23 @@ def _fields(value: Any) -> dict:
 
 
 def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | None = None
-                 ) -> tuple[int, dict[str, int]]:
+                 ) -> tuple[int, dict[str, int], set[str]]:
     """One pass over ``corpus`` before a job starts (no model): every record is read and checked -- JSON, fields,
     finite numbers, ids unique within the file -- so bad input fails before the index changes, with its line. Returns
-    the number of records (the progress bar's total from the start) and ``{id: line}``; fills ``kinds`` (when given)
-    with the exact kinds of each top-level field (:func:`robustir.serving.filters.exact_kind`)."""
+    the number of records (the progress bar's total from the start), ``{id: line}`` and the top-level field names;
+    fills ``kinds`` (when given) with the exact kinds of each top-level field
+    (:func:`robustir.serving.filters.exact_kind`)."""
     from .filters import exact_kind
 
     ids: dict[str, int] = {}
+    names: set[str] = set()
     total = 0
     for record in _read_records(corpus, fmt):
         total += 1
         if not record.text.strip() and not record.title.strip():
             continue
         _finite(record.fields, "fields", record, corpus)
+        names.update(record.fields)
         if kinds is not None:
             for key, value in record.fields.items():
                 kinds.setdefault(key, set()).add(exact_kind(value))
@@ -1224,7 +1247,7 @@ def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | No
             raise DataError(corpus, f"duplicate document id {record.id!r} (also on line {ids[record.id]})",
                             line=record.line, field="_id", fix="make document ids unique; nothing was changed")
         ids[record.id] = record.line
-    return total, ids
+    return total, ids, names
 
 
 def _data_files(store: IndexStore, data: str, known: dict) -> dict:

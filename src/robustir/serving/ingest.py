@@ -12,11 +12,17 @@ after the job finished (its commit recorded in the manifest). So:
 * readers -- this server's ``/search`` included -- see the new documents on their next query (they follow the
   manifest);
 * one writer at a time: HTTP writes of this server wait for each other (an asyncio lock); a CLI job holding the
-  index's lock makes them answer 409, naming it.
+  index's lock makes them answer 409, naming it;
+* a write the storage refuses (a full disk, a file-size limit) answers with the cause (:class:`StorageFailure`: 507
+  for a full disk, naming "No space left" / "File too large"); an upsert it stopped half-way keeps its job and its
+  file, and the next HTTP write (upsert or delete) finishes it first (:func:`finish_pending`), so nothing is left
+  half-applied with no record and no write is blocked until a restart; an unfinished job of another command (a
+  killed ``robustir index --add``) is never erased: writes answer 409 ``unfinished_job`` naming it and its fix.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -27,7 +33,8 @@ from typing import Any, Iterable, Sequence
 from ..errors import ConfigError
 from ..io import atomic_write
 
-__all__ = ["INCOMING", "DocumentError", "finish_incoming", "upsert_documents", "delete_documents"]
+__all__ = ["INCOMING", "DocumentError", "StorageFailure", "finish_incoming", "finish_pending", "upsert_documents",
+           "delete_documents"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +49,31 @@ class DocumentError(ConfigError):
         self.param = param
 
 
+class StorageFailure(RuntimeError):
+    """A write the index's storage refused: ``status`` 507 for a full disk or a file-size limit, else 500; the message
+    names the cause as the system gave it."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+#: what a write that ran out of room fails with (ENOSPC, EFBIG, EDQUOT)
+_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def storage_failure(exc: BaseException, what: str) -> StorageFailure | None:
+    """``exc`` as a :class:`StorageFailure` when the storage refused a write (an :class:`OSError`: the index raises
+    Lance's IO errors as the ones they are, :func:`robustir.serving.jobs.storage_errors`); None for anything else."""
+    if not isinstance(exc, OSError):
+        return None
+    cause = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    full = exc.errno in _FULL
+    return StorageFailure(f"{what} failed: the index's storage refused a write: {cause}"
+                          + (" -- free space (or raise the file-size limit) on the index's disk" if full else "")
+                          + "; the index is served as it was, and the next write can go ahead", 507 if full else 500)
+
+
 def _incoming(index: Any) -> Path:
     """The local folder of the index's HTTP upsert files (:meth:`~robustir.serving.storage.IndexStore.incoming_dir`:
     inside a local index, in this machine's cache for one on an object store)."""
@@ -54,7 +86,7 @@ def write_incoming(index: Any, documents: Iterable[dict]) -> Path:
     """``documents`` as one JSONL file in the index's ``incoming/`` folder (atomically: whole or not at all)."""
     folder = _incoming(index)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{time.time_ns()}-{os.getpid()}.jsonl"
+    path = (folder / f"{time.time_ns()}-{os.getpid()}.jsonl").absolute()  # the job records it: any working folder
     with atomic_write(path) as handle:
         for document in documents:
             handle.write(json.dumps(document, ensure_ascii=False) + "\n")
@@ -98,17 +130,49 @@ def _quiet() -> Any:
     return IndexConfig(show_progress=False)
 
 
+def pending_upsert(index: Any) -> Path | None:
+    """The file of an unfinished HTTP upsert of this index (a request the storage stopped half-way, or a killed
+    server's), when it is still there: what :func:`finish_pending` finishes."""
+    from .index import _usable_manifest
+    from .storage import open_store
+
+    store = open_store(index)
+    job = (_usable_manifest(store) or {}).get("job") or {}
+    if job.get("kind") != "upsert" or not job.get("input"):
+        return None
+    path = Path(job["input"])
+    return path if path.parent.resolve() == store.incoming_dir().resolve() and path.exists() else None
+
+
+def finish_pending(writer: Any, encoder: Any = None) -> None:
+    """Before an HTTP write on ``writer`` (a writable index): finish the unfinished HTTP upsert it holds, if any (its
+    file is in ``incoming/``: a resume, as at start-up); an unfinished job of another command is refused
+    (:class:`~robustir.serving.jobs.UnfinishedJob`, naming it and its fix) by the write itself, never erased."""
+    pending = pending_upsert(writer.store)
+    if pending is None:
+        return
+    logger.info("index %s: finishing the HTTP upsert of %s that stopped before the next write", writer.path,
+                pending.name)
+    if encoder is not None and writer._encoder is None:
+        writer.use_model(encoder)
+    writer.upsert(pending, config=_quiet())
+    pending.unlink(missing_ok=True)
+
+
 def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any:
     """Insert ``documents`` (``robustir index`` corpus records: ``_id``, ``title``, ``text``, other fields), replacing
     those whose id exists, as one ``--upsert`` job; returns its :class:`~robustir.serving.index.IndexReport`. Raises
-    :class:`ConfigError` when another process holds the index's writer lock, :class:`~robustir.errors.DataError`
-    (naming ``documents[i]``) for a record the index refuses."""
+    :class:`ConfigError` when another process holds the index's writer lock or an unfinished job of another command
+    is in the way, :class:`~robustir.errors.DataError` (naming ``documents[i]``) for a record the index refuses,
+    :class:`StorageFailure` when the storage refused a write (an unfinished upsert this leaves is finished by the
+    next write)."""
     from ..errors import DataError
     from .index import SearchIndex
 
     writer = SearchIndex.open(index, writable=True, model=encoder)  # the lock: a CLI job running -> ConfigError
     path = None
     try:
+        finish_pending(writer)
         path = write_incoming(index, documents)
         try:
             return writer.upsert(path, config=_quiet())
@@ -117,6 +181,12 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any
             field = f".{exc.field}" if exc.field else ""
             fix = f" ({exc.fix})" if exc.fix else ""
             raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where) from None
+    except OSError as exc:
+        failure = storage_failure(exc, "the upsert")
+        if failure is None:
+            raise
+        logger.error("index %s: %s", writer.path, failure)
+        raise failure from exc
     finally:
         writer.close()
         if path is not None and not _job_of(index, path):
@@ -129,27 +199,40 @@ def _job_of(index: Any, path: Path) -> bool:
     from .storage import open_store
 
     manifest = _usable_manifest(open_store(index)) or {}
-    return (manifest.get("job") or {}).get("input") == str(path)
+    return (manifest.get("job") or {}).get("input") == str(path.absolute())
 
 
 def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict | None = None,
-                     limit: int = 10_000) -> Any:
+                     limit: int = 10_000, encoder: Any = None) -> Any:
     """Delete the documents with ``ids``, or those ``filter`` matches (at most ``limit``; more is refused, nothing
-    deleted), as one ``--delete`` commit. An id not in the index is an error naming it (nothing deleted)."""
+    deleted), as one ``--delete`` commit, after finishing an unfinished HTTP upsert with ``encoder`` (never erasing
+    it). An id not in the index is an error naming it (nothing deleted)."""
     from .index import SearchIndex
 
     writer = SearchIndex.open(index, writable=True)
     try:
-        if filter is not None:
-            matched = writer.ids_matching(filter, limit)
-            if len(matched) > limit:
-                raise ConfigError(f"the filter matches more than {limit} documents; delete them in smaller groups "
-                                  "(a narrower filter) or with robustir index --delete")
-            if not matched:
-                from .index import IndexReport
-
-                return IndexReport("delete", documents=writer.count, deleted=0)
-            ids = matched
-        return writer.delete(ids or [])
+        finish_pending(writer, encoder)  # rare: the model loads only then
+        return _delete(writer, ids, filter, limit)
+    except OSError as exc:
+        failure = storage_failure(exc, "the delete")
+        if failure is None:
+            raise
+        logger.error("index %s: %s", writer.path, failure)
+        raise failure from exc
     finally:
         writer.close()
+
+
+def _delete(writer: Any, ids: Sequence[str] | None, filter: dict | None, limit: int) -> Any:
+    """The delete itself, on an open writer: by ``ids``, or by ``filter`` (at most ``limit`` matches)."""
+    if filter is not None:
+        matched = writer.ids_matching(filter, limit)
+        if len(matched) > limit:
+            raise ConfigError(f"the filter matches more than {limit} documents; delete them in smaller groups "
+                              "(a narrower filter) or with robustir index --delete")
+        if not matched:
+            from .index import IndexReport
+
+            return IndexReport("delete", documents=writer.count, deleted=0)
+        ids = matched
+    return writer.delete(ids or [])

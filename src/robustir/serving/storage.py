@@ -313,7 +313,7 @@ class LocalStore(IndexStore):
             os.close(fd)
 
     def incoming_dir(self) -> Path:
-        return self.path / "incoming"
+        return (self.path / "incoming").absolute()  # a job records its input's path: the same from any folder
 
 
 class _FlockLock(WriterLock):
