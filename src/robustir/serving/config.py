@@ -8,7 +8,7 @@ import re
 
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import Items, config_dataclass, NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from ..validation import ModelName, Items, config_dataclass, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 __all__ = ["ServeConfig", "DEFAULT_PORT"]
 
@@ -82,7 +82,7 @@ class ServeConfig:
     """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None
     """Dimensions the model was trained to be cut to (enables "dimensions")"""
-    rerank_model: str | None = None
+    rerank_model: ModelName | None = None
     """A cross-encoder folder (a ...ForSequenceClassification model) for POST /v1/rerank and /search with rerank:
     true; default: rerank by the served embedding model's cosine"""
     rerank_candidates: PositiveInt = 100

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from ..runs import added, operational
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import config_dataclass, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import ModelName, config_dataclass, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .loop import LoopConfig
 
 
@@ -54,7 +54,7 @@ class TrainConfig(LoopConfig):
     :class:`~robustir.training.loop.LoopConfig`, with its defaults."""
 
     # model
-    model: str | None = None
+    model: ModelName | None = None
     """Folder or hub id; None = the bundled all-MiniLM-L6-v2."""
     pooling: Literal["cls", "mean"] | None = None
     """None = read from the model folder."""
