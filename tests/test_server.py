@@ -911,3 +911,28 @@ def test_a_rerank_whose_client_disconnects_is_dropped_with_499(tiny_index, tiny_
         server.close()
     assert error.status == 499 and error.code == "client_closed_request"
     assert calls == [["d0", "d1"]]  # the other three micro-batches were dropped
+
+
+def test_a_classifier_with_several_labels_is_refused_as_a_reranker(tmp_path, tiny_index, tiny_model_dir):
+    """Issue 52, item 8: a 3-label classifier (an NLI model) as --rerank-model ranked by its first logit, without a
+    word. It is refused when the server starts -- and as a teacher (the same cross-encoder scorer) -- naming its
+    labels and what a reranker needs."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from robustir.filtering.teacher import load_teacher
+
+    folder = tmp_path / "nli"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=3,
+                        id2label={0: "contradiction", 1: "entailment", 2: "neutral"},
+                        label2id={"contradiction": 0, "entailment": 1, "neutral": 2})
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    expected = r"is a classifier with 3 labels \(contradiction, entailment, neutral\), not a relevance cross-encoder"
+    with pytest.raises(ConfigError, match=expected):
+        create_app(None, tiny_index, ServeConfig(rerank_model=str(folder), precision="fp32"))
+    with pytest.raises(ConfigError, match="num_labels 1"):
+        load_teacher(str(folder), "cross-encoder", precision="fp32", device="cpu")
