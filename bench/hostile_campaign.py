@@ -1060,16 +1060,21 @@ def issue_52_cases() -> list[Case]:
     add(E("i52-serve-rerank-model-empty", n, ["serve", "--port", "0", "--rerank-model", ""], "rerank_model: is empty"))
     add(E("i52-serve-rerank-model-blank", n, ["serve", "--port", "0", "--rerank-model", "  "], "is empty"))
     add(E("i52-filter-teacher-3-labels", n, TEACH[:7] + ["--model", "{tiny_nli}"] + TEACH[9:], "3 labels"))
-    add(E("i52-filter-teacher-model-empty", n, TEACH[:7] + ["--model", ""] + TEACH[9:], "model: is empty"))
-    add(E("i52-train-model-empty", n, TRAIN[:1] + ["--model", ""] + TRAIN[3:], "model: is empty"))
+    add(E("i52-filter-teacher-model-empty", n, TEACH[:7] + ["--model", ""] + TEACH[9:], "is empty"))
+    add(E("i52-train-model-empty", n, TRAIN[:1] + ["--model", ""] + TRAIN[3:], "is empty"))
     add(E("i52-audit-teacher-3-labels", n, ["audit", "--data", "{train}", "--output", "{out}/a", "--model",
-                                            "{tiny_nli}", "--no-progress"], "3 labels"))
-    audit = ["audit", "--data", "{train}", "--output", "{out}/a", "--model", "{tiny}", "--no-progress",
+                                            "{tiny_nli}", "--no-progress"], "needs an embedding model"))
+    rows = "".join(json.dumps({"query": f"question {i} about topic {i}", "pos": [f"passage {i} answers topic {i}"],
+                               "neg": [f"unrelated text number {i}"]}) + "\n" for i in range(30))
+    audit_data = ["@write", "{out}/audit.jsonl", rows]  # 60 distinct passages: enough to draw 20 random ones
+    audit = ["audit", "--data", "{out}/audit.jsonl", "--output", "{out}/a", "--model", "{tiny}", "--no-progress",
              "--random-passages", "20"]
-    add(E("i52-audit-bootstrap-0", n, audit + ["--bootstrap", "0"], "bootstrap = 0 is out of range: it must be >= 40"))
-    add(E("i52-audit-bootstrap-39", n, audit + ["--bootstrap", "39"], "bootstrap = 39"))
-    add(E("i52-audit-bootstrap-negative", n, audit + ["--bootstrap", "-5"], "bootstrap = -5"))
-    add(OK("i52-audit-bootstrap-40", audit + ["--bootstrap", "40"], file_has("a/report.md"), timeout=150))
+    add(E("i52-audit-bootstrap-0", n, audit + ["--bootstrap", "0"], "bootstrap = 0 is out of range: it must be >= 40",
+          setup=[audit_data]))
+    add(E("i52-audit-bootstrap-39", n, audit + ["--bootstrap", "39"], "bootstrap = 39", setup=[audit_data]))
+    add(E("i52-audit-bootstrap-negative", n, audit + ["--bootstrap", "-5"], "bootstrap = -5", setup=[audit_data]))
+    add(OK("i52-audit-bootstrap-40", audit + ["--bootstrap", "40"], file_has("a/report.md"), timeout=150,
+           setup=[audit_data]))
     n = "i52-help"
     for stage in ["demo", "eval", "rerank-eval", "classify", "encode", "chunk", "generate", "pairs", "mine",
                   "filter --method llm", "filter --method teacher", "filter --method sieve", "merge", "train",
