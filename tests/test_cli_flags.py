@@ -502,6 +502,16 @@ def test_noise_bench_seeds_outside_numpys_range_are_refused():
         NoiseBenchConfig(seeds=[1, 2**32])
 
 
+def test_a_comma_separated_list_flag_is_split(capsys):
+    """``--seeds 1,2`` reaches the config as ``["1,2"]`` from cyclopts: split like a ``key=value`` override, so the
+    range check names the item (it said ``seeds[0]: expected an integer, got '1,4294967296'``)."""
+    from robustir.robustness.bench import NoiseBenchConfig
+
+    assert NoiseBenchConfig(seeds=["1,2"], rates=["0,0.2"]).seeds == [1, 2]
+    assert main(["noise-bench", "--data", "d", "--output", "o", "--seeds", "1,4294967296"]) == 2
+    assert "seeds[1] = 4294967296 is out of range" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "--seed", "99999999999999999999999"], "seed = 99999999999999999999999 is out of range"),
     (["train", "--epochs", "1e308"], "epochs = 1e308 is out of range: it must be > 0 and <= 1000000"),

@@ -61,8 +61,13 @@ class Because:
 
 
 def _split_commas(value: Any) -> Any:
-    """``"fp,fn"`` (a ``key=value`` override or a YAML scalar) is the list ``["fp", "fn"]``."""
-    return [item for item in value.split(",") if item] if isinstance(value, str) else value
+    """``"fp,fn"`` (a ``key=value`` override or a YAML scalar) is the list ``["fp", "fn"]``; so is each string of a
+    list (the CLI gives ``--seeds 1,2`` as ``["1,2"]``)."""
+    if isinstance(value, str):
+        return [item for item in value.split(",") if item]
+    if isinstance(value, (list, tuple)) and any(isinstance(item, str) and "," in item for item in value):
+        return [part for item in value for part in (_split_commas(item) if isinstance(item, str) else [item])]
+    return value
 
 
 Items = Annotated[list[T], BeforeValidator(_split_commas)]  # a list, also given as "a,b,c"
