@@ -1057,7 +1057,7 @@ def issue_52_cases() -> list[Case]:
     add(E("i52-serve-rerank-model-3-labels", n, ["serve", "--index", "{out}/idx", "--port", "0", "--rerank-model",
                                                  "{tiny_nli}"], "3 labels (contradiction, entailment, neutral)",
           setup=made))
-    add(E("i52-serve-rerank-model-empty", n, ["serve", "--port", "0", "--rerank-model", ""], "rerank_model: is empty"))
+    add(E("i52-serve-rerank-model-empty", n, ["serve", "--port", "0", "--rerank-model", ""], "rerank_model is empty"))
     add(E("i52-serve-rerank-model-blank", n, ["serve", "--port", "0", "--rerank-model", "  "], "is empty"))
     add(E("i52-filter-teacher-3-labels", n, TEACH[:7] + ["--model", "{tiny_nli}"] + TEACH[9:], "3 labels"))
     add(E("i52-filter-teacher-model-empty", n, TEACH[:7] + ["--model", ""] + TEACH[9:], "is empty"))

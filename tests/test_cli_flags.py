@@ -520,8 +520,8 @@ def test_a_comma_separated_list_flag_is_split(capsys):
     (["filter", "sieve", "--epochs", "1e308", "--input", "x.jsonl", "--output", "y.jsonl"], "epochs = 1e308"),
     (["audit", "--data", "x.jsonl", "--output", "out", "--bootstrap", "0"], "bootstrap = 0 is out of range: it must "
                                                                             "be >= 40"),
-    (["serve", "--rerank-model", ""], "rerank_model: is empty"),
-    (["train", "--model", " "], "model: is empty"),
+    (["serve", "--rerank-model", ""], "rerank_model is empty"),
+    (["train", "--model", " "], "model is empty"),
 ])
 def test_issue_52_bad_values_are_clear_errors(argv, message, capsys):
     """Issue 52, items 7 and 8: each is refused with exit status 2 and a one-line message, before any work."""

@@ -164,7 +164,7 @@ class OptionError(ConfigError):
 
 
 def _follows_key(text: str) -> bool:
-    return text.startswith((":", " = "))
+    return text.startswith((":", " = ", " is "))
 
 
 def _deepest(errors: list[dict]) -> list[dict]:
@@ -253,9 +253,10 @@ def _explain(error: dict, config: type) -> list[tuple[str, str]]:
         return [(key, f": unknown option {str(loc[-1])!r}{hint}; known: {', '.join(known)}")]
     key, owner, name, current = _walk(config, loc)
     if kind in ("value_error", "assertion_error") and isinstance(ctx.get("error"), ConfigError):
-        inner = ctx["error"]  # raised by a config's own checks (__post_init__)
-        return inner.under(key).problems if isinstance(inner, OptionError) else [(key, f": {inner}" if key else
-                                                                                   str(inner))]
+        inner = ctx["error"]  # raised by a config's own checks (__post_init__) or a type's (ModelName)
+        if isinstance(inner, OptionError):
+            return inner.under(key).problems
+        return [(key, (f" {inner}" if str(inner).startswith("is ") else f": {inner}") if key else str(inner))]
     shown = f"{value!r}" if not isinstance(value, dict) or len(repr(value)) < 200 else "a mapping"
     if kind in _BOUNDS:
         rng = field_range(owner, name) if owner is not None and name else None

@@ -157,9 +157,6 @@ class PretrainConfig(LoopConfig):
     def validate(self) -> None:
         if self.mode not in ("retromae", "gur"):
             raise ConfigError(f"mode must be 'retromae' or 'gur', got {self.mode!r}")
-        if self.model is not None and not self.model.strip():
-            raise ConfigError("model is empty; name a model folder or hub id, or leave it out (null) for the bundled "
-                              "all-MiniLM-L6-v2")
         if not self.data:
             raise ConfigError("data is required: raw text for retromae (JSONL with 'text', BEIR folder, plain text), "
                               "a pairs JSONL from `robustir pairs` for gur")

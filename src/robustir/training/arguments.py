@@ -156,9 +156,6 @@ class TrainConfig(LoopConfig):
     def validate(self) -> None:
         if self.batch_size < 1 or self.num_negatives < 0:
             raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
-        if self.model is not None and not self.model.strip():
-            raise ConfigError("model is empty; name a model folder or hub id, or leave it out (null) for the bundled "
-                              "all-MiniLM-L6-v2")
         if self.epoch_unit not in ("pairs", "queries"):
             raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {self.epoch_unit!r}")
         if isinstance(self.train_data, list):
