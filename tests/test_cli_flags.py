@@ -523,9 +523,11 @@ def test_a_comma_separated_list_flag_is_split(capsys):
     (["serve", "--rerank-model", ""], "rerank_model is empty"),
     (["train", "--model", " "], "model is empty"),
 ])
-def test_issue_52_bad_values_are_clear_errors(argv, message, capsys):
+def test_issue_52_bad_values_are_clear_errors(argv, message, capsys, tmp_path, monkeypatch):
     """Issue 52, items 7 and 8: each is refused with exit status 2 and a one-line message, before any work."""
+    monkeypatch.chdir(tmp_path)  # the relative outputs, had a command run
     assert main(argv) == 2
+    assert not list(tmp_path.iterdir())  # nothing written
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
 
