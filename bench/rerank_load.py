@@ -1,6 +1,6 @@
 """Embedding latency under concurrent cross-encoder reranks, before and after issue 52's fix, in one run.
 
-    python bench/rerank_load.py                                  # 3 alternated rounds each, ~2 min on 2 cores
+    python bench/rerank_load.py --rounds 1                       # one round each side: ~1.5 min on 2 cores
     python bench/rerank_load.py --rounds 5 --documents 400 --output docs/results/rerank_load.jsonl
 
 Issue 52, item 3: a cross-encoder's rerank ran on the model's worker thread beside the batcher's queue, so a 1-text

@@ -286,7 +286,8 @@ def test_a_full_queue_refuses_at_once_and_a_timed_out_request_is_dropped():
             await _until(lambda: batcher.queued == 0 and batcher._running)  # the worker holds it
             waiting = asyncio.ensure_future(batcher.embed(["w1", "w2"]))
             await _until(lambda: batcher.queued == 2)
-            with pytest.raises(Overloaded, match="2 texts .or rerank pairs. are waiting for the models .at most 3.") as refused:
+            busy = "2 texts .or rerank pairs. are waiting for the models .at most 3."
+            with pytest.raises(Overloaded, match=busy) as refused:
                 await batcher.embed(["two", "too many"])
             assert refused.value.retry_after >= 1
             with pytest.raises(asyncio.TimeoutError):  # the gate is shut: this one cannot be served in time

@@ -66,7 +66,7 @@ from .filtering.sieve import SieveConfig
 from .filtering.teacher import TeacherFilterConfig
 from .training.arguments import TrainConfig
 from .pretraining.pretrain import PretrainConfig, resolve_data_path
-from .validation import ModelName, Seed, config_dataclass, NonNegativeInt, PositiveInt
+from .validation import config_dataclass, ModelName, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from ..errors import ConfigError, DataError
 from ..io import atomic_write, write_json
 from ..precision import Precision
 from ..runs import Artifact, fingerprint, operational
-from ..validation import Because, ModelName, Seed, NonNegativeInt, OpenFraction, PositiveInt, Range, config_dataclass
+from ..validation import Because, config_dataclass, ModelName, NonNegativeInt, OpenFraction, PositiveInt, Range, Seed
 from .estimate import estimate_rates
 from .flags import Flagging
 from .pool import Pooling, _load_teacher

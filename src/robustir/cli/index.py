@@ -24,8 +24,8 @@ from cyclopts import Parameter
 
 from ..errors import ConfigError
 from ..serving.index import IndexConfig, SearchIndex, read_id_list
-from .common import (CONFIG, EncoderOverrides, Model, StorageOption, encoder_options, given, given_flags, model_or_default,
-                     stage_config, storage_options)
+from .common import (CONFIG, EncoderOverrides, Model, StorageOption, encoder_options, given, given_flags,
+                     model_or_default, stage_config, storage_options)
 
 ACTIONS = ("--corpus (build), --add, --upsert, --delete/--delete-id, --compact, --check, --discard-unfinished")
 

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..io import atomic_write, read_jsonl, write_json
 from ..precision import Precision
-from ..validation import Seed, config_dataclass, NonNegativeInt, PositiveInt
+from ..validation import config_dataclass, NonNegativeInt, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 

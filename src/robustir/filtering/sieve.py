@@ -45,8 +45,8 @@ from ..errors import ConfigError
 from ..io import Shard
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 from ..precision import Precision
-from ..validation import (ModelName, Epochs, Seed, Steps, cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
-                          Range)
+from ..validation import (cli, config_dataclass, Epochs, ModelName, NonNegativeFloat, NonNegativeInt, OpenFraction,
+                          PositiveFloat, PositiveInt, Range, Seed, Steps)
 
 
 __all__ = ["SieveConfig", "SieveTrainer", "sieve_negatives", "sieve_decision", "plot_similarities"]

@@ -45,7 +45,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from ..negatives.margins import margin_reason
 from ..negatives.score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import ModelName, Seed, cli, config_dataclass, NonNegativeFloat, OpenFraction, PositiveInt
+from ..validation import cli, config_dataclass, ModelName, NonNegativeFloat, OpenFraction, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ import os
 from dataclasses import field
 from typing import Annotated, Literal
 
-from ..validation import Seed, cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
+                          Seed)
 from ..runs import operational
 
 

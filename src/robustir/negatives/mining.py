@@ -60,7 +60,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from .margins import margin_reason
 from .score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import Seed, cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt, Range
+from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt, Range, Seed
 
 logger = logging.getLogger(__name__)
 

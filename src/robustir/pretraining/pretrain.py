@@ -74,7 +74,7 @@ from ..resources import default_model_path
 from ..training.batch_engine import BatchEngine
 from ..training.checkpoints import input_digest
 from ..training.loop import LoopConfig, TrainingLoop, loop_step, steps_for_epochs
-from ..validation import ModelName, cli, NonNegativeFloat, PositiveFloat, PositiveInt, Range, config_dataclass
+from ..validation import cli, config_dataclass, ModelName, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,8 @@ from ..data.sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
 from ..outputs import refuse_overwriting_inputs
-from ..validation import Seed, cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
+                          Seed)
 
 __all__ = ["PairMiningConfig", "Pair", "char_weight", "text_weight", "SuffixAutomaton",
            "heaviest_common_substring", "is_match", "document_rows", "mine_document_pairs", "mine_pairs",

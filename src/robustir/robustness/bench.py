@@ -55,7 +55,7 @@ from ..outputs import StageOutput
 from ..filtering.teacher import ROBUST_FILTER
 from ..runs import Artifact, Fingerprint, fingerprint, operational
 from .noise import NOISE_KINDS, NoiseKind, plant_noise
-from ..validation import ModelName, Seed, Items, NonNegativeInt, PositiveInt, config_dataclass
+from ..validation import config_dataclass, Items, ModelName, NonNegativeInt, PositiveInt, Seed
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
                          train_sentence_transformers, write_rows)
 

@@ -8,7 +8,7 @@ import re
 
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import ModelName, Items, config_dataclass, NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from ..validation import config_dataclass, Items, ModelName, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 __all__ = ["ServeConfig", "DEFAULT_PORT"]
 

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from ..runs import added, operational
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import ModelName, config_dataclass, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import config_dataclass, ModelName, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .loop import LoopConfig
 
 

@@ -57,7 +57,8 @@ from ..runs import Artifact, Fingerprint, Job, Step, operational
 from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
-from ..validation import MAX_STEPS, Epochs, Seed, Steps, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
+from ..validation import (config_dataclass, Epochs, MAX_STEPS, NonNegativeFloat, OpenFraction, PositiveFloat,
+                          PositiveInt, Seed, Steps)
 from .checkpoints import (list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
 from .input_pipeline import InputPipeline
