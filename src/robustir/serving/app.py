@@ -751,9 +751,11 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
         reranker = CrossEncoderTeacher(str(folder), batch_size=encode_batch, precision=precision,
                                        device=str(device))
         reranker_name = _model_label(str(folder))
+        scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
 
         def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
-            return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
+            with scoring:
+                return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
 
         # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
         batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
