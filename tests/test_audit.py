@@ -304,7 +304,7 @@ def test_cli_prints_the_recommendation(tmp_path, tiny_model_dir, capsys):
 
     data, _ = _world(tmp_path)
     code = main(["audit", "--data", str(data), "--output", str(tmp_path / "out"), "--model", tiny_model_dir,
-                 "--no-progress", "--random-passages", "20", "bootstrap=20"])
+                 "--no-progress", "--random-passages", "20", "bootstrap=40"])
     printed = capsys.readouterr().out
     assert code == 0 and "recommendation: --loss" in printed and "false positives:" in printed
     # a typo in a flag fails at once

@@ -411,3 +411,134 @@ def test_bundled_data_is_a_path_for_every_command(capsys):
     assert _bundled("a bundled:scifact text") == "a bundled:scifact text"
     assert main(["eval", "--data", "bundled:nope", "--output", "x"]) == 2
     assert "no bundled dataset 'nope'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ issue 52 (items 7-9)
+
+ALL_STAGES = ["demo", "eval", "rerank-eval", "classify", "encode", "chunk", "generate", "pairs", "mine", "filter llm",
+              "filter teacher", "filter sieve", "merge", "train", "pretrain", "run", "audit", "noise-bench", "index",
+              "serve"]
+
+
+def _flag_tokens(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"--[A-Za-z][\w.-]*", text.replace("│", " ")))
+
+
+@pytest.mark.parametrize("stage", ALL_STAGES)
+def test_help_never_cuts_a_flag_name_at_80_columns(stage, capsys, monkeypatch):
+    """Issue 52, item 9: at 80 columns cyclopts' flag column (35 %) cut ``--no-gradient-checkpointing`` into
+    ``--no-gradient-checkpointin`` / ``g``. Every flag name shown at 80 and 60 columns is one shown whole at 250."""
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main([*stage.split(), "--help"]) == 0
+    wide = _flag_tokens(capsys.readouterr().out)
+    for columns in ("80", "60"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert main([*stage.split(), "--help"]) == 0
+        cut = _flag_tokens(capsys.readouterr().out) - wide
+        assert not cut, f"robustir {stage} --help at {columns} columns cuts {sorted(cut)}"
+
+
+@pytest.mark.parametrize("stage", ["serve", "index", "encode", "eval", "rerank-eval", "mine"])
+def test_help_of_a_command_that_loads_a_model_shows_the_models_own_encoder_settings(stage, capsys, monkeypatch):
+    """Issue 52, item 9: ``serve`` and ``index`` help showed EncoderConfig's defaults for a new model (pooling cls,
+    64 / 256 tokens), which a loaded model does not use: its own settings stand unless a flag is given."""
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main([*stage.split(), "--help"]) == 0
+    rows = [line.replace("│", " ").split() for line in capsys.readouterr().out.splitlines()]
+    lines = {words[0]: " ".join(words) for words in rows if words and words[0].startswith("--")}
+    for flag in ("--pooling", "--query-max-length", "--passage-max-length", "--query-instruction",
+                 "--passage-instruction", "--normalize"):
+        line = lines[flag]
+        assert "[default: the model's own]" in line, line
+        assert "[default: cls]" not in line and "[default: 64]" not in line and "[default: 256]" not in line
+
+
+def test_encoder_flags_of_serve_still_reach_the_options():
+    from robustir.cli.common import encoder_options
+
+    from robustir.models.encoder import EncoderConfig
+
+    _parsed(["serve", "--pooling", "mean", "--query-max-length", "32", "--no-normalize"])
+    options = encoder_options()
+    assert options["passage_max_length"] is None and options["query_instruction"] is None  # the model's own
+    given = EncoderConfig(**{k: v for k, v in options.items() if v is not None})
+    assert given.pooling == "mean" and given.query_max_length == 32 and given.normalize is False
+
+
+SEEDED = {  # every stage config with a seed: (module, class, field, other required fields)
+    "train": ("robustir.training.arguments", "TrainConfig", "seed", {}),
+    "pretrain": ("robustir.pretraining.pretrain", "PretrainConfig", "seed", {}),
+    "mine": ("robustir.negatives.mining", "MiningConfig", "seed", {}),
+    "filter teacher": ("robustir.filtering.teacher", "TeacherFilterConfig", "seed", {}),
+    "filter sieve": ("robustir.filtering.sieve", "SieveConfig", "seed", {}),
+    "pairs": ("robustir.queries.pairs", "PairMiningConfig", "seed", {}),
+    "classify": ("robustir.evaluation.classify", "ClassifyConfig", "seed", {}),
+    "audit": ("robustir.audit.run", "AuditConfig", "seed", {"data": "d.jsonl", "output": "out"}),
+    "run": ("robustir.pipeline", "QueriesStage", "seed", {}),
+    "generate": ("robustir.llm.config", "LLMConfig", "seed", {}),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(SEEDED))
+@pytest.mark.parametrize("seed", [99999999999999999999999, 2**32, -1])
+def test_a_seed_outside_numpys_range_is_refused_naming_the_range(stage, seed):
+    """Issue 52, item 7: ``train --seed 99999999999999999999999`` was numpy's traceback (seeds are 0 .. 2**32 - 1);
+    every stage with a seed refuses it when its config is built, naming the range."""
+    import importlib
+
+    module, name, key, required = SEEDED[stage]
+    cls = getattr(importlib.import_module(module), name)
+    with pytest.raises(ConfigError, match=r"seed = .* is out of range: it must be >= 0 and <= 4294967295 \(numpy"):
+        cls(**required, **{key: seed})
+    cls(**required, **{key: 2**32 - 1})  # the top of the range is a seed
+
+
+def test_noise_bench_seeds_outside_numpys_range_are_refused():
+    from robustir.robustness.bench import NoiseBenchConfig
+
+    with pytest.raises(ConfigError, match=r"seeds\[1\] = 4294967296 is out of range.*numpy"):
+        NoiseBenchConfig(seeds=[1, 2**32])
+
+
+def test_a_comma_separated_list_flag_is_split(capsys):
+    """``--seeds 1,2`` reaches the config as ``["1,2"]`` from cyclopts: split like a ``key=value`` override, so the
+    range check names the item (it said ``seeds[0]: expected an integer, got '1,4294967296'``)."""
+    from robustir.robustness.bench import NoiseBenchConfig
+
+    assert NoiseBenchConfig(seeds=["1,2"], rates=["0,0.2"]).seeds == [1, 2]
+    assert main(["noise-bench", "--data", "d", "--output", "o", "--seeds", "1,4294967296"]) == 2
+    assert "seeds[1] = 4294967296 is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--seed", "99999999999999999999999"], "seed = 99999999999999999999999 is out of range"),
+    (["train", "--epochs", "1e308"], "epochs = 1e308 is out of range: it must be > 0 and <= 1000000"),
+    (["train", "--max-steps", "1e12"], "max_steps"),
+    (["pretrain", "--epochs", "1e308"], "epochs = 1e308 is out of range"),
+    (["filter", "sieve", "--epochs", "1e308", "--input", "x.jsonl", "--output", "y.jsonl"], "epochs = 1e308"),
+    (["audit", "--data", "x.jsonl", "--output", "out", "--bootstrap", "0"], "bootstrap = 0 is out of range: it must "
+                                                                            "be >= 40"),
+    (["serve", "--rerank-model", ""], "rerank_model is empty"),
+    (["train", "--model", " "], "model is empty"),
+])
+def test_issue_52_bad_values_are_clear_errors(argv, message, capsys, tmp_path, monkeypatch):
+    """Issue 52, items 7 and 8: each is refused with exit status 2 and a one-line message, before any work."""
+    monkeypatch.chdir(tmp_path)  # the relative outputs, had a command run
+    assert main(argv) == 2
+    assert not list(tmp_path.iterdir())  # nothing written
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_epochs_times_steps_per_epoch_over_the_bound_is_a_clear_error():
+    """Within its own range, epochs x steps per epoch can still be over what a run takes (tqdm's OverflowError at
+    1e308): the step count is checked where it is computed."""
+    from robustir.training.loop import steps_for_epochs
+    from robustir.validation import MAX_STEPS
+
+    assert steps_for_epochs(1.5, 10) == 15 and steps_for_epochs(0.01, 10) == 1
+    with pytest.raises(ConfigError, match="epochs = 1e\\+06 x 10000 steps per epoch = 1e\\+10 optimizer steps; a run "
+                                          f"takes at most {MAX_STEPS:,}: lower epochs, or set max_steps"):
+        steps_for_epochs(1e6, 10_000)

@@ -286,7 +286,8 @@ def test_a_full_queue_refuses_at_once_and_a_timed_out_request_is_dropped():
             await _until(lambda: batcher.queued == 0 and batcher._running)  # the worker holds it
             waiting = asyncio.ensure_future(batcher.embed(["w1", "w2"]))
             await _until(lambda: batcher.queued == 2)
-            with pytest.raises(Overloaded, match="2 texts are waiting for the model .at most 3.") as refused:
+            busy = "2 texts .or rerank pairs. are waiting for the models .at most 3."
+            with pytest.raises(Overloaded, match=busy) as refused:
                 await batcher.embed(["two", "too many"])
             assert refused.value.retry_after >= 1
             with pytest.raises(asyncio.TimeoutError):  # the gate is shut: this one cannot be served in time
@@ -749,3 +750,190 @@ def test_rerank_with_a_cross_encoder_and_search_as_a_second_stage(tiny_index, ti
         assert [h["score"] for h in reranked] == [plain[i]["score"] for i in best]  # the first stage's score, kept
     with pytest.raises(ConfigError, match="is not a cross-encoder"):
         create_app(None, tiny_index, ServeConfig(rerank_model=tiny_model_dir))
+
+
+# ------------------------------------------------------------------------------------------------ every model queued (issue 52)
+
+def test_rerank_work_takes_turns_with_embeddings_in_the_same_queue():
+    """Issue 52, item 3: a 12-pair rerank (micro-batches of 2 pairs) and two 1-text embeddings that arrive while it
+    runs: each embedding runs right after the rerank's micro-batch that is running, not after the whole rerank,
+    and its pairs count among the queued rows."""
+    model = SteppedEncoder()
+    pairs = [f"pair {i}" for i in range(12)]
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=4, workers=1)
+        batcher.add_model("rerank", model, batch_size=2, unit="pair")
+        await batcher.start()
+        try:
+            rerank = asyncio.ensure_future(batcher.submit("rerank", pairs))
+            await _until(lambda: len(model.started) == 1)  # its first micro-batch runs
+            first = asyncio.ensure_future(batcher.embed(["one"]))
+            await _until(lambda: batcher.queued == 1)
+            model.step()
+            await _until(lambda: len(model.started) == 2)
+            queued_with_rerank = batcher.queued  # the rerank's next micro-batch waits: 2 pairs
+            second = asyncio.ensure_future(batcher.embed(["two"]))
+            await _until(lambda: batcher.queued == queued_with_rerank + 1)
+            for _ in range(8):
+                model.step()
+            return await rerank, await first, await second, queued_with_rerank
+        finally:
+            for _ in range(10):
+                model.step()
+            await batcher.stop()
+
+    rerank, first, second, queued = asyncio.run(scenario())
+    assert model.started == [pairs[:2], ["one"], pairs[2:4], ["two"], pairs[4:6], pairs[6:8], pairs[8:10],
+                             pairs[10:]]
+    assert queued == 2 and rerank.vectors.shape == (12, 2) and first.vectors.shape == (1, 2)
+
+
+def test_a_cancelled_request_leaves_the_queue_at_once():
+    """The rows of a request whose client went away stop counting against --max-queued-texts when it is cancelled,
+    not when a worker would have reached them: the next request is not refused for them."""
+    model = SteppedEncoder()
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=4, workers=1, max_queued=5)
+        batcher.add_model("rerank", model, batch_size=4, unit="pair")
+        await batcher.start()
+        try:
+            running = asyncio.ensure_future(batcher.embed(["held"]))
+            await _until(lambda: len(model.started) == 1)
+            gone = asyncio.ensure_future(batcher.submit("rerank", ["p1", "p2", "p3", "p4"]))
+            await _until(lambda: batcher.queued == 4)
+            gone.cancel()
+            await _until(lambda: gone.done())
+            after_cancel = batcher.queued
+            later = asyncio.ensure_future(batcher.embed(["a", "b", "c"]))  # 4 + 3 > 5 had the pairs stayed
+            await _until(lambda: batcher.queued == 3)
+            model.step()
+            model.step()
+            return after_cancel, await running, await later
+        finally:
+            for _ in range(4):
+                model.step()
+            await batcher.stop()
+
+    after_cancel, running, later = asyncio.run(scenario())
+    assert after_cancel == 0 and later.vectors.shape == (3, 2)
+    assert model.started == [["held"], ["a", "b", "c"]]  # the cancelled pairs never ran
+
+
+def test_a_rerank_waits_in_the_queue_and_is_refused_when_it_is_full(tiny_index, tiny_cross_encoder):
+    """A cross-encoder rerank is queued like an embedding: /health counts its pairs in queued_texts, one that would
+    overflow --max-queued-texts gets 429 with Retry-After, and a held model lets both finish afterwards."""
+    import threading
+
+    app = create_app(None, tiny_index, ServeConfig(rerank_model=tiny_cross_encoder, precision="fp32",
+                                                   max_queued_texts=6, encode_batch_size=4))
+    batcher = app.state.server.batcher
+    gate = threading.Event()
+    real = batcher.encode
+
+    def held(rows):
+        assert gate.wait(60)
+        return real(rows)
+
+    batcher.encode = held
+    documents = [f"document number {i}" for i in range(6)]
+    try:
+        with running_server(app) as url:
+            async def scenario():
+                async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+                    running = asyncio.ensure_future(c.post("/v1/embeddings", json={"input": "held by the gate"}))
+                    await _until(lambda: batcher._running)
+                    waiting = asyncio.ensure_future(c.post("/v1/rerank", json={"query": "q", "documents": documents}))
+                    # one micro-batch (4 pairs) per worker waits; the rest follows it
+                    await _until(lambda: batcher.queued == 4)
+                    health = (await c.get("/health")).json()
+                    refused = await c.post("/v1/rerank", json={"query": "q", "documents": documents})
+                    gate.set()
+                    return health, refused, await running, await waiting
+
+            health, refused, running, waiting = asyncio.run(scenario())
+    finally:
+        gate.set()
+    assert health["queued_texts"] == 4
+    error = refused.json()["error"]
+    assert refused.status_code == 429 and error["code"] == "overloaded" and int(refused.headers["retry-after"]) >= 1
+    assert "rerank pairs" in error["message"]
+    assert running.status_code == 200 and waiting.status_code == 200, waiting.text
+    assert sorted(r["index"] for r in waiting.json()["results"]) == list(range(6))
+
+
+def test_a_rerank_whose_client_disconnects_is_dropped_with_499(tiny_index, tiny_cross_encoder):
+    """A rerank whose client goes away while its first micro-batch runs: 499, and its other micro-batches never
+    reach the cross-encoder (as an embedding's do not)."""
+    import threading
+
+    from robustir.serving.app import ApiError
+
+    app = create_app(None, tiny_index, ServeConfig(rerank_model=tiny_cross_encoder, precision="fp32",
+                                                   encode_batch_size=2))
+    server = app.state.server
+    gate, calls = threading.Event(), []
+    real = server.reranker.score
+
+    def held(queries, documents):
+        calls.append(list(documents))
+        assert gate.wait(60)
+        return real(queries, documents)
+
+    server.reranker.score = held
+
+    class Request:  # what the ASGI server gives once the body is read: receive() waits for the disconnect
+        def __init__(self) -> None:
+            self.gone = asyncio.Event()
+
+        async def receive(self) -> dict:
+            await self.gone.wait()
+            return {"type": "http.disconnect"}
+
+    async def scenario():
+        await server.batcher.start()
+        try:
+            request = Request()
+            work = asyncio.ensure_future(server.rerank_scores("q", [f"d{i}" for i in range(8)], request))
+            await _until(lambda: len(calls) == 1)
+            request.gone.set()
+            with pytest.raises(ApiError) as gone:
+                await work
+            gate.set()
+            return gone.value
+        finally:
+            gate.set()
+            await server.batcher.stop()
+
+    try:
+        error = asyncio.run(scenario())
+    finally:
+        server.close()
+    assert error.status == 499 and error.code == "client_closed_request"
+    assert calls == [["d0", "d1"]]  # the other three micro-batches were dropped
+
+
+def test_a_classifier_with_several_labels_is_refused_as_a_reranker(tmp_path, tiny_index, tiny_model_dir):
+    """Issue 52, item 8: a 3-label classifier (an NLI model) as --rerank-model ranked by its first logit, without a
+    word. It is refused when the server starts -- and as a teacher (the same cross-encoder scorer) -- naming its
+    labels and what a reranker needs."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from robustir.filtering.teacher import load_teacher
+
+    folder = tmp_path / "nli"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=3,
+                        id2label={0: "contradiction", 1: "entailment", 2: "neutral"},
+                        label2id={"contradiction": 0, "entailment": 1, "neutral": 2})
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    expected = r"is a classifier with 3 labels \(contradiction, entailment, neutral\), not a relevance cross-encoder"
+    with pytest.raises(ConfigError, match=expected):
+        create_app(None, tiny_index, ServeConfig(rerank_model=str(folder), precision="fp32"))
+    with pytest.raises(ConfigError, match="num_labels 1"):
+        load_teacher(str(folder), "cross-encoder", precision="fp32", device="cpu")

@@ -284,7 +284,7 @@ def test_the_audit_answers_through_the_one_rule(tmp_path, tiny_model_dir, caplog
     model = _model_copy(tiny_model_dir, tmp_path)
     data = _jsonl(tmp_path / "train.jsonl", RECORDS)
     config = lambda **kw: AuditConfig(**{  # noqa: E731
-        "data": str(data), "output": str(tmp_path / "audit"), "model": str(model), "progress": False, "bootstrap": 20,
+        "data": str(data), "output": str(tmp_path / "audit"), "model": str(model), "progress": False, "bootstrap": 40,
         "random_passages": 20, "precision": "fp32", **kw})
     assert not audit(config()).already_complete
     assert audit(config(batch_size=3)).already_complete

@@ -66,7 +66,7 @@ from .filtering.sieve import SieveConfig
 from .filtering.teacher import TeacherFilterConfig
 from .training.arguments import TrainConfig
 from .pretraining.pretrain import PretrainConfig, resolve_data_path
-from .validation import config_dataclass, NonNegativeInt, PositiveInt
+from .validation import config_dataclass, ModelName, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class QueriesStage:
     """Source beir: qrels split of the corpus folder."""
     max_examples: PositiveInt | None = None
     """Keep a seeded random sample of at most this many pairs."""
-    seed: NonNegativeInt = 0
+    seed: Seed = 0
 
 
 @config_dataclass
@@ -128,7 +128,7 @@ class EvalStage:
 @config_dataclass
 class PipelineConfig:
     work_dir: str = operational("runs/pipeline")
-    model: str | None = None
+    model: ModelName | None = None
     """Base model; None = the bundled all-MiniLM-L6-v2."""
     corpus: str = "bundled:scifact"
     """Raw documents: BEIR folder, JSONL (_id/id, title, text) or plain text."""

@@ -31,13 +31,14 @@ import typing
 from typing import Annotated, Any, TypeVar
 
 import annotated_types
-from pydantic import BeforeValidator, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from .errors import ConfigError
 
-__all__ = ["config_dataclass", "Range", "OptionError", "cli", "field_range", "PositiveInt",
-           "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "Fraction", "OpenFraction", "Probability", "Items"]
+__all__ = ["config_dataclass", "Range", "Because", "OptionError", "cli", "field_range", "PositiveInt",
+           "NonNegativeInt", "PositiveFloat", "NonNegativeFloat", "Fraction", "OpenFraction", "Probability", "Items",
+           "Seed", "MAX_SEED", "Epochs", "MAX_EPOCHS", "Steps", "MAX_STEPS", "ModelName"]
 
 T = TypeVar("T")
 
@@ -51,9 +52,22 @@ def Range(*, ge: float | None = None, gt: float | None = None, le: float | None 
     return annotated_types.Interval(ge=ge, gt=gt, le=le, lt=lt)
 
 
+class Because:
+    """Why a field has its :func:`Range`, said after a value out of it: ``Annotated[int, Range(le=2**32 - 1),
+    Because("numpy's random generators take no larger seed")]``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 def _split_commas(value: Any) -> Any:
-    """``"fp,fn"`` (a ``key=value`` override or a YAML scalar) is the list ``["fp", "fn"]``."""
-    return [item for item in value.split(",") if item] if isinstance(value, str) else value
+    """``"fp,fn"`` (a ``key=value`` override or a YAML scalar) is the list ``["fp", "fn"]``; so is each string of a
+    list (the CLI gives ``--seeds 1,2`` as ``["1,2"]``)."""
+    if isinstance(value, str):
+        return [item for item in value.split(",") if item]
+    if isinstance(value, (list, tuple)) and any(isinstance(item, str) and "," in item for item in value):
+        return [part for item in value for part in (_split_commas(item) if isinstance(item, str) else [item])]
+    return value
 
 
 Items = Annotated[list[T], BeforeValidator(_split_commas)]  # a list, also given as "a,b,c"
@@ -64,6 +78,24 @@ NonNegativeFloat = Annotated[float, Range(ge=0)]
 Fraction = Annotated[float, Range(ge=0, le=1)]  # a share: 0..1
 OpenFraction = Annotated[float, Range(ge=0, lt=1)]  # 0 <= x < 1 (a warm-up share, a relative margin)
 Probability = Fraction
+def _named(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError("is empty (an unset shell variable?); name a model folder or hub id, or leave it out for "
+                          "the default")
+    return value
+
+
+#: a model folder or hub id: an empty one (``--rerank-model "$UNSET"``) is refused, not read as "the default"
+ModelName = Annotated[str, AfterValidator(_named)]
+#: numpy's seed range (``np.random.seed`` / ``default_rng`` through ``transformers.set_seed``): 0 .. 2**32 - 1
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Range(ge=0, le=MAX_SEED), Because("numpy's random generators take seeds from 0 to 2**32 - 1")]
+#: more optimizer steps than any run takes (a step a millisecond would run 11 days); bounds epochs x steps per epoch
+MAX_STEPS = 10**9
+MAX_EPOCHS = 1e6
+Epochs = Annotated[float, Range(gt=0, le=MAX_EPOCHS), Because(
+    f"a training run takes at most {MAX_STEPS:,} steps; for a step budget set max_steps")]
+Steps = Annotated[int, Range(ge=1, le=MAX_STEPS), Because(f"a training run takes at most {MAX_STEPS:,} steps")]
 
 
 def cli(flag: str | None = None, *, flatten: bool = False) -> Any:
@@ -132,7 +164,7 @@ class OptionError(ConfigError):
 
 
 def _follows_key(text: str) -> bool:
-    return text.startswith((":", " = "))
+    return text.startswith((":", " = ", " is "))
 
 
 def _deepest(errors: list[dict]) -> list[dict]:
@@ -221,13 +253,15 @@ def _explain(error: dict, config: type) -> list[tuple[str, str]]:
         return [(key, f": unknown option {str(loc[-1])!r}{hint}; known: {', '.join(known)}")]
     key, owner, name, current = _walk(config, loc)
     if kind in ("value_error", "assertion_error") and isinstance(ctx.get("error"), ConfigError):
-        inner = ctx["error"]  # raised by a config's own checks (__post_init__)
-        return inner.under(key).problems if isinstance(inner, OptionError) else [(key, f": {inner}" if key else
-                                                                                   str(inner))]
+        inner = ctx["error"]  # raised by a config's own checks (__post_init__) or a type's (ModelName)
+        if isinstance(inner, OptionError):
+            return inner.under(key).problems
+        return [(key, (f" {inner}" if str(inner).startswith("is ") else f": {inner}") if key else str(inner))]
     shown = f"{value!r}" if not isinstance(value, dict) or len(repr(value)) < 200 else "a mapping"
     if kind in _BOUNDS:
         rng = field_range(owner, name) if owner is not None and name else None
-        return [(key, f" = {value} is out of range: it must be {_describe(rng, ctx)}")]
+        why = _because(owner, name) if owner is not None and name else None
+        return [(key, f" = {value} is out of range: it must be {_describe(rng, ctx)}" + (f" ({why})" if why else ""))]
     if kind == "finite_number":
         return [(key, f" = {value} is not a finite number")]  # a number, or its text (``lr=nan``)
     if kind == "literal_error":
@@ -243,13 +277,28 @@ def _explain(error: dict, config: type) -> list[tuple[str, str]]:
     return [(key, f": {error.get('msg', kind)} (got {shown})")]
 
 
-def field_range(cls: type, name: str) -> annotated_types.Interval | None:
-    """The :func:`Range` declared on field ``name`` of config ``cls`` (None if it has none)."""
+def _metadata(cls: type, name: str) -> list[Any]:
+    """The annotations (:func:`Range`, :class:`Because`) of field ``name`` of config ``cls``, also those of an
+    optional field's type (``Seed | None``)."""
     info = getattr(cls, "__pydantic_fields__", {}).get(name)
     if info is None:
-        return None
+        return []
+    metadata = list(info.metadata)
+    for member in typing.get_args(info.annotation):
+        if typing.get_origin(member) is Annotated:
+            metadata += typing.get_args(member)[1:]
+    return metadata
+
+
+def _because(cls: type, name: str) -> str | None:
+    """The :class:`Because` declared on field ``name`` of config ``cls`` (None if it has none)."""
+    return next((m.reason for m in _metadata(cls, name) if isinstance(m, Because)), None)
+
+
+def field_range(cls: type, name: str) -> annotated_types.Interval | None:
+    """The :func:`Range` declared on field ``name`` of config ``cls`` (None if it has none)."""
     bounds: dict[str, Any] = {}
-    for meta in info.metadata:
+    for meta in _metadata(cls, name):
         for bound in ("ge", "gt", "le", "lt"):
             if getattr(meta, bound, None) is not None:
                 bounds[bound] = getattr(meta, bound)

@@ -48,7 +48,7 @@ from ..errors import ConfigError, DataError
 from ..io import atomic_write, write_json
 from ..precision import Precision
 from ..runs import Artifact, fingerprint, operational
-from ..validation import NonNegativeInt, OpenFraction, PositiveInt, Range, config_dataclass
+from ..validation import Because, config_dataclass, ModelName, NonNegativeInt, OpenFraction, PositiveInt, Range, Seed
 from .estimate import estimate_rates, near_miss_reading
 from .flags import Flagging
 from .pool import Pooling, _load_teacher
@@ -58,6 +58,9 @@ from .score import Scoring, _distributions
 logger = logging.getLogger(__name__)
 
 __all__ = ["AuditConfig", "AuditResult", "Record", "audit", "iter_records", "REPORT", "FLAGGED"]
+
+#: fewest bootstrap resamples: with n resamples each 2.5 % tail of a 95 % percentile interval holds 0.025 n of them
+MIN_BOOTSTRAP = 40
 
 REPORT, FLAGGED, MARKDOWN, PLOT = "report.json", "flagged.jsonl", "report.md", "audit.png"
 
@@ -72,7 +75,7 @@ class AuditConfig:
     """Folder for report.json, report.md, audit.png and flagged.jsonl."""
     split: str = "train"
     """The qrels split read when ``data`` is a BEIR folder."""
-    model: str | None = None
+    model: ModelName | None = None
     """Teacher: an embedding model folder or hub id (None = the bundled all-MiniLM-L6-v2)."""
     corpus: str | None = None
     """Passages searched for better matches than each positive: a BEIR folder or a corpus JSONL (None: ``data``'s
@@ -98,10 +101,12 @@ class AuditConfig:
     """Shorter queries are flagged ``short_query``."""
     min_passage_words: NonNegativeInt = 5
     """Shorter positives are flagged ``short_positive``."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the samples and the bootstrap."""
-    bootstrap: NonNegativeInt = 1000
-    """Bootstrap resamples of the rate's interval."""
+    bootstrap: Annotated[int, Range(ge=MIN_BOOTSTRAP), Because(
+        f"a 95 % percentile interval needs at least {MIN_BOOTSTRAP} resamples for each 2.5 % tail to hold one; with "
+        "fewer (0 included) the report would show a rate with a made-up interval such as ± 0")] = 1000
+    """Bootstrap resamples of the rate's 95 % interval (at least 40; 1,000 is the usual choice)."""
     max_length: PositiveInt | None = None
     """Teacher token limit (None = the model's own)."""
     batch_size: PositiveInt = operational(64)

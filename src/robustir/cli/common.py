@@ -45,6 +45,7 @@ from ..errors import ConfigError
 from ..precision import PRECISION_HELP
 from ..precision import Precision as PrecisionChoice
 from ..resources import dataset_path, default_model_path
+from ..validation import PositiveInt, config_dataclass
 
 #: a stage config's parameter: its fields are the command's flags (``config: Annotated[X | None, CONFIG] = None``)
 CONFIG = Parameter(name="*")
@@ -70,6 +71,29 @@ Precision = Annotated[PrecisionChoice | None,
                       Parameter(help=f"{PRECISION_HELP} (default: auto); --bf16 / --no-bf16 / --fp32 are the older "
                                      "spellings of bf16 / fp32")]
 Device = Annotated[str | None, Parameter(help=f"{DEVICE_HELP} (default: auto)")]
+
+
+
+@config_dataclass
+class EncoderOverrides:
+    """The encoder settings a command that loads a saved model may override (``encoder: Annotated[EncoderOverrides |
+    None, CONFIG] = None``): each left out is the model's own (its ``robustir_config.json`` or sentence-transformers
+    settings), so the help shows that, not :class:`~robustir.models.encoder.EncoderConfig`'s defaults for a new
+    model -- which a loaded model does not use."""
+
+    pooling: typing.Literal["cls", "mean"] | None = None  # robustir.models.encoder.Pooling (it imports torch)
+    """Sentence vector: the [CLS] token or the mean of the tokens [default: the model's own]"""
+    normalize: bool | None = None
+    """Unit-length vectors (cosine similarity) [default: the model's own]"""
+    query_max_length: PositiveInt | None = None
+    """Queries are cut to this many tokens [default: the model's own]"""
+    passage_max_length: PositiveInt | None = None
+    """Passages are cut to this many tokens [default: the model's own]"""
+    query_instruction: str | None = None
+    """Prefix added to every query (BGE style) [default: the model's own]"""
+    passage_instruction: str | None = None
+    """Prefix added to every passage [default: the model's own]"""
+
 
 # ------------------------------------------------------------------------------------------ the flags layer
 

@@ -11,16 +11,16 @@ import numpy as np
 from ..data.beir import load_corpus, load_queries
 from ..errors import ConfigError
 from ..io import atomic_write
-from ..models.encoder import Encoder, EncoderConfig
+from ..models.encoder import Encoder
 from ..outputs import refuse_overwriting_inputs
-from .common import CONFIG, Device, Model, Precision, encoder_options, model_or_default
+from .common import CONFIG, Device, EncoderOverrides, Model, Precision, encoder_options, model_or_default
 
 
 def command(*, input: str, output: str, queries: bool = False, model: Model = None, batch_size: int = 64,
             precision: Precision = None, device: Device = None, engine: Literal["process", "ray"] = "process",
             ray_address: str | None = None, concurrency: int | None = None, num_gpus: float | None = None,
             part_rows: int | None = None, overwrite: bool = False,
-            encoder: Annotated[EncoderConfig | None, CONFIG] = None) -> int:
+            encoder: Annotated[EncoderOverrides | None, CONFIG] = None) -> int:
     """Encode a corpus or queries into an embedding file.
 
     Parameters

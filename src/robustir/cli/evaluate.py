@@ -13,13 +13,12 @@ from typing import Annotated
 from ..errors import ConfigError
 from ..evaluation.metrics import format_table
 from ..evaluation.retrieval import EvalConfig, evaluate
-from ..models.encoder import EncoderConfig
-from .common import (CONFIG, Model, StorageOption, data_or_default, encoder_options, model_or_default, stage_config,
-                     storage_options)
+from .common import (CONFIG, EncoderOverrides, Model, StorageOption, data_or_default, encoder_options, model_or_default,
+                     stage_config, storage_options)
 
 
 def command(*, model: Model = None, data: str | None = None, split: str = "test", output: str | None = None,
-            storage_option: StorageOption = (), encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            storage_option: StorageOption = (), encoder: Annotated[EncoderOverrides | None, CONFIG] = None,
             config: Annotated[EvalConfig | None, CONFIG] = None) -> int:
     """Evaluate a model (or bm25: --model bm25 or --mode lexical) on a BEIR folder.
 

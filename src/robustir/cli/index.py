@@ -23,10 +23,9 @@ from typing import Annotated
 from cyclopts import Parameter
 
 from ..errors import ConfigError
-from ..models.encoder import EncoderConfig
 from ..serving.index import IndexConfig, SearchIndex, read_id_list
-from .common import (CONFIG, Model, StorageOption, encoder_options, given, given_flags, model_or_default, stage_config,
-                     storage_options)
+from .common import (CONFIG, EncoderOverrides, Model, StorageOption, encoder_options, given, given_flags,
+                     model_or_default, stage_config, storage_options)
 
 ACTIONS = ("--corpus (build), --add, --upsert, --delete/--delete-id, --compact, --check, --discard-unfinished")
 
@@ -35,7 +34,7 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
             delete: str | None = None, delete_id: Annotated[tuple[str, ...], Parameter(consume_multiple=False)] = (),
             compact: bool = False, check: bool = False,
             discard_unfinished: bool = False, overwrite: bool = False, storage_option: StorageOption = (),
-            model: Model = None, encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            model: Model = None, encoder: Annotated[EncoderOverrides | None, CONFIG] = None,
             config: Annotated[IndexConfig | None, CONFIG] = None) -> int:
     """Encode a corpus into a persistent search index (LanceDB: vectors, full text, metadata); add, upsert and
     delete documents. What to do, one of: --corpus, --add, --upsert, --delete / --delete-id, --compact, --check,

@@ -57,11 +57,43 @@ def build_app():
                                     "-v / --verbose / --debug before the stage: debug logging and full tracebacks "
                                     "(for bug reports; also ROBUSTIR_DEBUG=1).",
               version_flags=[], help_format="rst", result_action="return_value", config=[record_flags],
+              help_formatter=_help_formatter(),
               # a flag given twice: the last one counts (a script's flag overridden by one appended), as argparse did
               default_parameter=Parameter(consume_multiple=True, negative_iterable=(), allow_repeating=True))
     for order, (name, (module, help_text)) in enumerate(STAGES.items()):
         app.command(f"robustir.cli.{module}:command", name=name, help=help_text, sort_key=order)  # pipeline order
     return app
+
+
+def _help_formatter():
+    """cyclopts' help formatter, with the flag column of a parameter panel as wide as its longest flag name (plus
+    the two spaces a continued line is indented by) where cyclopts' 35 % of the terminal is narrower, up to half the
+    terminal: a name is never cut in two (``--no-gradient-checkpointin`` / ``g`` at 80 columns); the description
+    column takes what is left. Command panels are cyclopts' own."""
+    from attrs import define, evolve
+    from cyclopts.help import DefaultFormatter
+    from cyclopts.help.specs import NameRenderer, get_default_parameter_columns
+
+    def columns(console, options, entries) -> tuple:
+        longest = max((len(word) for entry in entries
+                       for word in " ".join(entry.display_labels_with_metavar).split()), default=0)
+        out = []
+        for column in get_default_parameter_columns(console, options, entries):
+            if isinstance(column.renderer, NameRenderer) and column.max_width is not None \
+                    and column.max_width < longest + 2:
+                width = min(longest + 2, max(column.max_width, console.width // 2))
+                column = evolve(column, renderer=NameRenderer(max_width=width), max_width=width, min_width=width)
+            out.append(column)
+        return tuple(out)
+
+    @define(kw_only=True)
+    class WideNames(DefaultFormatter):
+        def __call__(self, console, options, panel) -> None:
+            if panel.format != "command" and self.column_specs is None:
+                return evolve(self, column_specs=columns)(console, options, panel)
+            return super().__call__(console, options, panel)
+
+    return WideNames()
 
 
 def parse(argv: list[str]):

@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from ..models.encoder import EncoderConfig
 from ..negatives.mining import MiningConfig
-from .common import CONFIG, Model, Overwrite, Shard, encoder_options, model_or_default, stage_config
+from .common import (CONFIG, EncoderOverrides, Model, Overwrite, Shard, encoder_options, model_or_default,
+                     stage_config)
 
 
 def command(*, output: str, data: str | None = None, split: str = "train", input: str | None = None,
             corpus: str | None = None, shard: Shard = None, overwrite: Overwrite = False, model: Model = None,
-            encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            encoder: Annotated[EncoderOverrides | None, CONFIG] = None,
             config: Annotated[MiningConfig | None, CONFIG] = None) -> int:
     """Mine hard negatives with BM25 or a dense model.
 

@@ -7,13 +7,13 @@ from typing import Annotated
 from ..evaluation.metrics import format_table
 from ..evaluation.rerank import evaluate_reranking, load_rerank_data
 from ..io import write_json
-from ..models.encoder import Encoder, EncoderConfig
-from .common import CONFIG, Device, Model, Precision, encoder_options, model_or_default
+from ..models.encoder import Encoder
+from .common import CONFIG, Device, EncoderOverrides, Model, Precision, encoder_options, model_or_default
 
 
 def command(*, data: str, model: Model = None, output: str | None = None, batch_size: int = 64,
             precision: Precision = None, device: Device = None,
-            encoder: Annotated[EncoderConfig | None, CONFIG] = None) -> int:
+            encoder: Annotated[EncoderOverrides | None, CONFIG] = None) -> int:
     """MAP/MRR over given candidate lists (C-MTEB reranking style).
 
     Parameters

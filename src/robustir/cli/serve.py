@@ -20,13 +20,13 @@ import logging
 from typing import Annotated
 
 from ..errors import ConfigError
-from ..models.encoder import EncoderConfig
 from ..serving.config import ServeConfig
-from .common import CONFIG, StorageOption, encoder_options, model_or_default, stage_config, storage_options
+from .common import (CONFIG, EncoderOverrides, StorageOption, encoder_options, model_or_default, stage_config,
+                     storage_options)
 
 
 def command(*, model: str | None = None, index: str | None = None, storage_option: StorageOption = (),
-            encoder: Annotated[EncoderConfig | None, CONFIG] = None,
+            encoder: Annotated[EncoderOverrides | None, CONFIG] = None,
             config: Annotated[ServeConfig | None, CONFIG] = None) -> int:
     """OpenAI-compatible embeddings and search server (FastAPI).
 

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..io import atomic_write, read_jsonl, write_json
 from ..precision import Precision
-from ..validation import config_dataclass, NonNegativeInt, PositiveInt
+from ..validation import config_dataclass, NonNegativeInt, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ClassifyConfig:
 
     shots: NonNegativeInt = 0
     """Labelled examples per class (from train) averaged into a prototype; 0 = zero-shot."""
-    seed: NonNegativeInt = 0
+    seed: Seed = 0
     """Which examples the few-shot prototypes use."""
     prompt: str | None = None
     """Prefix of every sample text; None = the model's query instruction."""

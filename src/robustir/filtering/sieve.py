@@ -45,8 +45,8 @@ from ..errors import ConfigError
 from ..io import Shard
 from .teacher import REASON_EQUALS_POSITIVE, Decision, FilterRecord, FilterReport, check_paths, run_filter
 from ..precision import Precision
-from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt,
-                          Range)
+from ..validation import (cli, config_dataclass, Epochs, ModelName, NonNegativeFloat, NonNegativeInt, OpenFraction,
+                          PositiveFloat, PositiveInt, Range, Seed, Steps)
 
 
 __all__ = ["SieveConfig", "SieveTrainer", "sieve_negatives", "sieve_decision", "plot_similarities"]
@@ -60,7 +60,7 @@ REASON_BEYOND_POOL = "beyond_pool"
 class SieveConfig:
     """Options of the passage sieve (``robustir filter --method sieve``)."""
 
-    model: str | None = None
+    model: ModelName | None = None
     """Starting model (None = the bundled all-MiniLM-L6-v2)."""
     train: bool = True
     """Train briefly with the CCR loss first (False: sieve with ``model`` as it is)."""
@@ -76,9 +76,9 @@ class SieveConfig:
     """CCR loss temperature."""
     lr: PositiveFloat = 1e-5
     """Brief-training learning rate (the paper: 1e-7)."""
-    epochs: PositiveFloat = 1.0
+    epochs: Epochs = 1.0
     """Epochs of the brief CCR training."""
-    max_steps: PositiveInt | None = None
+    max_steps: Steps | None = None
     """Cap on the brief training's steps (None = ``epochs``)."""
     train_batch_size: Annotated[int, Range(ge=2)] = 16
     """Queries per batch of the brief CCR training."""
@@ -92,7 +92,7 @@ class SieveConfig:
     """Passage tokens (None: 256, or the model's limit if lower)."""
     train_precision: Precision = "auto"
     """Precision of the brief training: auto = bf16 where the device computes it natively, else fp32; fp32; bf16."""
-    seed: NonNegativeInt = 10086
+    seed: Seed = 10086
     """Seed of the brief CCR training."""
     work_dir: str | None = operational(None)
     """Brief-training folder (default ``<output>.sieve-work``)."""

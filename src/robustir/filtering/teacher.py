@@ -45,7 +45,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from ..negatives.margins import margin_reason
 from ..negatives.score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import cli, config_dataclass, NonNegativeFloat, OpenFraction, PositiveInt
+from ..validation import cli, config_dataclass, ModelName, NonNegativeFloat, OpenFraction, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +303,8 @@ class EmbeddingTeacher:
 
 
 class CrossEncoderTeacher:
-    """``sentence_transformers.CrossEncoder`` relevance scores (default activation: sigmoid for one label)."""
+    """``sentence_transformers.CrossEncoder`` relevance scores (default activation: sigmoid for one label). A model
+    with more than one label (an NLI or topic classifier) is refused: its first logit is not a relevance score."""
 
     def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, precision: str = "auto",
                  device: str | None = "auto") -> None:
@@ -315,6 +316,15 @@ class CrossEncoderTeacher:
 
         where = resolve_device(device)
         self.model = CrossEncoder(path, max_length=max_length, device=device_string(where))
+        labels = int(getattr(self.model.model.config, "num_labels", 1) or 1)
+        if labels != 1:  # the score is one relevance logit: a classifier's first class is not relevance
+            names = getattr(self.model.model.config, "id2label", None) or {}
+            shown = ", ".join(str(names[k]) for k in sorted(names)) if names else f"{labels} classes"
+            raise ConfigError(f"{path} is a classifier with {labels} labels ({shown}), not a relevance cross-encoder: "
+                              "robustir scores a (query, passage) pair by the model's single relevance logit, and "
+                              "the first of several classes is not one. Use a cross-encoder trained for relevance "
+                              "with one label (num_labels 1 in its config.json), e.g. "
+                              "cross-encoder/ms-marco-MiniLM-L-6-v2")
         resolved = resolve_precision(precision, where)
         if resolved != "fp32":
             self.model.model.to(dtype=precision_dtype(resolved))
@@ -362,7 +372,7 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
 class TeacherFilterConfig:
     """Options of the teacher-margin filter (``robustir filter --method teacher``)."""
 
-    model: str | None = None
+    model: ModelName | None = None
     """Teacher folder: embedding model or cross-encoder (None = the bundled all-MiniLM-L6-v2)."""
     kind: Annotated[Literal["auto", "embedding", "cross-encoder"], cli("teacher-kind")] = "auto"
     """What the teacher is (``auto``: a cross-encoder when the folder holds a sequence-classification head)."""
@@ -381,7 +391,7 @@ class TeacherFilterConfig:
     The rule of ``robustir audit``'s ``random_like`` flag: 0.1 keeps 99 % of clean SciFact positives. None = off."""
     random_passages: PositiveInt = 200
     """How many random passages ``random_like_share`` compares each positive with."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the random passages."""
     batch_size: PositiveInt = operational(64)
     """Encoding batch size."""

@@ -6,7 +6,8 @@ import os
 from dataclasses import field
 from typing import Annotated, Literal
 
-from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
+                          Seed)
 from ..runs import operational
 
 
@@ -30,7 +31,7 @@ class LLMConfig:
     """Nucleus sampling share; None = the server's default."""
     max_tokens: NonNegativeInt = 512
     """Reply length limit (``max_tokens`` in the request); 0 sends none."""
-    seed: NonNegativeInt | None = None
+    seed: Seed | None = None
     """Sampling seed sent with each request (servers that honour it reply the same every run)."""
     extra_body: dict = field(default_factory=dict)
     """Merged into every request body, e.g. ``{"chat_template_kwargs": {"enable_thinking": false}}`` for vLLM."""

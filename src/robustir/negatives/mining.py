@@ -60,7 +60,7 @@ from ..outputs import StageOutput, refuse_overwriting_inputs, stage_step
 from .margins import margin_reason
 from .score_stats import ScoreStats
 from ..precision import Precision
-from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt, Range
+from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveInt, Range, Seed
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class MiningConfig:
     """Keep if score <= positive score * (1 - margin) (NV-Retriever; e.g. 0.05)"""
     sampling: Literal["top", "random"] = "top"
     """Take the top survivors, or sample them at random (seeded)"""
-    seed: NonNegativeInt = 42
+    seed: Seed = 42
     """Seed of the sampling of negatives."""
     query_batch_size: PositiveInt = operational(1024)
     """Queries retrieved per chunk."""

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import shutil
@@ -74,8 +73,8 @@ from ..io import read_jsonl, write_json
 from ..resources import default_model_path
 from ..training.batch_engine import BatchEngine
 from ..training.checkpoints import input_digest
-from ..training.loop import LoopConfig, TrainingLoop, loop_step
-from ..validation import cli, NonNegativeFloat, PositiveFloat, PositiveInt, Range, config_dataclass
+from ..training.loop import LoopConfig, TrainingLoop, loop_step, steps_for_epochs
+from ..validation import cli, config_dataclass, ModelName, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ class PretrainConfig(LoopConfig):
     mode: Literal["retromae", "gur"] = "retromae"
     """Pre-training method: RetroMAE (masked auto-encoding) or GUR (joint MLM + contrastive)."""
     # model
-    model: str | None = None
+    model: ModelName | None = None
     """Folder or hub id; None = the bundled all-MiniLM-L6-v2."""
     heads: Annotated[str | None, cli("resume-heads")] = None
     """Decoder_head / projection_head folder (or a pre-training output) to continue from."""
@@ -158,9 +157,6 @@ class PretrainConfig(LoopConfig):
     def validate(self) -> None:
         if self.mode not in ("retromae", "gur"):
             raise ConfigError(f"mode must be 'retromae' or 'gur', got {self.mode!r}")
-        if self.model is not None and not self.model.strip():
-            raise ConfigError("model is empty; name a model folder or hub id, or leave it out (null) for the bundled "
-                              "all-MiniLM-L6-v2")
         if not self.data:
             raise ConfigError("data is required: raw text for retromae (JSONL with 'text', BEIR folder, plain text), "
                               "a pairs JSONL from `robustir pairs` for gur")
@@ -439,7 +435,7 @@ def pretrain(config: PretrainConfig, stop_after: int | None = None) -> PretrainR
         if num_examples < global_batch:
             logger.warning("only %d examples for a global batch of %d: examples repeat within a step",
                            num_examples, global_batch)
-        total_steps = max(1, math.ceil(config.epochs * num_examples / global_batch))
+        total_steps = steps_for_epochs(config.epochs, num_examples / global_batch)
 
     from ..models.encoder import resolve_model_path
 

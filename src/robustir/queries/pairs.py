@@ -59,7 +59,8 @@ from ..data.sentences import split_sentences
 from ..errors import ConfigError
 from ..io import Shard
 from ..outputs import refuse_overwriting_inputs
-from ..validation import cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import (cli, config_dataclass, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range,
+                          Seed)
 
 __all__ = ["PairMiningConfig", "Pair", "char_weight", "text_weight", "SuffixAutomaton",
            "heaviest_common_substring", "is_match", "document_rows", "mine_document_pairs", "mine_pairs",
@@ -189,7 +190,7 @@ def heaviest_common_substring(a: str, b: str) -> tuple[str, float]:
 class PairMiningConfig:
     """Options of GUR pair mining (defaults follow the authors' released ``repeat2`` data, §3.1)."""
 
-    seed: int = 0
+    seed: Seed = 0
     """Sampling seed."""
     repeat: PositiveInt = 2
     """Max pairs a sentence may take part in."""

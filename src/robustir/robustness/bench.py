@@ -58,7 +58,7 @@ from ..filtering.teacher import ROBUST_FILTER
 from ..runs import Artifact, Fingerprint, fingerprint, operational
 from .jobs import MemoryGate, run_gated
 from .noise import NOISE_KINDS, NoiseKind, plant_noise
-from ..validation import Items, NonNegativeInt, PositiveInt, config_dataclass
+from ..validation import config_dataclass, Items, ModelName, NonNegativeInt, PositiveInt, Seed
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
                          train_sentence_transformers, write_rows)
 
@@ -119,7 +119,7 @@ DEFAULT_GRID = {
 class NoiseBenchConfig:
     data: str = ""
     """BEIR folder with a train split (noise goes here) and an evaluation split; default: bundled SciFact."""
-    model: str | None = None
+    model: ModelName | None = None
     """Model folder or hub id; None = the bundled all-MiniLM-L6-v2."""
     preset: Literal["cpu", "cpu-long", "gpu"] = "cpu"
     """Budget and default grid (BENCH_PRESETS)."""
@@ -129,7 +129,7 @@ class NoiseBenchConfig:
     """Shares of noisy training queries, e.g. [0, 0.2, 0.4] (empty = the preset's grid)."""
     methods: Items[Method] = field(default_factory=list)
     """Training methods compared (empty = the preset's grid)."""
-    seeds: Items[int] = field(default_factory=list)
+    seeds: Items[Seed] = field(default_factory=list)
     """Seeds of the noise and the training (empty = the preset's grid)."""
     output: str = "runs/noise-bench"
     """Result folder: results.jsonl, results.md, results.png."""

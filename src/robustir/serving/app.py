@@ -36,10 +36,12 @@ Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, f
   an index, and for an unknown route;
 * 413 for a body over ``--max-body-bytes`` and for a search over ``--max-hits-per-request`` (queries x ``top_k``) or
   whose answer would be over ``--max-response-bytes``;
-* 429 with ``Retry-After`` when ``--max-queued-texts`` texts already wait for the model;
+* 429 with ``Retry-After`` when ``--max-queued-texts`` texts already wait for the models (a rerank's
+  ``(query, document)`` pairs count as texts: the cross-encoder's work goes through the same queue);
 * 503 with ``Retry-After`` for a request one of whose micro-batches waited ``--request-timeout-s`` in the queue for a
   model worker (encoding time does not count: a 1,500-text request on an idle CPU finishes);
-* a client that disconnects cancels its micro-batches that have not started (logged as 499);
+* a client that disconnects cancels its micro-batches that have not started (logged as 499), an embedding's or a
+  rerank's alike;
 * 500 when the model fails on a request -- that request only: a failing batch is re-run request by request.
 
 Answers carry ``X-Request-ID`` (the client's, or a new one), ``X-Total-Time``, and on model routes
@@ -135,18 +137,15 @@ class Server:
     _search_pool: Any = None  # index work that needs no model: its own threads (Server.searching)
 
     async def rerank_scores(self, query: str, documents: list[str], request: Request | None = None) -> np.ndarray:
-        """Relevance of each document to ``query``: the cross-encoder's score (``--rerank-model``, run on a model
-        worker thread), else the served embedding model's cosine (query and documents embedded through the
-        batcher, as /v1/embeddings does)."""
+        """Relevance of each document to ``query``: the cross-encoder's score (``--rerank-model``), else the served
+        embedding model's cosine (query and documents embedded as /v1/embeddings does). Either way the work goes
+        through the batcher's queue (:meth:`model_work`): its limits, 429/503 and a client's disconnect hold for it,
+        and it takes turns with the embeddings micro-batch by micro-batch."""
         if not documents:
             return np.zeros(0, dtype=np.float32)
         if self.reranker is not None:
-            try:
-                return await self.batcher.run(self.reranker.score, [query] * len(documents), list(documents))
-            except Exception as exc:
-                logger.exception("the reranker failed on a request of %d documents", len(documents))
-                raise ApiError(500, f"the reranker failed on this request's {len(documents)} document(s) "
-                               f"({type(exc).__name__})", kind="server_error", code="internal_error") from None
+            pairs = [(query, document) for document in documents]
+            return (await self.model_work(RERANK, pairs, request)).vectors.astype(np.float32)
         ids = await self.tokenize([query], "query", "query") + await self.tokenize(documents, "passage", "documents")
         vectors = (await self.embed(ids, request)).vectors.astype(np.float32)
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
@@ -170,8 +169,15 @@ class Server:
     async def embed(self, ids: list[list[int]], request: Request | None = None) -> Any:
         """The vectors of ``ids`` from the batcher (micro-batches of ``--max-batch-size``, interleaved with other
         requests). With ``request``, a client that disconnects cancels what has not started."""
+        return await self.model_work(MicroBatcher.EMBED, ids, request)
+
+    async def model_work(self, kind: str, rows: list, request: Request | None = None) -> Any:
+        """Model ``kind``'s results for ``rows`` from the batcher -- every model's work comes here, so each gets the
+        same answers: 429 when the queue is full, 503 when a micro-batch waited too long, 500 when the model fails on
+        this request, 499 (and its queued work dropped) when the client disconnects."""
+        noun = "pair" if kind == RERANK else "text"
         try:
-            work = self.batcher.embed(ids, timeout=self.config.request_timeout_s)
+            work = self.batcher.submit(kind, rows, timeout=self.config.request_timeout_s)
             return await (work if request is None else _unless_client_leaves(request, work, self.metrics))
         except Overloaded as exc:
             self.metrics.reject("overloaded")
@@ -186,10 +192,12 @@ class Server:
                            "--request-timeout-s", kind="server_error", code="timeout",
                            headers={"Retry-After": str(retry)}) from None
         except EncodeFailed as exc:
-            raise ApiError(500, str(exc), kind="server_error", code="internal_error") from None
+            what = "the reranker" if kind == RERANK else "the model"
+            raise ApiError(500, str(exc).replace("the model", what, 1), kind="server_error",
+                           code="internal_error") from None
         except ClientGone:  # nobody reads this answer; 499 is what proxies log for it
-            raise ApiError(499, "the client disconnected before the answer was ready; its queued work was dropped",
-                           code="client_closed_request") from None
+            raise ApiError(499, f"the client disconnected before the answer was ready; its queued {noun}s were "
+                           "dropped", code="client_closed_request") from None
 
     async def searching(self, fn: Any, *args: Any) -> Any:
         """Run index work that needs no model (vector, full-text and filtered search, reads, deletes) on the search
@@ -201,6 +209,10 @@ class Server:
             self._pool.shutdown(wait=False)
         if self._search_pool is not None:
             self._search_pool.shutdown(wait=False)
+
+
+#: the batcher's name for the cross-encoder's work (``--rerank-model``)
+RERANK = "rerank"
 
 
 class ClientGone(Exception):
@@ -797,6 +809,14 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
         reranker = CrossEncoderTeacher(str(folder), batch_size=encode_batch, precision=precision,
                                        device=str(device))
         reranker_name = _model_label(str(folder))
+        scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
+
+        def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
+            with scoring:
+                return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
+
+        # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
+        batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
     server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
                     allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
                     api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,

@@ -1,29 +1,37 @@
-"""Dynamic batching of concurrent requests: worker threads run the model on everything that is waiting.
+"""Dynamic batching of concurrent requests: worker threads run the models on everything that is waiting.
 
-A request puts its rows (token-id lists, tokenized and checked before they get here, so a malformed text never
-joins a shared batch) on an asyncio queue and awaits a future. A request larger than ``max_batch_size`` rows is cut
-into micro-batches of at most that many, of which at most ``workers`` wait or run at a time: the next is queued when
-one is done, so requests that arrive meanwhile are served between them (a 1,500-text request no longer holds every
-worker until it is done), and a request whose client went away (its task cancelled) leaves no more than that behind.
-When a worker is free, a batching task takes the first waiting micro-batch and every one already waiting behind it,
-up to ``max_batch_size`` rows (one that would overflow the batch waits for the next), optionally waiting up to
-``max_wait_ms`` for more. With the default ``max_wait_ms=0`` a lone request starts at once: while the workers are
-busy, requests pile up on the queue, so under load the next batch is already full when a worker is free and no time
-is spent waiting. The batch runs on a worker thread and each request gets its own rows back.
+Every model's work goes through here -- the embedding model's (``/v1/embeddings``, ``/search``'s queries) and the
+cross-encoder's (``/v1/rerank``, ``/search`` with ``rerank: true``), and any model added later (:meth:`MicroBatcher.
+add_model`) -- so the same queue, limits, refusals and cancellation hold for all of them (issue 52: reranks used to
+run beside the queue, so an embedding waited 51.8 s behind six of them while the queue read 0).
+
+A request puts its rows (token-id lists, or a reranker's ``(query, document)`` pairs; checked before they get here,
+so a malformed text never joins a shared batch) on its model's queue and awaits a future. A request larger than its
+model's micro-batch size (``max_batch_size``; the reranker's is smaller, one forward pass) is cut into micro-batches,
+of which at most ``workers`` wait or run at a time: the next is queued when one is done, so requests that arrive
+meanwhile are served between them, and a request whose client went away (its task cancelled) leaves no more than
+that behind. When a worker is free, a batching task takes the first waiting micro-batch of the next model in turn
+(the models take turns while both have work: a 1,000-document rerank never holds up an embedding for more than one
+of its micro-batches per worker) and every one of that model already waiting behind it, up to the micro-batch size
+(one that would overflow the batch waits for the next), optionally waiting up to ``max_wait_ms`` for more. With the
+default ``max_wait_ms=0`` a lone request starts at once: while the workers are busy, requests pile up, so under load
+the next batch is already full when a worker is free and no time is spent waiting. The batch runs on a worker thread
+and each request gets its own rows back.
 
 Isolation and bounds:
 
 * a batch that fails is run again request by request, so only the request that breaks the model gets the error;
-* at most ``max_queued`` rows wait; a request that would go over is refused at once with :class:`Overloaded`
-  (``robustir serve`` answers 429 with ``Retry-After``) -- unless nothing waits, so any request within the per-request
-  limits is served on an idle server;
-* ``embed(..., timeout=)`` bounds how long each micro-batch *waits* for a worker, not how long the model takes on
+* at most ``max_queued`` rows wait, of every model together (a rerank pair counts as one); a request that would go
+  over is refused at once with :class:`Overloaded` (``robustir serve`` answers 429 with ``Retry-After``) -- unless
+  nothing waits, so any request within the per-request limits is served on an idle server;
+* ``submit(..., timeout=)`` bounds how long each micro-batch *waits* for a worker, not how long the model takes on
   it: a request whose micro-batch waited that long is dropped (its queued rows with it); one that is being encoded is
-  never cut off, however long it is.
+  never cut off, however long it is;
+* a cancelled request (its client went away) takes its waiting micro-batches off the queue at once.
 
 ``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
-:func:`robustir.serving.app._workers`. Other work for the model's threads (the reranker, an HTTP upsert's encoding)
-goes through :meth:`run`; index searches have their own threads (:meth:`robustir.serving.app.Server.searching`).
+:func:`robustir.serving.app._workers`. Work that is not a model's batch (an HTTP upsert's encoding) goes through
+:meth:`run` on the same threads; index searches have their own threads (:meth:`robustir.serving.app.Server.searching`).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -48,8 +56,8 @@ class Overloaded(Exception):
     """The queue is full: try again later (``retry_after`` seconds, an estimate)."""
 
     def __init__(self, queued: int, limit: int, retry_after: int) -> None:
-        super().__init__(f"the server is busy: {queued} texts are waiting for the model (at most {limit}); retry in "
-                         f"{retry_after} s")
+        super().__init__(f"the server is busy: {queued} texts (or rerank pairs) are waiting for the models (at most "
+                         f"{limit}); retry in {retry_after} s")
         self.queued, self.limit, self.retry_after = queued, limit, retry_after
 
 
@@ -68,10 +76,21 @@ class Embedded:
 
 @dataclass
 class _Item:
+    kind: str  # the model it is for
     rows: list[Any]
     future: asyncio.Future
     enqueued: float
     started: asyncio.Future  # done when its batch starts on a worker: the wait is over, the timeout no longer runs
+
+
+@dataclass
+class _Model:
+    """A model the workers run: ``fn(rows) -> one result row per row``, in micro-batches of ``batch_size`` rows."""
+
+    fn: Callable[[list[Any]], np.ndarray] | None  # None: the batcher's ``encode`` (read when a batch runs)
+    batch_size: int
+    unit: str  # what a row is, for messages: "text", "pair"
+    waiting: deque = field(default_factory=deque)  # its micro-batches, first come first served
 
 
 @dataclass
@@ -101,11 +120,14 @@ class BatchStats:
 
 
 class MicroBatcher:
-    """Batch concurrent ``embed`` calls into few calls of ``encode(rows) -> vectors`` (one row of vectors per row).
+    """Batch concurrent calls into few calls of each model: ``encode(rows) -> vectors`` (one row of vectors per row)
+    for :meth:`embed`, and the models of :meth:`add_model` for :meth:`submit`.
 
     Start it inside the event loop that serves requests (:meth:`start`), stop it with :meth:`stop`. ``on_batch(rows,
     requests, seconds, waits)``, if given, is called after each batch (metrics).
     """
+
+    EMBED = "embed"
 
     def __init__(self, encode: EncodeFn, *, max_batch_size: int = 64, max_wait_ms: float = 0.0, workers: int = 1,
                  max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None
@@ -125,15 +147,29 @@ class MicroBatcher:
         self.max_queued = max_queued
         self.on_batch = on_batch
         self.stats = BatchStats()
-        self.queued = 0  # rows on the queue, not yet in a batch
-        self._queue: asyncio.Queue[_Item] | None = None
+        self.queued = 0  # rows waiting, of every model, not yet in a batch
+        self._models: dict[str, _Model] = {self.EMBED: _Model(None, max_batch_size, "text")}
+        self._turn = 0  # the models take turns: index (in self._models) of the model whose batch goes next
+        self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rate = 0.0  # rows per second of recent batches (for Retry-After)
 
+    def add_model(self, kind: str, fn: Callable[[list[Any]], np.ndarray], *, batch_size: int | None = None,
+                  unit: str = "row") -> None:
+        """Run ``fn(rows) -> one result per row`` (a numpy array whose first axis is the rows) for :meth:`submit`
+        calls of ``kind``, in micro-batches of at most ``batch_size`` rows (default ``max_batch_size``), under the
+        same queue, limits and workers as the embeddings. ``unit`` names a row in messages."""
+        if kind in self._models:
+            raise ValueError(f"a model {kind!r} is already served")
+        size = batch_size or self.max_batch_size
+        if size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {size}")
+        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit)
+
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
                                                                thread_name_prefix="robustir-model")
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="robustir-batcher")
@@ -148,9 +184,9 @@ class MicroBatcher:
             self._task = None
         if self._running:  # batches on a worker finish (their requests get answers); none start any more
             await asyncio.gather(*self._running, return_exceptions=True)
-        if self._queue is not None:
-            while not self._queue.empty():
-                item = self._queue.get_nowait()
+        for model in self._models.values():
+            while model.waiting:
+                item = self._took(model.waiting.popleft())
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("the server is shutting down"))
         if self._executor is not None:
@@ -162,14 +198,22 @@ class MicroBatcher:
         return self._task is not None and not self._task.done()
 
     async def embed(self, rows: Sequence[Any], *, timeout: float | None = None) -> Embedded:
-        """The vectors of ``rows``, batched with other callers' (in micro-batches of at most ``max_batch_size``).
-        Raises :class:`Overloaded` at once when the queue is full, :class:`asyncio.TimeoutError` when a
+        """The vectors of ``rows`` (token-id lists): :meth:`submit` to the embedding model."""
+        return await self.submit(self.EMBED, rows, timeout=timeout)
+
+    async def submit(self, kind: str, rows: Sequence[Any], *, timeout: float | None = None) -> Embedded:
+        """Model ``kind``'s results for ``rows``, batched with other callers' (in micro-batches of at most its batch
+        size). Raises :class:`Overloaded` at once when the queue is full, :class:`asyncio.TimeoutError` when a
         micro-batch waited ``timeout`` seconds for a worker (encoding time does not count), :class:`EncodeFailed`
-        when the model fails on these rows. Cancelling the call drops its micro-batches that have not started."""
+        when the model fails on these rows. Cancelling the call takes its micro-batches that have not started off
+        the queue."""
         if not self.running:
             raise RuntimeError("the batcher is not running (start() it inside the serving event loop)")
+        model = self._models.get(kind)
+        if model is None:
+            raise ValueError(f"no model {kind!r} is served (add_model)")
         rows = list(rows)
-        size = self.max_batch_size
+        size = model.batch_size
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)] or [rows]
         ahead = min(len(rows), size * self.workers)  # what the request puts on the queue at once
         if self.queued and self.queued + ahead > self.max_queued:
@@ -181,7 +225,7 @@ class MicroBatcher:
             following = 0
             while following < len(chunks) or pending:
                 while following < len(chunks) and len(pending) < self.workers:
-                    pending.append(self._put(chunks[following]))
+                    pending.append(self._put(kind, chunks[following]))
                     following += 1
                 item = pending[0]
                 done, _ = await asyncio.wait({item.started, item.future}, timeout=timeout,
@@ -193,19 +237,28 @@ class MicroBatcher:
                 pending.popleft()
         finally:  # timed out, failed, or cancelled (the client went away): what has not started is dropped
             for item in pending:
-                if not item.future.done():
-                    item.future.cancel()
+                self._drop(item)
         if len(parts) == 1:
             return parts[0]
         return Embedded(np.concatenate([p.vectors for p in parts]), sum(p.queue_s for p in parts),
                         sum(p.inference_s for p in parts))
 
-    def _put(self, rows: list[Any]) -> _Item:
+    def _put(self, kind: str, rows: list[Any]) -> _Item:
         loop = asyncio.get_running_loop()
-        item = _Item(rows, loop.create_future(), loop.time(), loop.create_future())
+        item = _Item(kind, rows, loop.create_future(), loop.time(), loop.create_future())
         self.queued += len(rows)
-        self._queue.put_nowait(item)
+        self._models[kind].waiting.append(item)
+        self._arrived.set()
         return item
+
+    def _drop(self, item: _Item) -> None:
+        """``item``'s request gave up on it: off the queue if it still waits (its rows no longer count)."""
+        if not item.future.done():
+            item.future.cancel()
+        waiting = self._models[item.kind].waiting
+        if not item.started.done() and item in waiting:
+            waiting.remove(item)
+            self._took(item)
 
     def retry_after(self, rows: int) -> int:
         """Seconds until ``rows`` queued rows are likely done, from the recent rate (at least 1)."""
@@ -223,53 +276,70 @@ class MicroBatcher:
         self.queued -= len(item.rows)
         return item
 
+    def _live_head(self, model: _Model) -> _Item | None:
+        """The first micro-batch of ``model`` still wanted (those whose request went away are dropped)."""
+        while model.waiting and model.waiting[0].future.done():
+            self._took(model.waiting.popleft())
+        return model.waiting[0] if model.waiting else None
+
+    def _next_model(self) -> _Model | None:
+        """The model whose batch goes next: the next one in turn that has work waiting (round robin)."""
+        kinds = list(self._models)
+        for step in range(len(kinds)):
+            index = (self._turn + step) % len(kinds)
+            model = self._models[kinds[index]]
+            if self._live_head(model) is not None:
+                self._turn = (index + 1) % len(kinds)
+                return model
+        return None
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         free = asyncio.Semaphore(self.workers)
-        carry: _Item | None = None
         batch: list[_Item] = []
         try:
             while True:
                 await free.acquire()  # a batch is formed only when a worker can take it: meanwhile requests pile up
-                if carry is None:
-                    first = self._took(await self._queue.get())
-                else:
-                    first, carry = carry, None
+                model = self._next_model()
+                while model is None:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                    model = self._next_model()
+                first = self._took(model.waiting.popleft())
                 batch, size = [first], len(first.rows)
                 deadline = loop.time() + self.max_wait
-                while size < self.max_batch_size:
-                    if not self._queue.empty():
-                        item = self._took(self._queue.get_nowait())
-                    else:
+                while size < model.batch_size:
+                    item = self._live_head(model)
+                    if item is None:
                         remaining = deadline - loop.time()
                         if remaining <= 0:
                             break
+                        self._arrived.clear()
                         try:
-                            item = self._took(await asyncio.wait_for(self._queue.get(), remaining))
+                            await asyncio.wait_for(self._arrived.wait(), remaining)
                         except asyncio.TimeoutError:
                             break
-                    if item.future.done():  # timed out or its client went away while it waited
                         continue
-                    if size + len(item.rows) > self.max_batch_size:
-                        carry = item  # first in the next batch: never split a request, never reorder
-                        break
-                    batch.append(item)
+                    if size + len(item.rows) > model.batch_size:
+                        break  # first in its model's next batch: never split a request, never reorder
+                    batch.append(self._took(model.waiting.popleft()))
                     size += len(item.rows)
-                task = loop.create_task(self._run_batch(batch))
+                task = loop.create_task(self._run_batch(model, batch))
                 batch = []
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
                 task.add_done_callback(lambda _: free.release())
         except asyncio.CancelledError:  # stopping: requests taken off the queue but not started get an answer too
-            for item in batch + ([carry] if carry is not None else []):
+            for item in batch:
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("the server is shutting down"))
             raise
 
-    async def _run_batch(self, batch: list[_Item]) -> None:
+    async def _run_batch(self, model: _Model, batch: list[_Item]) -> None:
         live = [item for item in batch if not item.future.done()]  # a client that went away cancelled its future
         if not live:
             return
+        fn = model.fn or self.encode
         loop = asyncio.get_running_loop()
         started = loop.time()
         for item in live:
@@ -277,10 +347,10 @@ class MicroBatcher:
                 item.started.set_result(started)
         rows = [row for item in live for row in item.rows]
         try:
-            vectors = await self.run(self.encode, rows)
+            vectors = await self.run(fn, rows)
         except Exception:
             if len(live) == 1:
-                self._fail(live[0])
+                self._fail(live[0], model)
                 return
             # one request may have broken the batch: run each alone, so only that one gets the error
             logger.warning("a batch of %d requests failed; running them one by one", len(live))
@@ -290,19 +360,19 @@ class MicroBatcher:
                     continue
                 begun = loop.time()
                 try:
-                    alone = await self.run(self.encode, item.rows)
+                    alone = await self.run(fn, item.rows)
                 except Exception:
-                    self._fail(item)
+                    self._fail(item, model)
                     continue
                 self._deliver([item], alone, begun, loop.time())
             return
         self._deliver(live, vectors, started, loop.time())
 
-    def _fail(self, item: _Item) -> None:
-        logger.exception("the model failed on a request of %d texts", len(item.rows))
+    def _fail(self, item: _Item, model: _Model) -> None:
+        logger.exception("the %s model failed on a request of %d %ss", item.kind, len(item.rows), model.unit)
         self.stats.failed += 1
         if not item.future.done():
-            error = EncodeFailed(f"the model failed on this request's {len(item.rows)} text(s)")
+            error = EncodeFailed(f"the model failed on this request's {len(item.rows)} {model.unit}(s)")
             item.future.set_exception(error)
 
     def _deliver(self, items: list[_Item], vectors: np.ndarray, started: float, ended: float) -> None:

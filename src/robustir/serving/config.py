@@ -8,7 +8,7 @@ import re
 
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import Items, config_dataclass, NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from ..validation import config_dataclass, Items, ModelName, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 __all__ = ["ServeConfig", "DEFAULT_PORT"]
 
@@ -63,7 +63,8 @@ class ServeConfig:
     max_response_bytes: PositiveInt = 64 << 20
     """Size of one search answer (more: 413; ask fewer queries or a smaller top_k)"""
     max_queued_texts: PositiveInt = 4096
-    """Texts waiting for the model; a request that would go over gets 429 with Retry-After"""
+    """Texts waiting for the models (a rerank's query-document pairs count as texts); a request that would go over
+    gets 429 with Retry-After"""
     request_timeout_s: PositiveFloat = 60.0
     """Longest one micro-batch of a request (max_batch_size texts) may wait in the queue for a model worker, then 503
     with Retry-After; time spent encoding does not count, so a large request on an idle server always finishes"""
@@ -82,9 +83,10 @@ class ServeConfig:
     """Origins a browser may call from (comma-separated, or * for any); default: no CORS headers"""
     matryoshka_dims: list[int] | None = None
     """Dimensions the model was trained to be cut to (enables "dimensions")"""
-    rerank_model: str | None = None
-    """A cross-encoder folder (a ...ForSequenceClassification model) for POST /v1/rerank and /search with rerank:
-    true; default: rerank by the served embedding model's cosine"""
+    rerank_model: ModelName | None = None
+    """A cross-encoder folder (a ...ForSequenceClassification model with one label: its relevance score) for POST
+    /v1/rerank and /search with rerank: true; its work shares the embeddings' queue and limits; default: rerank by
+    the served embedding model's cosine"""
     rerank_candidates: PositiveInt = 100
     """Hits per query /search re-scores when it reranks (the top_k returned are the best of these)"""
 

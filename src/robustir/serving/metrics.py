@@ -26,8 +26,8 @@ class ServerMetrics:
     def __init__(self, queued: Callable[[], float], workers: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.batch_texts = Histogram("robustir_batch_texts", "Texts per model batch", buckets=_BATCH_BUCKETS,
-                                     registry=r)
+        self.batch_texts = Histogram("robustir_batch_texts", "Texts (or rerank pairs) per model batch",
+                                     buckets=_BATCH_BUCKETS, registry=r)
         self.batch_seconds = Histogram("robustir_batch_seconds", "Seconds a model batch ran", buckets=_SECONDS,
                                        registry=r)
         self.queue_seconds = Histogram("robustir_queue_seconds", "Seconds a request waited for a model worker",
@@ -35,7 +35,8 @@ class ServerMetrics:
         self.texts = Counter("robustir_embedded_texts", "Texts embedded", ["input_type"], registry=r)
         self.tokens = Counter("robustir_embedded_tokens", "Tokens the model read (after truncation)", registry=r)
         self.rejected = Counter("robustir_rejected_requests", "Requests refused", ["reason"], registry=r)
-        self.queued = Gauge("robustir_queued_texts", "Texts waiting for a model worker", registry=r)
+        self.queued = Gauge("robustir_queued_texts", "Texts (and rerank pairs) waiting for a model worker",
+                            registry=r)
         self.queued.set_function(queued)
         Gauge("robustir_model_workers", "Model worker threads", registry=r).set(workers)
 

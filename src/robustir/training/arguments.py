@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from ..runs import added, operational
 from ..errors import ConfigError
 from ..precision import Precision
-from ..validation import config_dataclass, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from ..validation import config_dataclass, ModelName, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from .loop import LoopConfig
 
 
@@ -54,7 +54,7 @@ class TrainConfig(LoopConfig):
     :class:`~robustir.training.loop.LoopConfig`, with its defaults."""
 
     # model
-    model: str | None = None
+    model: ModelName | None = None
     """Folder or hub id; None = the bundled all-MiniLM-L6-v2."""
     pooling: Literal["cls", "mean"] | None = None
     """None = read from the model folder."""
@@ -156,9 +156,6 @@ class TrainConfig(LoopConfig):
     def validate(self) -> None:
         if self.batch_size < 1 or self.num_negatives < 0:
             raise ConfigError("batch_size must be >= 1 and num_negatives >= 0")
-        if self.model is not None and not self.model.strip():
-            raise ConfigError("model is empty; name a model folder or hub id, or leave it out (null) for the bundled "
-                              "all-MiniLM-L6-v2")
         if self.epoch_unit not in ("pairs", "queries"):
             raise ConfigError(f"epoch_unit must be 'pairs' or 'queries', got {self.epoch_unit!r}")
         if isinstance(self.train_data, list):

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,15 +57,27 @@ from ..runs import Artifact, Fingerprint, Job, Step, operational
 from ..errors import ConfigError
 from ..io import write_json
 from ..precision import Precision, accelerate_mixed_precision, resolve_precision
-from ..validation import config_dataclass, NonNegativeFloat, NonNegativeInt, OpenFraction, PositiveFloat, PositiveInt
+from ..validation import (config_dataclass, Epochs, MAX_STEPS, NonNegativeFloat, OpenFraction, PositiveFloat,
+                          PositiveInt, Seed, Steps)
 from .checkpoints import (list_checkpoints, resume_latest,
                           run_fingerprint, save_checkpoint)
 from .input_pipeline import InputPipeline
 from .optim import adamw_with_linear_schedule
 
-__all__ = ["LoopConfig", "LoopResult", "TrainingLoop", "loop_step"]
+__all__ = ["LoopConfig", "LoopResult", "TrainingLoop", "loop_step", "steps_for_epochs"]
 
 logger = logging.getLogger(__name__)
+
+
+def steps_for_epochs(epochs: float, steps_per_epoch: float) -> int:
+    """The optimizer steps of ``epochs`` passes of ``steps_per_epoch`` steps (at least 1); more than
+    :data:`~robustir.validation.MAX_STEPS` is a :class:`ConfigError` naming both numbers (a progress bar or a
+    schedule of 10**300 steps fails deep inside a library)."""
+    steps = epochs * steps_per_epoch
+    if not math.isfinite(steps) or steps > MAX_STEPS:
+        raise ConfigError(f"epochs = {epochs:g} x {steps_per_epoch:g} steps per epoch = {steps:.3g} optimizer steps; a "
+                          f"run takes at most {MAX_STEPS:,}: lower epochs, or set max_steps")
+    return max(1, math.ceil(steps))
 
 
 @config_dataclass
@@ -82,9 +95,9 @@ class LoopConfig:
     # optimisation
     batch_size: PositiveInt = 32
     """Examples per process per step: queries (train), texts (retromae) or pairs (gur)"""
-    epochs: PositiveFloat = 1.0
+    epochs: Epochs = 1.0
     """Passes over the training data (max_steps overrides)"""
-    max_steps: PositiveInt | None = None
+    max_steps: Steps | None = None
     """Total optimizer steps; overrides epochs (pre-training: skips counting the data)"""
     lr: PositiveFloat = 2e-5
     """Peak learning rate (linear warm-up, then linear decay to 0)"""
@@ -94,7 +107,7 @@ class LoopConfig:
     """AdamW weight decay (none on biases and normalisation weights)"""
     max_grad_norm: PositiveFloat | None = 1.0
     """Clip the gradient norm to this (None = no clipping)"""
-    seed: NonNegativeInt = 42
+    seed: Seed = 42
     """Seed of the data order, the model's new weights and every sampler."""
     precision: Precision = "auto"
     """Forward-pass autocast; auto: bf16 where native, else fp32; fp16: GPU only."""

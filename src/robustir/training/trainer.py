@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from .batch_engine import BatchEngine
 from .checkpoints import input_digest
 from .data import Collator, GroupSampler, SamplerSource, StepBatches, fit_batch_size, source_items
 from .input_pipeline import InputPipeline
-from .loop import TrainingLoop, loop_step
+from .loop import TrainingLoop, loop_step, steps_for_epochs
 
 logger = logging.getLogger(__name__)
 
@@ -403,8 +402,8 @@ def train(config: TrainConfig, stop_after: int | None = None) -> TrainResult:
                                        log=is_main)
     sampler = GroupSampler(sources, config.num_negatives, config.batch_size, accelerator.num_processes, config.seed,
                            epoch_unit=config.epoch_unit)
-    total_steps = config.max_steps or max(1, math.ceil(config.epochs * sampler.steps_per_epoch
-                                                       * budget_scale(sources, config.epoch_unit)))
+    total_steps = config.max_steps or steps_for_epochs(config.epochs, sampler.steps_per_epoch
+                                                       * budget_scale(sources, config.epoch_unit))
 
     eval_dataset = None
     base_metrics: dict[str, float] = {}
