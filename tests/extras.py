@@ -4,7 +4,7 @@ A test or module that needs an extra -- ``robustir[scale]`` (ray, pylance, lance
 ``robustir[llamaindex]`` -- asks for *every* module it imports, here, so that a machine with only part of an extra
 (moto and boto3 without pylance, as many AWS users' machines have) skips with the reason instead of failing:
 
-    require("boto3", "moto.server", extra="scale")            # at module level: the whole module skips
+    require("boto3", "moto.server", extra="dev")              # at module level: the whole module skips
     @needs("lance", extra="scale")                             # one test skips
 
 A module counts as present only if it imports (a broken install skips too, with its error in the reason). Where a
@@ -14,16 +14,17 @@ test reaches an extra only through a helper, the helper calls :func:`require` it
 from __future__ import annotations
 
 import importlib
+import sys
 from functools import cache
 
 import pytest
 
 #: which extra installs which importable module (``pip install 'robustir[<extra>]'``); "dev" is the test extra
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "scale": ("ray", "ray.data", "lance", "lance_ray", "boto3", "moto.server"),
+    "scale": ("ray", "ray.data", "lance", "lance_ray", "boto3"),
     "langchain": ("langchain_core",),
     "llamaindex": ("llama_index.core",),
-    "dev": ("langchain_openai", "llama_index.embeddings.openai"),
+    "dev": ("langchain_openai", "llama_index.embeddings.openai", "moto.server"),
 }
 
 
@@ -50,7 +51,8 @@ def require(*modules: str, extra: str) -> None:
     """Skip the calling module (at import) or test (inside it) unless every one of ``modules`` imports."""
     problems = missing(*modules)
     if problems:
-        pytest.skip(_reason(extra, problems), allow_module_level=True)
+        caller = sys._getframe(1).f_globals.get("__name__", "")  # the report names the skipping file, not this one
+        pytest.skip(f"{caller}: " + _reason(extra, problems), allow_module_level=True)
 
 
 def needs(*modules: str, extra: str) -> pytest.MarkDecorator:

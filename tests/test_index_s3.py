@@ -2,8 +2,8 @@
 endpoint -- moto's server on 127.0.0.1 -- so nothing leaves the machine: the same hits as a local index, one writer
 at a time through a conditional-put lease (two writers racing, a killed writer's lease taken over once it expired,
 a writer that lost its lease stopping before its next commit), readers that follow writers, ``robustir serve`` and
-``eval --search-index`` on ``s3://``, and the errors a user meets. Skipped without the optional extra
-``robustir[scale]`` (boto3, moto)."""
+``eval --search-index`` on ``s3://``, and the errors a user meets. Skipped without moto's server and boto3
+(``robustir[dev]`` brings both); the fragment count needs pylance (``robustir[scale]``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from extras import needs, require  # noqa: E402  (tests/ is on sys.path)
 
-require("boto3", "moto.server", extra="scale")
+require("boto3", "moto.server", extra="dev")  # moto[server] brings boto3
 from moto import server as moto_server  # noqa: E402
 
 from robustir.errors import ConfigError, DataError  # noqa: E402
