@@ -405,3 +405,27 @@ def test_delete_and_compact_on_s3_keep_the_index_verifiable(tmp_path, tiny_model
     with SearchIndex.open(location, storage_options=options) as reader:
         assert reader.count == 8 and not reader.get(["d3", "d4"]) and "8 documents" in reader.check()
         assert reader.search("coffee", top_k=1, mode="lexical")[0][0].id in ("d1", "d9")
+
+
+def test_a_bucket_deleted_during_a_build_is_a_clear_error(tmp_path, tiny_model_dir, endpoint, options, capsys):
+    """Issue 52 item 7: the bucket goes away while a build writes to it. Lance's ``RuntimeError: Not found:
+    .../_versions`` is raised as the error it is -- not found, naming the index and what probably happened -- and
+    the CLI answers it in one line, never a traceback."""
+    import boto3
+
+    bucket = boto3.resource("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1").Bucket("robustir-gone")
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+
+    def delete_the_bucket(position: int) -> None:
+        bucket.objects.all().delete()
+        bucket.delete()
+
+    bucket.create()
+    location = "s3://robustir-gone/idx"
+    if True:
+        with pytest.raises((OSError, DataError, ConfigError)) as info:
+            SearchIndex.build(location, tiny_model_dir, corpus, config=quiet(chunk_size=10), storage_options=options,
+                              on_chunk=delete_the_bucket)
+        assert not isinstance(info.value, RuntimeError)
+        assert "robustir-gone" in str(info.value) and "deleted" in str(info.value), str(info.value)

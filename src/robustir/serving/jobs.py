@@ -15,6 +15,7 @@ from; what it does give -- a version to go back to -- is recorded as ``base``, s
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -99,8 +100,17 @@ def storage_errors(index: Any):
     try:
         yield
     except RuntimeError as exc:
-        found = re.search(r"\(os error (\d+)\)", str(exc))
+        text = str(exc)
+        if _GONE.search(text):  # the bucket or folder went away under the job (issue 52: a raw Lance traceback)
+            raise FileNotFoundError(errno.ENOENT, "the index's storage is gone (its bucket or folder was deleted while "
+                                    "the job ran?); recreate it and run the job again", str(index)) from exc
+        found = re.search(r"\(os error (\d+)\)", text)
         if found is None:
             raise
         code = int(found.group(1))
         raise OSError(code, os.strerror(code), str(index)) from exc
+
+
+#: Lance's words for storage that is not there any more (an object store's missing bucket, a deleted folder)
+_GONE = re.compile(r"NoSuchBucket|The specified bucket does not exist|LanceError\(IO\): Not found|"
+                   r"Dataset at path .* was not found|Not found: .*_versions")
