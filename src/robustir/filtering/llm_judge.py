@@ -255,7 +255,6 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
     if language not in ("auto", "en", "zh"):
         raise ConfigError(f"language must be auto, en or zh, got {language!r}")
     tally = FailureTally("llm judge", "judgements", max_failure_rate, endpoint=endpoint_of(client))
-    positives_too = positives
     started = time.monotonic()
     stage = StageOutput(output)
     if overwrite:
@@ -317,18 +316,18 @@ def judge_negatives(input_path: str | Path, output_path: str | Path, client: LLM
                 raise ConfigError(f"{stage.failed}: record {ordinal} (input line {line}) to retry had the query "
                                   f"{listed.get('query')!r}, the input now has {query[:200]!r}: the input changed "
                                   f"since the last run. Fix: re-run with the input of the last run, or --overwrite")
-            positives = {p.strip() for p in pos}
+            positive_texts = {p.strip() for p in pos}
             item = _Pending(record, neg, [None] * len(neg), 0, ordinal, line,
-                            pos_verdicts=[None] * len(pos) if positives_too else [])
+                            pos_verdicts=[None] * len(pos) if positives else [])
             jobs = []
             for i, negative in enumerate(neg):
-                if negative.strip() in positives:
+                if negative.strip() in positive_texts:
                     item.verdicts[i] = REASON_EQUALS_POSITIVE
                     continue
                 jobs.append((i, render_template(pick_template(query, negative), {
                     "query": query.strip(), "passage": negative.strip()[:max_passage_chars],
                     "positive": (pos[0].strip()[:max_passage_chars] if pos else "")})))
-            for j, positive in enumerate(pos if positives_too else []):  # index -1 - j: the j-th positive
+            for j, positive in enumerate(pos if positives else []):  # index -1 - j: the j-th positive
                 jobs.append((-1 - j, render_template(pick_template(query, positive), {
                     "query": query.strip(), "passage": positive.strip()[:max_passage_chars],
                     "positive": positive.strip()[:max_passage_chars]})))

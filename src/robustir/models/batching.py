@@ -37,7 +37,7 @@ import torch
 
 from .tokens import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, _before_whitespace
 
-__all__ = ["FastTokens", "TokenBlock", "padded_batch", "prefetch", "PROBE_TEXTS"]
+__all__ = ["FastTokens", "TokenBlock", "padded_batch", "prefetch", "private_backend", "PROBE_TEXTS"]
 
 #: texts the fast path is checked on: empty, special-token strings, accents and CJK, a text far longer than any max
 #: length (truncation, and the long-text head), whitespace runs, emoji
@@ -99,6 +99,21 @@ def padded_batch(block: TokenBlock, rows: np.ndarray, pad_id: int, *, multiple: 
     return {k: v.pin_memory() for k, v in features.items()} if pin else features
 
 
+def private_backend(tokenizer: Any, max_length: int) -> Any:
+    """A private copy of ``tokenizer``'s Rust backend that encodes as ``tokenizer(texts, truncation=True,
+    max_length=max_length)`` does, unpadded: its truncation side and its way with special-token strings. Private, so
+    it can run on another thread while the original is in use (the training collator's and the encoder's)."""
+    from tokenizers import Tokenizer
+
+    made = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    made.no_padding()
+    made.enable_truncation(max_length, stride=0, strategy="longest_first",
+                           direction=getattr(tokenizer, "truncation_side", "right"))
+    if hasattr(made, "encode_special_tokens"):
+        made.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return made
+
+
 class FastTokens:
     """``tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]`` (after
     :func:`~robustir.models.tokens.head_texts`) as a :class:`TokenBlock`, from private copies of the Rust backend.
@@ -107,23 +122,9 @@ class FastTokens:
     the caller then uses the tokenizer call."""
 
     def __init__(self, tokenizer: Any, max_length: int) -> None:
-        from tokenizers import Tokenizer
-
         self.max_length = max_length
-        source = tokenizer.backend_tokenizer.to_str()
-        direction = getattr(tokenizer, "truncation_side", "right")
-        split_special = bool(getattr(tokenizer, "split_special_tokens", False))
-
-        def backend(length: int) -> Any:
-            made = Tokenizer.from_str(source)
-            made.no_padding()
-            made.enable_truncation(length, stride=0, strategy="longest_first", direction=direction)
-            if hasattr(made, "encode_special_tokens"):
-                made.encode_special_tokens = split_special
-            return made
-
-        self.backend = backend(max_length)
-        self.counter = backend(2 * max_length)  # counts a long text's head (no special tokens), as _head does
+        self.backend = private_backend(tokenizer, max_length)
+        self.counter = private_backend(tokenizer, 2 * max_length)  # counts a long text's head (no special tokens)
 
     @classmethod
     def create(cls, tokenizer: Any, max_length: int) -> "FastTokens | None":

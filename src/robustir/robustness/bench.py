@@ -56,7 +56,7 @@ from ..llm import LLMConfig
 from ..outputs import StageOutput
 from ..filtering.teacher import ROBUST_FILTER
 from ..runs import Artifact, Fingerprint, fingerprint, operational
-from .jobs import MemoryGate, run_gated
+from .jobs import MemoryGate, peak_device_memory, reset_peak_device_memory, run_gated
 from .noise import NOISE_KINDS, NoiseKind, plant_noise
 from ..validation import config_dataclass, Items, ModelName, NonNegativeInt, PositiveInt, Seed
 from .sidebyside import (PRESETS, Budget, evaluate_model, materialize_rows, train_robustir,
@@ -365,9 +365,10 @@ class _Bench:
 
             mined = self.out / "data" / "mined.jsonl"
             # a few spare negatives: fp-hard takes the top one away and planting pushes the lowest out
+            dense = self.config.mining == "dense"
             mining = MiningConfig(method=self.config.mining, num_negatives=self.budget.pool + 2,
-                                  cache_dir=str(self.out / "cache") if self.config.mining == "dense" else None)
-            model = self.model_path() if self.config.mining == "dense" else None
+                                  cache_dir=str(self.out / "cache") if dense else None)
+            model = self.model_path() if dense else None
             self.fingerprints["clean"] = made = fingerprint(
                 "bench-mine", {"mining": mining, "split": self.config.train_split},
                 {"data": self.data, **({"model": model} if model else {})}, cache=self.digests)
@@ -534,8 +535,6 @@ class _Bench:
         return noisy, filter_stats, run_dir, rows
 
     def run_one(self, kind: str, rate: float, seed: int, method: str) -> dict:
-        from .jobs import peak_device_memory, reset_peak_device_memory
-
         started = time.perf_counter()
         reset_peak_device_memory()  # a worker process runs several cells: each row has its own peak
         noisy, filter_stats, run_dir, rows = self.prepare(kind, rate, seed, method)
@@ -604,8 +603,6 @@ class _Bench:
     def memory_gate(self) -> MemoryGate:
         """The device-memory gate of :meth:`run_parallel`, knowing the largest peak of the earlier runs of this
         budget in results.jsonl (the largest: a cautious start)."""
-        from .jobs import MemoryGate
-
         gate = MemoryGate()
         for row in self.finished().values():
             if row.get("budget") == asdict(self.budget):

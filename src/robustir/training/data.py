@@ -427,15 +427,9 @@ class _FastTokenizer:
     types the single-sequence template's constant type (checked uniform here)."""
 
     def __init__(self, tokenizer, max_length: int, pad_to_multiple_of: int | None) -> None:
-        from tokenizers import Tokenizer
+        from ..models.batching import private_backend
 
-        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-        backend.no_padding()
-        backend.enable_truncation(max_length, stride=0, strategy="longest_first",
-                                  direction=getattr(tokenizer, "truncation_side", "right"))
-        if hasattr(backend, "encode_special_tokens"):
-            backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
-        self.backend = backend
+        self.backend = private_backend(tokenizer, max_length)
         self.pad_id = int(tokenizer.pad_token_id)
         self.pad_type_id = int(getattr(tokenizer, "pad_token_type_id", 0) or 0)
         self.multiple = pad_to_multiple_of
