@@ -135,6 +135,7 @@ def test_the_reranker_is_listed_and_answers_to_its_own_name(layouts, tiny_index)
         assert client.post("/v1/rerank", json={**body, "model": embedder}).status_code == 200
         missing = client.post("/v1/rerank", json={**body, "model": "someone/else"})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+        assert "the reranker 'org/tiny-reranker'" in missing.json()["error"]["message"]
         assert client.post("/v1/embeddings", json={"input": "x", "model": "org/tiny-reranker"}).status_code == 404
 
 

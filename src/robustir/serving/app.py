@@ -152,9 +152,11 @@ class Server:
         return vectors[1:] @ vectors[0]
 
     def check_model(self, value: str | None, *also: str | None) -> None:
+        """404 unless ``value`` names the served model (or one of ``also``: the reranker's names, where it may)."""
         if value is not None and value not in self.aliases and value not in also:
-            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}' (GET "
-                           "/v1/models)", param="model", code="model_not_found")
+            other = f" and the reranker '{also[0]}'" if also and also[0] else ""
+            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}'{other} "
+                           "(GET /v1/models)", param="model", code="model_not_found")
 
     def model_names(self) -> list[str]:
         """What GET /v1/models lists: the embedding model, then the reranker (``--rerank-model``) if there is one."""
