@@ -159,3 +159,14 @@ def test_the_rerank_pair_budget(layouts, tiny_index):
         assert client.post("/search", json={"query": ["a", "b", "c"], "top_k": 2}).status_code == 200
     with pytest.raises(ConfigError, match="rerank_candidates 20 is over max_rerank_pairs 8"):
         ServeConfig(rerank_candidates=20, max_rerank_pairs=8).validate()
+
+
+def test_the_teacher_filter_takes_the_same_folders(layouts):
+    """``robustir filter --method teacher`` scores with the same class: the installed layout is recognised (auto), and
+    a Hugging Face cache folder is taken as a cross-encoder teacher."""
+    from robustir.filtering.teacher import load_teacher
+
+    auto = load_teacher(str(layouts["installed"]), precision="fp32", device="cpu")
+    cached = load_teacher(str(layouts["repo"]), "cross-encoder", precision="fp32", device="cpu")
+    assert type(auto) is CrossEncoder and type(cached) is CrossEncoder
+    np.testing.assert_allclose(auto.score(["q"], ["a passage"]), cached.score(["q"], ["a passage"]), atol=1e-6)

@@ -308,20 +308,19 @@ def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-enc
     """The teacher in folder ``path`` (None = the bundled MiniLM embedding model), on ``device`` (``auto``, ``cpu``,
     ``cuda``, ``cuda:N``)."""
     from ..device import resolve_device
+    from ..models.cross_encoder import CrossEncoder, is_cross_encoder
+    from ..models.encoder import resolve_model_path
     from ..resources import default_model_path
 
-    from ..models.encoder import resolve_model_path
-
     resolve_device(device)  # checked before the model loads
-    path = str(resolve_model_path(path or default_model_path(), "teacher"))  # checked: a model folder
     if kind not in ("auto", "embedding", "cross-encoder"):
         raise ConfigError(f"teacher kind must be auto, embedding or cross-encoder, got {kind!r}")
-    from ..models.cross_encoder import CrossEncoder, is_cross_encoder
-
-    if kind == "auto":
-        kind = "cross-encoder" if is_cross_encoder(path) else "embedding"
-    if kind == "cross-encoder":
-        return CrossEncoder(path, batch_size=batch_size, max_length=max_length, precision=precision, device=device)
+    path = path or default_model_path()
+    if kind != "cross-encoder":  # (a cross-encoder resolves itself: any layout, a Hugging Face cache folder too)
+        path = str(resolve_model_path(path, "teacher"))  # checked: a model folder
+    if kind == "cross-encoder" or (kind == "auto" and is_cross_encoder(path)):
+        return CrossEncoder(path, batch_size=batch_size, max_length=max_length, precision=precision, device=device,
+                            what="teacher")
     from ..models.encoder import Encoder
 
     overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}

@@ -84,9 +84,10 @@ class ServeConfig:
     matryoshka_dims: list[int] | None = None
     """Dimensions the model was trained to be cut to (enables "dimensions")"""
     rerank_model: ModelName | None = None
-    """A cross-encoder folder (a ...ForSequenceClassification model with one label: its relevance score) for POST
-    /v1/rerank and /search with rerank: true; its work shares the embeddings' queue and limits; default: rerank by
-    the served embedding model's cosine"""
+    """A cross-encoder (a ...ForSequenceClassification model with one label: its relevance score) for POST /v1/rerank
+    and /search with rerank: true: a folder saved by any sentence-transformers (3 to 6) or save_pretrained, a Hugging
+    Face cache folder, or a cached hub id; /v1/models lists it by its name; its work shares the embeddings' queue and
+    limits; default: rerank by the served embedding model's cosine"""
     rerank_candidates: PositiveInt = 100
     """Hits per query /search re-scores when it reranks (the top_k returned are the best of these); each is one
     (query, document) pair for the reranker: time per query ~ this / the reranker's pairs per second"""
