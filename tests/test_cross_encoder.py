@@ -154,7 +154,9 @@ def test_the_rerank_pair_budget(layouts, tiny_index):
         refused = client.post("/search", json={"query": ["a", "b", "c"], "top_k": 2, "rerank": True})
         assert refused.status_code == 400
         message = refused.json()["error"]["message"]
-        assert "3 queries x 4 rerank candidates = 12 pairs" in message and "at most 2 queries" in message
+        assert refused.json()["error"]["param"] == "rerank"
+        assert message.startswith("'rerank' with 3 queries x 4 rerank candidates is 12 pairs for the reranker; at "
+                                  "most 8 per request (--max-rerank-pairs): send at most 2 queries"), message
         # without rerank the same request is no reranker work
         assert client.post("/search", json={"query": ["a", "b", "c"], "top_k": 2}).status_code == 200
     with pytest.raises(ConfigError, match="rerank_candidates 20 is over max_rerank_pairs 8"):

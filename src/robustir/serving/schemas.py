@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictInt,
-                      StrictStr, WithJsonSchema, model_validator)
+                      StrictStr, ValidationInfo, WithJsonSchema, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from ..index.fusion import FusionConfig
@@ -128,17 +128,20 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
             request._single = isinstance(data, dict) and isinstance(data.get("query"), str)
             return request
 
-        @model_validator(mode="after")
-        def _rerank_budget(self) -> "SearchRequest":
-            pairs = len(self.query) * limits.rerank_candidates
-            if self.rerank and pairs > limits.rerank_pairs:
+        @field_validator("rerank")
+        @classmethod
+        def _rerank_budget(cls, rerank: bool, info: ValidationInfo) -> bool:
+            """Queries x rerank_candidates pairs at most ``rerank_pairs`` (the error names ``rerank``: a field)."""
+            queries = len(info.data.get("query") or ())
+            pairs = queries * limits.rerank_candidates
+            if rerank and pairs > limits.rerank_pairs:
                 raise PydanticCustomError(
-                    "too_many_rerank_pairs", "{queries} queries x {candidates} rerank candidates = {pairs} pairs for "
-                    "the reranker; at most {most} per request (--max-rerank-pairs): send at most {fit} queries per "
-                    "request with rerank", {"queries": len(self.query), "candidates": limits.rerank_candidates,
+                    "too_many_rerank_pairs", "with {queries} queries x {candidates} rerank candidates is {pairs} pairs "
+                    "for the reranker; at most {most} per request (--max-rerank-pairs): send at most {fit} queries per "
+                    "request with rerank", {"queries": queries, "candidates": limits.rerank_candidates,
                                             "pairs": pairs, "most": limits.rerank_pairs,
                                             "fit": limits.rerank_pairs // limits.rerank_candidates})
-            return self
+            return rerank
 
         @property
         def single(self) -> bool:
