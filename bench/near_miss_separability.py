@@ -68,8 +68,17 @@ def main() -> None:
     parser.add_argument("--exclude", type=Path, action="append", default=[], help="training rows whose queries to skip")
     parser.add_argument("--rate", type=float, default=0.4, help="share of swapped labels for the fixed/broken columns")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--show", type=int, default=0, help="print this many random (query, positive, near miss) "
+                                                            "triples to read, then stop")
+    parser.add_argument("--seed", type=int, default=5, help="seed of --show's sample")
     args = parser.parse_args()
     rows = load(args.mined, args.exclude)
+    if args.show:
+        import random
+
+        for row in random.Random(args.seed).sample(rows, min(args.show, len(rows))):
+            print(f"Q: {row['query']}\n  POSITIVE: {row['pos'][0][:300]}\n  NEAR MISS: {row['near'][:300]}\n")
+        return
     print(f"{len(rows)} queries from {args.mined}" + (f", excluding {len(args.exclude)} rows file(s)" if args.exclude else ""))
     print()
     print("| model | margin m | model right by > m (fixes a swapped label) | model wrong by > m (breaks a clean one) "
