@@ -227,3 +227,43 @@ def test_a_server_process_killed_by_sigkill_mid_upsert_loses_nothing_and_half_ap
     assert index.count == 19 and index.manifest["job"] is None
     assert [h.id for h in index.get([f"k{i}" for i in range(7)])] == [f"k{i}" for i in range(7)]
     assert not pending.exists() and not list((index_path / "incoming").glob("*.jsonl"))
+
+
+# ------------------------------------------------------------------------------------------------ issue 51: costs
+
+def test_a_search_compiles_its_filter_once_and_looks_at_the_manifest_once(served, monkeypatch):
+    from robustir.serving import filters, storage
+
+    client, _ = served
+    compiles, looks = [], []
+    to_sql, token = filters.to_lance_sql, storage.LocalStore.token
+    monkeypatch.setattr(filters, "to_lance_sql", lambda *a, **k: compiles.append(1) or to_sql(*a, **k))
+    monkeypatch.setattr(storage.LocalStore, "token",
+                        lambda self, name: looks.append(name) or token(self, name))
+    for mode in ("dense", "lexical", "hybrid"):
+        compiles.clear(), looks.clear()
+        reply = client.post("/search", json={"query": "stripes", "filter": {"lang": "en"}, "mode": mode})
+        assert reply.status_code == 200, reply.text
+        assert (len(compiles), looks) == (1, ["manifest.json"]), mode
+    looks.clear()
+    assert client.post("/search", json={"query": "stripes"}).status_code == 200
+    assert looks == ["manifest.json"]
+
+
+def test_an_http_write_hashes_only_the_files_it_wrote_and_parses_its_documents_once(served, index_path, monkeypatch):
+    from robustir.serving import index as index_module
+    from robustir.serving import storage
+
+    client, _ = served
+    hashed, parsed = [], []
+    sha256, read = storage.LocalStore.sha256, index_module._read_records
+    monkeypatch.setattr(storage.LocalStore, "sha256", lambda self, name: hashed.append(name) or sha256(self, name))
+    monkeypatch.setattr(index_module, "_read_records", lambda *a: parsed.append(a) or read(*a))
+    before = set(json.loads((index_path / "manifest.json").read_text())["files"])
+    reply = client.post("/documents", json={"documents": [{"_id": "n1", "text": "zebras have stripes"}]})
+    assert reply.status_code == 200, reply.text
+    assert hashed and not set(hashed) & before  # the job's own files only, none of the index's others
+    assert len(parsed) == 1  # the spooled request read once (checked and kept), not again for the job
+    hashed.clear()
+    assert client.request("DELETE", "/documents", json={"ids": ["n1"]}).status_code == 200
+    assert not set(hashed) & before

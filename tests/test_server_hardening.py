@@ -292,6 +292,17 @@ def test_request_ids_timing_headers_and_cors(client):
     assert "access-control-allow-origin" not in other.headers
 
 
+def test_a_cors_preflight_for_every_method_of_the_api_is_answered(client):
+    # a browser page asks before DELETE /documents (issue 51: the preflight was refused, 400, for DELETE)
+    for method, path in (("DELETE", "/documents"), ("POST", "/documents"), ("GET", "/documents/d0"),
+                         ("POST", "/search")):
+        preflight = client.options(path, headers={"Origin": "http://localhost:3000",
+                                                  "Access-Control-Request-Method": method})
+        assert preflight.status_code == 200, (method, path, preflight.text)
+        assert method in preflight.headers["access-control-allow-methods"]
+        assert preflight.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
 def test_metrics_count_requests_batches_and_refusals(client, server):
     client.post("/v1/embeddings", json={"input": ["one", "two"], "input_type": "query"})
     client.post("/v1/embeddings", json={"input": ""})

@@ -387,11 +387,12 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
             raise ApiError(413, f"{len(queries)} queries x {what} = {len(queries) * depth} hits; at most "
                            f"{c.max_hits_per_request} per request (send fewer queries per request or a smaller "
                            "top_k)", param="top_k", code="too_many_hits")
-        if body.filter:
-            try:  # a bad filter is refused before the model runs
-                s.index.check_filter(body.filter)
-            except ConfigError as exc:
-                raise ApiError(400, str(exc), param="filter") from None
+        try:  # compiled once, after one look at the manifest; a bad filter is refused before the model runs
+            where = s.index.compile_filter(body.filter) if body.filter else None
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), param="filter") from None
+        except DataError as exc:  # the index on disk cannot be served (rebuilt with another model, damaged)
+            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
         headers = None
         vectors = None
         if body.mode != "lexical":
@@ -402,7 +403,8 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
         fetched = max(body.top_k, c.rerank_candidates) if body.rerank else body.top_k
         try:
             hits = await s.searching(functools.partial(s.index.search_encoded, queries, vectors, fetched,
-                                                         body.filter or None, mode=body.mode, fusion=body.fusion))
+                                                         body.filter or None, mode=body.mode, fusion=body.fusion,
+                                                         where=where))
         except ConfigError as exc:
             raise ApiError(400, str(exc), param="filter") from None
         except DataError as exc:  # the index on disk cannot be served (rebuilt with another model, damaged)
@@ -846,7 +848,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     if config.cors_allow_origin:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_allow_origin, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_allow_origin,
+                           allow_methods=["GET", "POST", "DELETE"],  # every method the API has
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
                            expose_headers=["X-Request-ID", "X-Total-Time", "X-Queue-Time", "X-Inference-Time"])
     app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)

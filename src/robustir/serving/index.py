@@ -72,6 +72,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -327,6 +328,24 @@ def _model_digest(path: Path | None) -> dict | None:
     return input_digest(path, model=True)["files"] if path is not None and path.is_dir() else None
 
 
+#: the model-file digest each loaded :class:`~robustir.models.encoder.Encoder` was checked with, by object: the
+#: weights it computes with are the ones read when it loaded, so re-hashing its folder for every HTTP write (93 ms
+#: of a 1-document upsert, bench/index_upsert.py, issue 51) checks nothing more
+_CHECKED_MODELS: "weakref.WeakKeyDictionary[Any, tuple[str, dict | None]]" = weakref.WeakKeyDictionary()
+
+
+def _checked_digest(encoder: Any, folder: Path) -> dict | None:
+    """:func:`_model_digest` of ``folder``, taken once per encoder object and folder."""
+    try:
+        seen = _CHECKED_MODELS.get(encoder)
+    except TypeError:  # not weak-referenceable: no cache
+        return _model_digest(folder)
+    if seen is None or seen[0] != str(folder):
+        seen = (str(folder), _model_digest(folder))
+        _CHECKED_MODELS[encoder] = seen
+    return seen[1]
+
+
 def _model_label(source: str) -> str:
     """A short name for a model: a hub id as it is, else its folder name (``run/model`` -> ``run``; the bundled
     MiniLM -> ``all-MiniLM-L6-v2``)."""
@@ -494,11 +513,15 @@ class SearchIndex:
 
     @classmethod
     def open(cls, path: str | os.PathLike | IndexStore, *, model: Any = None, writable: bool = False,
-             device: str | None = None, storage_options: dict | None = None, refresh_s: float = 0.0) -> "SearchIndex":
+             device: str | None = None, storage_options: dict | None = None, refresh_s: float = 0.0,
+             digests: bool = True) -> "SearchIndex":
         """Open the index at ``path`` (a folder, or ``s3://bucket/prefix`` with ``storage_options``; see the module
         docstring for what is checked). A reader follows the writer: each query sees the latest committed version --
         or, with ``refresh_s`` > 0, checks for new commits at most that often (on an object store each check costs
-        requests)."""
+        requests). ``digests=False`` checks every data file's size but not its SHA-256: what an HTTP write opens
+        with (:mod:`robustir.serving.ingest`; the server checked the digests when it started, and the job hashes
+        the files it writes). Measured (bench/index_upsert.py, issue 51): hashing the whole index was 214 ms of a
+        520 ms 1-document upsert at 100k documents, and grows with the index."""
         if not (isinstance(refresh_s, (int, float)) and math.isfinite(refresh_s) and refresh_s >= 0):
             raise ConfigError(f"refresh_s must be a number of seconds >= 0, got {refresh_s!r}")
         store = open_store(path, storage_options)
@@ -529,7 +552,7 @@ class SearchIndex:
             if writable and job is not None and job.kind in _ATOMIC:  # killed after (or before) its commit: either
                 logger.info("index %s: recording the state an interrupted %s left", path, job.kind)  # is whole
                 index._finish_job()
-            index._verify()
+            index._verify(digests=digests)
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -590,7 +613,7 @@ class SearchIndex:
             encoder = Encoder.from_pretrained(folder, device=device or "auto", **self.manifest["encoder"])
             encoder.source = str(model)
         if recorded.get("digest") is not None and folder is not None and folder.is_dir() \
-                and _model_digest(folder) != recorded["digest"]:
+                and _checked_digest(encoder, folder) != recorded["digest"]:
             raise ConfigError(f"model {model if not isinstance(model, Encoder) else encoder.source} is not the model "
                               f"index {self.path} was built with ({recorded['path']}): its files differ; search with "
                               "that model, or rebuild the index with this one")
@@ -622,13 +645,8 @@ class SearchIndex:
         if not wanted:
             raise ConfigError("no document ids to delete")
         self._refuse_beside_unfinished("delete")
-        present, names = set(), set()
-        for start in range(0, len(wanted), 500):
-            part = wanted[start:start + 500]
-            where = f"id IN ({', '.join(_quote(i) for i in part)})"
-            rows = self._table.search().where(where).select(["id", "fields"]).limit(len(part)).to_arrow()
-            present.update(rows.column("id").to_pylist())
-            names |= top_level_names(rows.column("fields").to_pylist())
+        rows = self._with_ids(wanted, ["id", "fields"])
+        present, names = set(rows.column("id").to_pylist()), top_level_names(rows.column("fields").to_pylist())
         missing = [i for i in wanted if i not in present]
         if missing:
             shown = ", ".join(repr(i) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -688,24 +706,28 @@ class SearchIndex:
         or ``hybrid`` (reciprocal rank fusion of the ``fusion.candidates`` best of each, with its ``rrf_k`` and
         weights, as ``robustir eval --mode hybrid`` does)."""
         texts = [queries] if isinstance(queries, str) else list(queries)
-        where = self._check_search(texts, top_k, mode, filter)  # before the model runs
+        _check_search(texts, top_k, mode)
+        where = self._where(filter)  # before the model runs
         vectors = None if mode == "lexical" else self.encoder.encode(texts, "query", show_progress=False)
         return self._search(texts, vectors, top_k, where, mode, fusion or FusionConfig())
 
     def search_encoded(self, texts: Sequence[str], vectors: np.ndarray | None, top_k: int = 10,
                        filter: dict | None = None, *, mode: SearchMode = "dense",
-                       fusion: FusionConfig | None = None) -> list[list[Hit]]:
+                       fusion: FusionConfig | None = None, where: str | None = None) -> list[list[Hit]]:
         """:meth:`search` with the query vectors already made (``None`` for ``lexical``): what the server calls, its
-        model batching the encoding."""
+        model batching the encoding. ``where``: the filter as :meth:`compile_filter` compiled it for this query
+        (the manifest was looked at then: neither is done again)."""
         texts = list(texts)
-        return self._search(texts, vectors, top_k, self._check_search(texts, top_k, mode, filter), mode,
-                            fusion or FusionConfig())
+        _check_search(texts, top_k, mode)
+        if where is None:
+            where = self._where(filter)  # the one look at the manifest of this query (also when there is no filter)
+        return self._search(texts, vectors, top_k, where, mode, fusion or FusionConfig())
 
     def _search(self, texts: list[str], vectors: np.ndarray | None, top_k: int, where: str | None, mode: str,
                 fusion: FusionConfig) -> list[list[Hit]]:
-        self._follow()  # lexical search reads the table too: it follows a swap as dense search does
+        """The search itself; the manifest was looked at (:meth:`_follow`) by the caller, once for this query."""
         depth = max(top_k, fusion.candidates) if mode == "hybrid" else top_k
-        dense = self.search_vectors(vectors, depth, where=where) if mode != "lexical" else None
+        dense = self._dense(vectors, depth, where) if mode != "lexical" else None
         if mode == "dense":
             return dense  # type: ignore[return-value]
         lexical = [self._lexical(text, depth, where) for text in texts]
@@ -723,8 +745,11 @@ class SearchIndex:
         """Dense search with query vectors; the score is the inner product (cosine for a normalising model). Exact
         unless the index has an ANN index (``ann``); with a filter, the rows are selected first (prefilter), so
         ``top_k`` hits come back whenever that many documents match."""
-        self._follow()
-        where = where if where is not None else self._where(filter)
+        if where is None:
+            where = self._where(filter)  # follows the writer
+        return self._dense(vectors, top_k, where)
+
+    def _dense(self, vectors: np.ndarray, top_k: int, where: str | None) -> list[list[Hit]]:
         ann = self.manifest.get("ann") or {}
         out = []
         for vector in np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim):
@@ -748,15 +773,6 @@ class SearchIndex:
             query = query.where(where, prefilter=True)
         rows = query.select(["id", "title", "text", "fields", "_score"]).to_arrow().to_pylist()
         return [Hit(r["id"], float(r["_score"]), r["title"], r["text"], _fields(r["fields"])) for r in rows]
-
-    def _check_search(self, texts: list[str], top_k: int, mode: str, filter: dict | None) -> str | None:
-        if mode not in ("dense", "lexical", "hybrid"):
-            raise ConfigError(f"mode {mode!r} is not one of dense, lexical, hybrid")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ConfigError(f"top_k must be an integer >= 1, got {top_k!r}")
-        if not texts:
-            raise ConfigError("no queries")
-        return self._where(filter)
 
     def _follow(self) -> None:
         """A reader re-reads the manifest whenever its file changed (a writer in another process added fields or an ANN
@@ -806,17 +822,20 @@ class SearchIndex:
     def check_filter(self, filter: dict) -> None:
         self._where(filter)
 
+    def compile_filter(self, filter: dict | None) -> str | None:
+        """``filter`` checked and compiled for one query, after one look at the manifest: pass the result to
+        :meth:`search_encoded` as ``where`` (raises :class:`ConfigError` naming what is wrong)."""
+        return self._where(filter)
+
     def get(self, ids: Sequence[str]) -> list[Hit]:
         """The documents with these ids (id, title, text, fields; score 0), in the order asked; missing ids are left
         out."""
         self._follow()
         wanted = list(dict.fromkeys(str(i) for i in ids))
-        found: dict[str, Hit] = {}
-        for start in range(0, len(wanted), 500):
-            part = wanted[start:start + 500]
-            rows = (self._table.search().where(f"id IN ({', '.join(_quote(i) for i in part)})")
-                    .select(["id", "title", "text", "fields"]).limit(len(part)).to_arrow().to_pylist())
-            found.update({r["id"]: Hit(r["id"], 0.0, r["title"], r["text"], _fields(r["fields"])) for r in rows})
+        if not wanted:
+            return []
+        rows = self._with_ids(wanted, ["id", "title", "text", "fields"]).to_pylist()
+        found = {r["id"]: Hit(r["id"], 0.0, r["title"], r["text"], _fields(r["fields"])) for r in rows}
         return [found[i] for i in wanted if i in found]
 
     def ids_matching(self, filter: dict, limit: int) -> list[str]:
@@ -837,28 +856,28 @@ class SearchIndex:
                 if entry.get("usable", True)}
 
     def _where(self, filter: dict | None) -> str | None:
-        """``filter`` compiled to a LanceDB predicate (:func:`robustir.serving.filters.to_lance_sql`); a field no
-        document has is refused -- after one look at the manifest, in case a writer added it since."""
+        """``filter`` compiled to a LanceDB predicate (:func:`robustir.serving.filters.to_lance_sql`), after one look
+        at the manifest (:meth:`_follow`: the typed columns in use are the manifest's, a writer may have stopped
+        using one); a field no document has is refused -- after one more look, in case a writer added it since."""
+        self._follow()
         if not filter:
             return None
-        from .filters import check_kinds, parse_filter, to_lance_sql
-
-        self._follow()  # the typed columns in use are the manifest's: a writer may have stopped using one
-
-        def compiled() -> str:
-            parsed = parse_filter(filter, ["id", "title", *self.field_names])
-            if "field_kinds" in self.manifest:  # recorded since issue 36; older indexes are not checked
-                check_kinds(parsed, self.manifest["field_kinds"])
-            return to_lance_sql(parsed, self.typed_columns)
-
         try:
-            return compiled()
+            return self._compiled(filter)
         except ConfigError:
             if self.writable:
                 raise
             self._manifest_stat, self._checked_at = None, float("-inf")  # look now, whatever refresh_s says
             self._follow()
-            return compiled()
+            return self._compiled(filter)
+
+    def _compiled(self, filter: dict) -> str:
+        from .filters import check_kinds, parse_filter, to_lance_sql
+
+        parsed = parse_filter(filter, ["id", "title", *self.field_names])
+        if "field_kinds" in self.manifest:  # recorded since issue 36; older indexes are not checked
+            check_kinds(parsed, self.manifest["field_kinds"])
+        return to_lance_sql(parsed, self.typed_columns)
 
     # ------------------------------------------------------------------ integrity
     def check(self) -> str:
@@ -934,6 +953,10 @@ class SearchIndex:
         self.close()
 
     # ------------------------------------------------------------------ jobs
+    def _spooled(self, corpus: str | os.PathLike) -> bool:
+        """Whether ``corpus`` is an HTTP upsert's file in the index's ``incoming/`` folder."""
+        return Path(corpus).absolute().parent == self.store.incoming_dir().absolute()
+
     def _need_writable(self, what: str) -> None:
         if not self.writable:
             raise ConfigError(f"index {self.path} is open for reading: open it with writable=True to {what}")
@@ -971,7 +994,10 @@ class SearchIndex:
         job = _Job.from_json(self.manifest["job"], self.path / MANIFEST) if self.manifest.get("job") else None
         if job is not None and (job.kind != kind or not same_input(job.input, corpus)):
             raise unfinished(self.path, job, f"{kind} of {corpus}")
-        total, ids, names = scanned or _scan_corpus(corpus, config.format)  # bad input fails here, before any change
+        # an HTTP upsert's spooled file (bounded by the request's limits) is parsed once and kept; a CLI corpus is
+        # read again below, so memory stays bounded whatever its size
+        kept: list[_Record] | None = [] if scanned is None and self._spooled(corpus) else None
+        total, ids, names = scanned or _scan_corpus(corpus, config.format, keep=kept)  # bad input fails here
         check_bound(self.field_names, names, corpus)
         if kind == "add":
             self._refuse_present(ids, corpus, job.id if job is not None else None)
@@ -997,7 +1023,7 @@ class SearchIndex:
         buffer: list[_Record] = []
         with tqdm(total=total, initial=job.position, desc=f"index {kind}", unit="doc", disable=not show) as bar:
             position = job.position
-            for record in _read_records(corpus, config.format):
+            for record in kept if kept is not None else _read_records(corpus, config.format):
                 if record.line <= job.position:
                     continue
                 position = record.line
@@ -1110,13 +1136,17 @@ class SearchIndex:
 
     def _names_of(self, ids: list[str]) -> set[str]:
         """The top-level field names the documents with these ids hold now."""
-        names: set[str] = set()
-        for start in range(0, len(ids), 500):
-            part = ids[start:start + 500]
-            rows = (self._table.search().where(f"id IN ({', '.join(_quote(i) for i in part)})").select(["fields"])
-                    .limit(len(part)).to_arrow())
-            names |= top_level_names(rows.column("fields").to_pylist())
-        return names
+        return top_level_names(self._with_ids(ids, ["fields"]).column("fields").to_pylist())
+
+    def _with_ids(self, ids: Sequence[str], columns: list[str], also: str | None = None, limit: int | None = None):
+        """The rows whose id is one of ``ids`` (and match ``also``), as an Arrow table of ``columns``: one query, one
+        predicate (one predicate of 50,000 ids deletes in 0.24 s on the 2-core box), a scan of the ``id`` column.
+
+        Why no scalar index on ``id``: measured with LanceDB 0.40 on the 2-core box (issue 51, CPU ms, median of 6,
+        100k rows): a BTREE on ``id`` makes ``merge_insert`` -- every upsert -- 389 ms instead of 18 (LanceDB
+        takes its index path for the join), and this lookup no faster (17 ms against 11 for the scan; 4 at 1k)."""
+        where = f"id IN ({', '.join(_quote(i) for i in ids)})" + (f" AND {also}" if also else "")
+        return self._table.search().where(where).select(columns).limit(limit or max(1, len(ids))).to_arrow()
 
     def _refuse_beside_unfinished(self, action: str) -> None:
         """A delete or compact beside an unfinished add / upsert / build would erase its record (the next job
@@ -1127,12 +1157,9 @@ class SearchIndex:
 
     def _refuse_present(self, ids: dict[str, int], source: str | os.PathLike, own_job: int | None) -> None:
         """An ``add`` of an id already in the index (other than by this job, when it resumes) is an error."""
-        names = list(ids)
-        for start in range(0, len(names), 500):
-            where = f"id IN ({', '.join(_quote(i) for i in names[start:start + 500])})"
-            if own_job is not None:
-                where += f" AND job != {own_job}"
-            clash = self._table.search().where(where).select(["id"]).limit(1).to_arrow().column("id").to_pylist()
+        if ids:
+            clash = self._with_ids(list(ids), ["id"], f"job != {own_job}" if own_job is not None else None,
+                                   limit=1).column("id").to_pylist()
             if clash:
                 raise DataError(source, f"duplicate document id {clash[0]!r} (already in the index)",
                                 line=ids[clash[0]], field="_id", fix="give it a new id, use --upsert to replace it, "
@@ -1216,19 +1243,28 @@ class SearchIndex:
 
 # ------------------------------------------------------------------------------------------------ helpers
 
+def _check_search(texts: list[str], top_k: int, mode: str) -> None:
+    if mode not in ("dense", "lexical", "hybrid"):
+        raise ConfigError(f"mode {mode!r} is not one of dense, lexical, hybrid")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ConfigError(f"top_k must be an integer >= 1, got {top_k!r}")
+    if not texts:
+        raise ConfigError("no queries")
+
+
 def _fields(value: Any) -> dict:
     if value is None:
         return {}
     return json.loads(value) if isinstance(value, (str, bytes)) else dict(value)
 
 
-def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | None = None
-                 ) -> tuple[int, dict[str, int], set[str]]:
+def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | None = None,
+                 keep: list[_Record] | None = None) -> tuple[int, dict[str, int], set[str]]:
     """One pass over ``corpus`` before a job starts (no model): every record is read and checked -- JSON, fields,
     finite numbers, ids unique within the file -- so bad input fails before the index changes, with its line. Returns
     the number of records (the progress bar's total from the start), ``{id: line}`` and the top-level field names;
     fills ``kinds`` (when given) with the exact kinds of each top-level field
-    (:func:`robustir.serving.filters.exact_kind`)."""
+    (:func:`robustir.serving.filters.exact_kind`); appends every record to ``keep`` (when given)."""
     from .filters import exact_kind
 
     ids: dict[str, int] = {}
@@ -1236,6 +1272,8 @@ def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | No
     total = 0
     for record in _read_records(corpus, fmt):
         total += 1
+        if keep is not None:
+            keep.append(record)
         if not record.text.strip() and not record.title.strip():
             continue
         _finite(record.fields, "fields", record, corpus)

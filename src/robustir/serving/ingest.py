@@ -184,7 +184,9 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any
     from ..errors import DataError
     from .index import SearchIndex
 
-    writer = SearchIndex.open(index, writable=True, model=encoder)  # the lock: a CLI job running -> ConfigError
+    # the lock (a CLI job running -> ConfigError); every data file's size is checked, not re-hashed: the server
+    # hashed them at start-up and this job hashes what it writes (SearchIndex.open)
+    writer = SearchIndex.open(index, writable=True, model=encoder, digests=False)
     path = None
     try:
         with storage_failures(writer, "the upsert"):
@@ -219,7 +221,7 @@ def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict 
     it). An id not in the index is an error naming it (nothing deleted)."""
     from .index import SearchIndex
 
-    writer = SearchIndex.open(index, writable=True)
+    writer = SearchIndex.open(index, writable=True, digests=False)
     try:
         with storage_failures(writer, "the delete"):
             finish_pending(writer, encoder)  # rare: the model loads only then
