@@ -7,7 +7,7 @@ documents, plus dense-search latency and ingestion throughput, for two source tr
 Each ``--src`` gets its own worker process (``PYTHONPATH`` = that tree) holding the bundled all-MiniLM-L6-v2 encoder
 and its own indexes; the workers take turns, the order flipped every round, and each times only the call inside it.
 
-* ``upsert``: :func:`robustir.serving.ingest.upsert_documents` -- the function ``POST /documents`` runs on its model
+* ``upsert``: :func:`robustir.index.store.spool.upsert_documents` -- the function ``POST /documents`` runs on its model
   worker thread (without HTTP: the route adds only the request parsing) -- with one document, alternately a new id
   and a replacement of an existing one. Each index is made by a real build of 8 documents, then random unit vectors
   written straight into its table in chunks of 1,024 rows (as a build commits them: one fragment each; encoding 100k
@@ -43,11 +43,48 @@ def _doc(i: int, replace: bool) -> dict:
             "lang": ["en", "de", "fr"][i % 3], "year": 1975 + i % 50}
 
 
+def _api():
+    """(the index API, its table module, filters, the HTTP write module) of this tree: before issue 51 they were
+    robustir.serving.{index, index, filters, ingest}."""
+    import importlib
+
+    try:
+        store = importlib.import_module("robustir.index.store")
+        return (store, importlib.import_module("robustir.index.store.table"),
+                importlib.import_module("robustir.index.store.lance_sql"),
+                importlib.import_module("robustir.index.store.spool"))
+    except ImportError:
+        index = importlib.import_module("robustir.serving.index")
+        return (index, index, importlib.import_module("robustir.serving.filters"),
+                importlib.import_module("robustir.serving.ingest"))
+
+
+def add_random_rows(index, schema, column_value, start: int, records: list[dict], rng, job: int) -> None:
+    """Rows ``r{start}`` ... with ``records`` as their fields and random unit vectors, written straight into the
+    index's table as one commit (one fragment), their typed columns filled as a build fills them."""
+    import numpy as np
+    import pyarrow as pa
+
+    m, dim, columns = len(records), index.dim, index.manifest.get("columns") or {}
+    vectors = rng.standard_normal((m, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index._table.add(pa.table({
+        "id": [f"r{i}" for i in range(start, start + m)], "title": [""] * m,
+        "text": [f"passage {i}" for i in range(start, start + m)],
+        "content": [f"passage {i}" for i in range(start, start + m)],
+        "fields": pa.array([json.dumps(r) for r in records], type=pa.json_(pa.string())),
+        **{entry["column"]: [column_value(entry["kind"], r.get(name)) for r in records]
+           for name, entry in columns.items()},
+        "job": [job] * m, "line": list(range(start, start + m)),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), dim)},
+        schema=schema(dim, columns)))
+
+
 def _build(work: Path, n: int, encoder) -> float:
     import numpy as np
     import pyarrow as pa
 
-    from robustir.serving import index as module
+    module, table, filters, _ = _api()
 
     started = time.perf_counter()
     seed = work / f"seed-{n}.jsonl"
@@ -57,23 +94,10 @@ def _build(work: Path, n: int, encoder) -> float:
                                         config=module.IndexConfig(show_progress=False))
     rng = np.random.default_rng(n)
     columns = index.manifest.get("columns") or {}
-    from robustir.serving.filters import column_value
-
     for start in range(0, n, 1024):
         m = min(1024, n - start)
-        vectors = rng.standard_normal((m, index.dim)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         records = [{"lang": ["en", "de", "fr"][i % 3], "year": 1975 + i % 50} for i in range(start, start + m)]
-        index._table.add(pa.table({
-            "id": [f"r{i}" for i in range(start, start + m)], "title": [""] * m,
-            "text": [f"passage {i}" for i in range(start, start + m)],
-            "content": [f"passage {i}" for i in range(start, start + m)],
-            "fields": pa.array([json.dumps(r) for r in records], type=pa.json_(pa.string())),
-            **{entry["column"]: [column_value(entry["kind"], r.get(name)) for r in records]
-               for name, entry in columns.items()},
-            "job": [1] * m, "line": list(range(start, start + m)),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), index.dim)},
-            schema=module._schema(index.dim, columns)))
+        add_random_rows(index, table._schema, filters.column_value, start, records, rng, job=1)
     index._finish_job()  # as a build ends: full-text and scalar indexes, the manifest's version, count and files
     index.close()
     return time.perf_counter() - started
@@ -86,8 +110,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from robustir.models.encoder import Encoder
     from robustir.resources import default_model_path
-    from robustir.serving.index import SearchIndex
-    from robustir.serving.ingest import upsert_documents
+    module, _, _, spool = _api()
+    SearchIndex, upsert_documents = module.SearchIndex, spool.upsert_documents
 
     encoder = Encoder.from_pretrained(default_model_path(), device="cpu")
     encoder.source = default_model_path()

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import ServeConfig, create_app, running_server
 
 from extras import require  # noqa: E402  (tests/ is on sys.path)
 

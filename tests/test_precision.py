@@ -281,7 +281,7 @@ def test_every_stage_config_defaults_to_auto():
     from robustir.pretraining.pretrain import PretrainConfig
     from robustir.robustness.sidebyside import PRESETS
     from robustir.serving.config import ServeConfig
-    from robustir.serving.index import IndexConfig
+    from robustir.index.store import IndexConfig
     from robustir.training.arguments import TrainConfig
 
     for cls in (ClassifyConfig, EvalConfig, SieveConfig, TeacherFilterConfig, MiningConfig, EvalStage,

@@ -19,7 +19,8 @@ from helpers import QUERIES, httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402
 from robustir.cli.main import main
 from robustir.errors import ConfigError
-from robustir.serving import IndexConfig, MicroBatcher, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import MicroBatcher, ServeConfig, create_app, running_server
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

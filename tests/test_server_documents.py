@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_serving_index import write_corpus  # noqa: E402
 
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server  # noqa: E402
+from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
+from robustir.serving import ServeConfig, create_app, running_server  # noqa: E402
 
 KEY = "doc-key"
 
@@ -87,7 +88,7 @@ def test_bad_documents_and_deletes_are_refused_naming_them(served):
 
 
 def test_a_cli_writer_holding_the_lock_makes_http_writes_answer_409(served, index_path):
-    from robustir.serving.storage import LocalStore
+    from robustir.index.store.storage import LocalStore
 
     client, _ = served
     held = LocalStore(index_path).lock()  # what a running `robustir index --upsert` holds
@@ -103,7 +104,7 @@ def test_an_upsert_killed_mid_job_is_finished_before_the_server_serves(index_pat
     """A server killed during an HTTP upsert leaves an unfinished --upsert job of its incoming file: the next start
     finishes it (nothing acknowledged is lost; what was not acknowledged is completed, not half-applied); an
     incoming file no job reads (killed while writing it, never acknowledged) is removed."""
-    from robustir.serving.ingest import write_incoming
+    from robustir.index.store.spool import write_incoming
 
     class Killed(Exception):
         pass
@@ -157,7 +158,7 @@ KILL_DRIVER = """
 import sys
 from dataclasses import replace
 from robustir.serving import ServeConfig, create_app, running_server
-from robustir.serving.index import SearchIndex
+from robustir.index.store import SearchIndex
 
 original = SearchIndex.upsert
 
@@ -232,12 +233,12 @@ def test_a_server_process_killed_by_sigkill_mid_upsert_loses_nothing_and_half_ap
 # ------------------------------------------------------------------------------------------------ issue 51: costs
 
 def test_a_search_compiles_its_filter_once_and_looks_at_the_manifest_once(served, monkeypatch):
-    from robustir.serving import filters, storage
+    from robustir.index.store import lance_sql, storage
 
     client, _ = served
     compiles, looks = [], []
-    to_sql, token = filters.to_lance_sql, storage.LocalStore.token
-    monkeypatch.setattr(filters, "to_lance_sql", lambda *a, **k: compiles.append(1) or to_sql(*a, **k))
+    to_sql, token = lance_sql.to_lance_sql, storage.LocalStore.token
+    monkeypatch.setattr(lance_sql, "to_lance_sql", lambda *a, **k: compiles.append(1) or to_sql(*a, **k))
     monkeypatch.setattr(storage.LocalStore, "token",
                         lambda self, name: looks.append(name) or token(self, name))
     for mode in ("dense", "lexical", "hybrid"):
@@ -251,14 +252,14 @@ def test_a_search_compiles_its_filter_once_and_looks_at_the_manifest_once(served
 
 
 def test_an_http_write_hashes_only_the_files_it_wrote_and_parses_its_documents_once(served, index_path, monkeypatch):
-    from robustir.serving import index as index_module
-    from robustir.serving import storage
+    from robustir.index.store import records, runner, storage
 
     client, _ = served
     hashed, parsed = [], []
-    sha256, read = storage.LocalStore.sha256, index_module._read_records
+    sha256, read = storage.LocalStore.sha256, records._read_records
     monkeypatch.setattr(storage.LocalStore, "sha256", lambda self, name: hashed.append(name) or sha256(self, name))
-    monkeypatch.setattr(index_module, "_read_records", lambda *a: parsed.append(a) or read(*a))
+    for module in (records, runner):  # the check before the job, and the job's own reading
+        monkeypatch.setattr(module, "_read_records", lambda *a: parsed.append(a) or read(*a))
     before = set(json.loads((index_path / "manifest.json").read_text())["files"])
     reply = client.post("/documents", json={"documents": [{"_id": "n1", "text": "zebras have stripes"}]})
     assert reply.status_code == 200, reply.text

@@ -17,7 +17,8 @@ from helpers import httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402  (tests/ is on sys.path)
 from robustir.cli.main import main
 from robustir.errors import ConfigError
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import ServeConfig, create_app, running_server
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -422,7 +423,7 @@ def test_a_lexical_search_does_not_wait_behind_embedding_work(tmp_path, tiny_mod
     import concurrent.futures
     import json as jsonlib
 
-    from robustir.serving import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(jsonlib.dumps({"_id": f"d{i}", "text": f"document {i} about topic{i}"}) + "\n"

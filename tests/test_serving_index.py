@@ -1,4 +1,4 @@
-"""robustir.serving.index (``robustir index``): the LanceDB index -- build, modes, filters, add / delete / upsert seen
+"""robustir.index.store (``robustir index``): the LanceDB index -- build, modes, filters, add / delete / upsert seen
 by a live reader (in this process and in another one), a killed build resumed to the same table, damage named by open
 and check, and the CLI."""
 
@@ -22,7 +22,7 @@ from helpers import DOCS, QUERIES  # noqa: E402  (tests/ is on sys.path)
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
 from robustir.models.encoder import Encoder
-from robustir.serving.index import AnnConfig, IndexConfig, SearchIndex
+from robustir.index.store import AnnConfig, IndexConfig, SearchIndex
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 REPO = Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ def test_a_reader_in_another_process_sees_each_commit(built, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO / 'src')!r})
-        from robustir.serving.index import SearchIndex
+        from robustir.index.store import SearchIndex
         index = SearchIndex.open({str(built.path)!r})
         for line in sys.stdin:
             hits = index.search("protein", top_k=50, mode="lexical")[0]
@@ -231,7 +231,7 @@ def test_a_killed_build_resumes_to_the_same_table(tmp_path, tiny_model_dir):
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO / 'src')!r})
-        from robustir.serving.index import IndexConfig, SearchIndex
+        from robustir.index.store import IndexConfig, SearchIndex
         def kill(position):
             if position >= 10:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -308,7 +308,7 @@ def test_one_writer_at_a_time_and_readers_open_during_a_running_job(built, tmp_p
 def test_a_tampered_manifest_is_named_never_a_traceback(built, edit, message):
     """An edit is refused by the manifest's digest; the same edit with the digest made again (a forgery, or a bug
     of ours) is still refused by the check of that part."""
-    from robustir.serving.index import _manifest_digest
+    from robustir.index.store.manifest import _manifest_digest
 
     built.close()
     file = built.path / "manifest.json"
@@ -369,7 +369,7 @@ def test_non_finite_metadata_is_refused_at_build(tmp_path, tiny_model_dir):
 
 
 def test_filtered_search_is_exact_in_every_mode_and_hostile_filters_are_refused_or_literal(built):
-    from robustir.serving.filters import matches, parse_filter
+    from robustir.index.store.filters import matches, parse_filter
 
     rows = built._table.to_arrow().to_pylist()
     records = {r["id"]: {"id": r["id"], "title": r["title"], **json.loads(r["fields"])} for r in rows}
@@ -565,7 +565,7 @@ def test_cli_help_and_bad_flags(capsys):
 def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tmp_path, tiny_model_dir, capsys):
     """Issue 35: --delete IDS_FILE stripped each line (it deleted 'sp ace' for 'sp ace '); an id with a NUL was
     built and then refused by every other command."""
-    from robustir.serving.index import read_id_list
+    from robustir.index.store import read_id_list
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": i, "text": f"passage {n}"}) + "\n"
@@ -591,7 +591,7 @@ def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tm
 
 def redigest(path: Path, **edit) -> None:
     """Edit the manifest and write its digest again, as a forger (or a bug of ours) would."""
-    from robustir.serving.index import _manifest_digest
+    from robustir.index.store.manifest import _manifest_digest
 
     file = path / "manifest.json"
     manifest = {**json.loads(file.read_text()), **edit}
@@ -738,7 +738,7 @@ def test_an_index_built_with_a_relative_model_path_opens_from_another_folder(tmp
 
 def test_a_field_whose_name_begins_with_a_dollar_is_filtered_with_one_more_dollar(tmp_path, tiny_model_dir):
     """Issue 35 ('unclear'): a field named '$price' could not be filtered (a top-level '$' key is an operator)."""
-    from robustir.serving.filters import matches, parse_filter
+    from robustir.index.store.filters import matches, parse_filter
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"study {i}", "$price": i, "meta": {"$oid": str(i)}})
@@ -842,7 +842,7 @@ def write_typed_corpus(path: Path, n: int = 30) -> Path:
 
 
 def test_top_level_fields_of_one_kind_get_typed_indexed_columns_and_filter_exactly(tmp_path, tiny_model_dir):
-    from robustir.serving.filters import matches, parse_filter
+    from robustir.index.store.filters import matches, parse_filter
 
     corpus = write_typed_corpus(tmp_path / "corpus.jsonl")
     index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet(chunk_size=8))

@@ -16,7 +16,7 @@ are the pydantic models of :mod:`robustir.serving.schemas`, so ``/docs`` shows t
   ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists). ``dense``
   (default) searches with the model, ``lexical`` with BM25 over title and text (no model), ``hybrid`` fuses both
   lists by reciprocal rank (``fusion``, as ``robustir eval --mode hybrid``; only with ``hybrid``). The filter is
-  :mod:`robustir.serving.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
+  :mod:`robustir.index.store.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
   ``{"year": {"$gte": 2020, "$lt": 2024}}``, ``$eq``/``$ne``/``$in``/``$nin``, nested fields by dotted name
   (``{"meta.source": "pubmed"}``) and ``$and``/``$or``/``$not``; it is checked before the model runs. Every query
   reads the index's latest committed version: ``robustir index --add / --upsert / --delete`` while the server runs
@@ -445,8 +445,8 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
     async def add_documents(body: documents_request, request: Request):  # type: ignore[valid-type]
         """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
         ``/search`` finds them on its next query."""
-        from .ingest import DocumentError, StorageFailure, upsert_documents
-        from .jobs import UnfinishedJob
+        from ..index.store.spool import DocumentError, StorageFailure, upsert_documents
+        from ..index.store.jobs import UnfinishedJob
 
         s = _writable_index(request)
         c = s.config
@@ -472,8 +472,8 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
     @router.delete("/documents", dependencies=keyed, tags=["documents"])
     async def delete_documents_route(body: delete_request, request: Request):  # type: ignore[valid-type]
         """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
-        from .ingest import StorageFailure, delete_documents
-        from .jobs import UnfinishedJob
+        from ..index.store.spool import StorageFailure, delete_documents
+        from ..index.store.jobs import UnfinishedJob
 
         s = _writable_index(request)
         if body.filter:
@@ -570,9 +570,9 @@ def _surrogate(value: Any, where: str = "") -> str | None:
 
 
 def _check_field_count(documents: list[dict]) -> None:
-    """A request may bring at most :data:`~robustir.serving.known_fields.MAX_FIELDS` distinct top-level field names
+    """A request may bring at most :data:`~robustir.index.store.known_fields.MAX_FIELDS` distinct top-level field names
     (an index remembers each, and every filtered search reads them): more is a 413, before anything is written."""
-    from .known_fields import MAX_FIELDS
+    from ..index.store.known_fields import MAX_FIELDS
 
     names: set[str] = set()
     for i, document in enumerate(documents):
@@ -716,7 +716,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                encoder_options: dict | None = None, storage_options: dict | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (a folder, hub id or :class:`~robustir.models.encoder.Encoder`; default: the
     index's model, else the bundled MiniLM) and, optionally, ``index`` (a folder or an open
-    :class:`~robustir.serving.index.SearchIndex`, checked to be built with ``model``).
+    :class:`~robustir.index.store.SearchIndex`, checked to be built with ``model``).
 
     The model loads here, so a bad model, index or setting fails before any port is opened.
     """
@@ -726,7 +726,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     from ..device import resolve_device
     from ..models.encoder import Encoder
     from ..precision import resolve_precision
-    from .index import SearchIndex, _model_label
+    from ..index.store import SearchIndex
+    from ..index.store.records import _model_label
     from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
@@ -742,10 +743,10 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
             raise ConfigError(f"encoder options ({', '.join(sorted(options))}) come from the index's manifest when an "
                               "index is served: leave them out")
         if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
-            from .ingest import finish_incoming
-            from .storage import open_store
+            from ..index.store.spool import finish_incoming
+            from ..index.store.storage import open_store
 
-            index = open_store(index, storage_options)  # a folder, or s3://... (robustir.serving.storage)
+            index = open_store(index, storage_options)  # a folder, or s3://... (robustir.index.store.storage)
             finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))
         search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index,
                                                                                       refresh_s=config.index_refresh_s)

@@ -100,7 +100,7 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
         query: _texts(limits, "The queries")  # type: ignore[valid-type]
         top_k: StrictInt = Field(10, ge=1, le=limits.top_k, description="Hits per query.")
         filter: dict[str, Any] | None = Field(None, description='Metadata filter, e.g. {"year": {"$gte": 2020}} '
-                                                                '(robustir.serving.filters)')
+                                                                '(robustir.index.store.filters)')
         mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense (the model), lexical (BM25) "
                                                                                  "or hybrid (both, fused by RRF)")
         fusion: FusionConfig | None = Field(None, description="How hybrid fuses the two lists (only with hybrid).")
