@@ -902,3 +902,40 @@ def test_a_field_name_sql_could_not_hold_is_filtered_through_its_typed_column(tm
         where = index._where({name: "b"})
         assert where == "coalesce(t0 = 'b', false)" and "OR 1=1" not in where
         assert sorted(h.id for h in index.search("study", top_k=6, filter={name: "b"})[0]) == ["d1", "d3", "d5"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 51: the pool
+
+def test_an_engine_pool_is_given_to_the_index_and_used_for_every_chunk(tmp_path, tiny_model_dir):
+    """``engine: ray`` splits chunks among a pool the caller gives (``encoder_pool``; the CLI gives Ray's): the index
+    imports no engine. A fake pool here (Ray is not needed to check the protocol): it encodes every chunk, is closed
+    at the end, and the table holds the vectors a build in this process makes. Without one: refused before anything
+    is written."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=10)
+    made = []
+
+    class Pool:
+        def __init__(self, encoder, config):
+            self.encoder, self.chunks, self.closed = encoder, [], False
+            made.append(self)
+
+        def encode(self, texts, kind, *, batch_size, precision):
+            self.chunks.append(len(texts))
+            return self.encoder.encode(texts, kind, batch_size=batch_size, precision=precision, show_progress=False)
+
+        def close(self):
+            self.closed = True
+
+    config = IndexConfig(chunk_size=4, precision="fp32", show_progress=False, engine="ray")
+    with pytest.raises(ConfigError, match="encodes with a pool the caller gives"):
+        SearchIndex.build(tmp_path / "none", tiny_model_dir, corpus, config=config)
+    assert not (tmp_path / "none").exists()
+    pooled, _ = SearchIndex.build(tmp_path / "pooled", tiny_model_dir, corpus, config=config, encoder_pool=Pool)
+    here, _ = SearchIndex.build(tmp_path / "here", tiny_model_dir, corpus,
+                                config=IndexConfig(chunk_size=4, precision="fp32", show_progress=False))
+    assert len(made) == 1 and made[0].chunks == [4, 4, 2] and made[0].closed
+    with pooled, here:
+        a, b = (i._table.to_arrow().sort_by("id") for i in (pooled, here))
+        assert a.column("id").to_pylist() == b.column("id").to_pylist()
+        np.testing.assert_allclose(np.stack(a.column("vector").to_numpy(False)),
+                                   np.stack(b.column("vector").to_numpy(False)), atol=1e-5)
