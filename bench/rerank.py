@@ -50,7 +50,8 @@ def main() -> int:
     SearchIndex.build(index, default_model_path(), data, config=IndexConfig(precision=args.precision))[0].close()
     print(f"index {index}: {time.perf_counter() - started:.0f} s (0 when reused)", flush=True)
     config = ServeConfig(precision=args.precision, rerank_model=args.rerank_model,
-                         rerank_candidates=args.candidates, max_top_k=max(100, args.candidates))
+                         rerank_candidates=args.candidates, max_top_k=max(100, args.candidates),
+                         max_rerank_pairs=max(1000, args.candidates))
     app = create_app(None, index, config)
     reranker = args.rerank_model or "the model's cosine (all-MiniLM-L6-v2)"
     rows = []

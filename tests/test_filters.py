@@ -136,7 +136,7 @@ def test_cross_encoder_teacher(tmp_path, minilm_path):
     BertForSequenceClassification(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     teacher = load_teacher(str(folder), max_length=32)
-    assert type(teacher).__name__ == "CrossEncoderTeacher"
+    assert type(teacher).__name__ == "CrossEncoder"
     scores = teacher.score(["a question", "a question"], ["first passage", "second passage"])
     assert scores.shape == (2,) and np.all((scores > 0) & (scores < 1))  # sigmoid of one logit
     rows = [{"query": "a question", "pos": ["first passage"], "neg": ["second passage", "third passage"]}]

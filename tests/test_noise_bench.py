@@ -100,6 +100,24 @@ def test_false_positive_kinds_replace_the_positive():
         assert after.extra["pos_ids"] == [f"planted:fp-hard:{before.extra['neg_ids'][0]}"]
 
 
+def test_fp_swap_plants_both_halves_of_a_near_miss_label():
+    """Issue 50: the near miss stands as the positive *and* the true positive is the top negative (where a miner run
+    on the wrong label ranks it); the pool is as fp-hard leaves it; the plant names both halves."""
+    clean = _examples()
+    by_id = {e.extra["query_id"]: e for e in clean}
+    swap = plant_noise(clean, "fp-swap", 0.2, seed=1)
+    assert len(swap.plants) == 10
+    for plant in swap.plants:
+        before = by_id[plant.query_id]
+        after = next(e for e in swap.examples if e.extra["query_id"] == plant.query_id)
+        assert plant.kind == "fp-swap" and after.pos == [before.neg[0]] == plant.false_positives
+        assert after.neg[: len(before.pos)] == before.pos == plant.false_negatives == plant.replaced_positives
+        assert before.neg[0] not in after.neg and len(after.neg) == len(before.neg) - 1  # as fp-hard leaves it
+        assert after.extra["pos_ids"] == [f"planted:fp-swap:{before.extra['neg_ids'][0]}"]
+        assert after.extra["neg_ids"][: len(before.pos)] == [f"planted:fp-swap:{i}" for i in before.extra["pos_ids"]]
+    assert swap.summary()["planted_false_negatives"] == sum(len(by_id[p.query_id].pos) for p in swap.plants)
+
+
 def test_noise_arguments_are_checked():
     with pytest.raises(ConfigError, match="unknown noise kind"):
         plant_noise(_examples(), "typo", 0.2, seed=1)

@@ -113,7 +113,7 @@ class _Pool:
 
 
 def _load_teacher(config):
-    from ..models.encoder import is_cross_encoder
+    from ..models.cross_encoder import is_cross_encoder
     from ..models.encoder import Encoder, resolve_model_path
     from ..resources import default_model_path
 

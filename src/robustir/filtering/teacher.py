@@ -14,9 +14,9 @@ cross-encoder logits: it keeps the threshold below the positive.) A negative who
 removed without scoring (reason ``equals_positive``).
 
 Teachers: an embedding model (:class:`~robustir.models.encoder.Encoder`, cosine) or a cross-encoder
-(``sentence_transformers.CrossEncoder`` on a local folder; scores after its default activation, a sigmoid for
-one-label models). ``kind="auto"`` picks the cross-encoder when the folder's ``config.json`` names a
-``*ForSequenceClassification`` architecture.
+(:class:`~robustir.models.cross_encoder.CrossEncoder`: sentence-transformers' on a local folder of any of its
+layouts; scores after its default activation, a sigmoid for one-label models). ``kind="auto"`` picks the
+cross-encoder when :func:`~robustir.models.cross_encoder.is_cross_encoder` recognises the folder.
 
 This module also holds the streaming engine shared with the passage sieve (:mod:`robustir.filtering.sieve`):
 records are read in input order, decided in batches, and appended to a resumable output (a re-run with the same
@@ -50,7 +50,7 @@ from ..validation import cli, config_dataclass, ModelName, NonNegativeFloat, Ope
 logger = logging.getLogger(__name__)
 
 __all__ = ["TeacherFilterConfig", "FilterReport", "Decision", "FilterRecord", "EmbeddingTeacher",
-           "CrossEncoderTeacher", "load_teacher", "margin_reason", "teacher_filter", "run_filter", "random_like_positives",
+           "load_teacher", "margin_reason", "teacher_filter", "run_filter", "random_like_positives",
            "random_p_value", "suspect_positives", "sample_passages", "ROBUST_FILTER"]
 
 REASON_EQUALS_POSITIVE = "equals_positive"
@@ -302,63 +302,25 @@ class EmbeddingTeacher:
         return np.einsum("nd,nd->n", q_emb[qi], p_emb[pi])
 
 
-class CrossEncoderTeacher:
-    """``sentence_transformers.CrossEncoder`` relevance scores (default activation: sigmoid for one label). A model
-    with more than one label (an NLI or topic classifier) is refused: its first logit is not a relevance score."""
-
-    def __init__(self, path: str, batch_size: int = 32, max_length: int | None = None, precision: str = "auto",
-                 device: str | None = "auto") -> None:
-        from sentence_transformers import CrossEncoder
-
-        from ..device import device_string, resolve_device
-
-        from ..precision import precision_dtype, resolve_precision
-
-        where = resolve_device(device)
-        self.model = CrossEncoder(path, max_length=max_length, device=device_string(where))
-        labels = int(getattr(self.model.model.config, "num_labels", 1) or 1)
-        if labels != 1:  # the score is one relevance logit: a classifier's first class is not relevance
-            names = getattr(self.model.model.config, "id2label", None) or {}
-            shown = ", ".join(str(names[k]) for k in sorted(names)) if names else f"{labels} classes"
-            raise ConfigError(f"{path} is a classifier with {labels} labels ({shown}), not a relevance cross-encoder: "
-                              "robustir scores a (query, passage) pair by the model's single relevance logit, and "
-                              "the first of several classes is not one. Use a cross-encoder trained for relevance "
-                              "with one label (num_labels 1 in its config.json), e.g. "
-                              "cross-encoder/ms-marco-MiniLM-L-6-v2")
-        resolved = resolve_precision(precision, where)
-        if resolved != "fp32":
-            self.model.model.to(dtype=precision_dtype(resolved))
-        self.batch_size = batch_size
-
-    def score(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
-        if not queries:
-            return np.zeros(0, dtype=np.float32)
-        scores = self.model.predict(list(zip(queries, passages)), batch_size=self.batch_size,
-                                    show_progress_bar=False, convert_to_numpy=True)
-        return np.asarray(scores, dtype=np.float32).reshape(len(queries), -1)[:, 0]
-
-
 def load_teacher(path: str | None, kind: Literal["auto", "embedding", "cross-encoder"] = "auto", *,
                  batch_size: int = 64, precision: str = "auto", max_length: int | None = None,
                  device: str | None = "auto") -> Teacher:
     """The teacher in folder ``path`` (None = the bundled MiniLM embedding model), on ``device`` (``auto``, ``cpu``,
     ``cuda``, ``cuda:N``)."""
     from ..device import resolve_device
+    from ..models.cross_encoder import CrossEncoder, is_cross_encoder
+    from ..models.encoder import resolve_model_path
     from ..resources import default_model_path
 
-    from ..models.encoder import resolve_model_path
-
     resolve_device(device)  # checked before the model loads
-    path = str(resolve_model_path(path or default_model_path(), "teacher"))  # checked: a model folder
     if kind not in ("auto", "embedding", "cross-encoder"):
         raise ConfigError(f"teacher kind must be auto, embedding or cross-encoder, got {kind!r}")
-    if kind == "auto":
-        from ..models.encoder import is_cross_encoder
-
-        kind = "cross-encoder" if is_cross_encoder(path) else "embedding"
-    if kind == "cross-encoder":
-        return CrossEncoderTeacher(str(path), batch_size=batch_size, max_length=max_length, precision=precision,
-                                   device=device)
+    path = path or default_model_path()
+    if kind != "cross-encoder":  # (a cross-encoder resolves itself: any layout, a Hugging Face cache folder too)
+        path = str(resolve_model_path(path, "teacher"))  # checked: a model folder
+    if kind == "cross-encoder" or (kind == "auto" and is_cross_encoder(path)):
+        return CrossEncoder(path, batch_size=batch_size, max_length=max_length, precision=precision, device=device,
+                            what="teacher")
     from ..models.encoder import Encoder
 
     overrides = {"query_max_length": max_length, "passage_max_length": max_length} if max_length else {}

@@ -169,24 +169,6 @@ def default_length_limit(transformer_config: Any, tokenizer: Any = None) -> int 
 ENCODER_ONLY_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 
 
-def is_cross_encoder(path: str | os.PathLike) -> bool:
-    """Whether the model folder ``path`` holds a cross-encoder (a sequence-classification head scoring a query and
-    a passage together) rather than an embedding model: its ``config.json`` names a ``...ForSequenceClassification``
-    architecture and it has no ``modules.json`` (a sentence-transformers embedding folder has one)."""
-    import json
-
-    path = Path(path)
-    config = path / "config.json"
-    if not config.exists():
-        return False
-    try:
-        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
-    return any(str(a).endswith("ForSequenceClassification") for a in architectures) \
-        and not (path / "modules.json").exists()
-
-
 def is_encoder_decoder(transformer_config: Any) -> bool:
     """True for an encoder-decoder checkpoint (T5 and the like), read from its config."""
     return bool(getattr(transformer_config, "is_encoder_decoder", False)) or \

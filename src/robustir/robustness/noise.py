@@ -24,6 +24,10 @@ Kinds (``NOISE_KINDS``):
 ``fp-hard``    *false positives, hard*: the positive is replaced by the query's top-ranked mined negative,
                a lexical neighbour that is not relevant (what an LLM query that is too generic, or a wrong
                click, produces). This is what PEG's w_q is meant to catch.
+``fp-swap``    *a near miss as mined after the mistake* (issue 50): as ``fp-hard``, and the replaced positive is put
+               at the top of the negatives -- where a miner run on the wrong label ranks the right passage (it
+               excludes only the labelled one). Both halves of a real near-miss label: a false positive and the
+               true answer as a false negative, so a method can *correct* the label, not only drop it.
 
 Planted passages get ids ``planted:<kind>:<source id>[:n]`` in ``neg_ids`` / ``pos_ids``.
 """
@@ -158,6 +162,21 @@ def _label_fn(example, qid, rng, context) -> tuple[TrainingExample, Plant] | Non
     return moved_example, Plant(qid, "label-fn", false_negatives=texts)
 
 
+def _swap(example, qid, rng, context) -> tuple[TrainingExample, Plant] | None:
+    """``fp-hard``, then the replaced positive(s) at the top of the negatives (the pool keeps its size)."""
+    result = _false_positive(example, qid, rng, context, hard=True)
+    if result is None:
+        return None
+    noisy, plant = result
+    pos_ids = _ids(example, "pos_ids", len(example.pos))
+    swapped = _with_negatives(noisy, list(example.pos), [f"planted:fp-swap:{pid}" for pid in pos_ids])
+    extra = dict(swapped.extra)
+    extra["pos_ids"] = [pid.replace("planted:fp-hard:", "planted:fp-swap:", 1) for pid in extra["pos_ids"]]
+    extra["planted_pos"] = extra["pos_ids"]
+    plant = replace(plant, kind="fp-swap", false_negatives=list(example.pos))
+    return replace(swapped, extra=extra), plant
+
+
 def _false_positive(example, qid, rng, context, hard: bool) -> tuple[TrainingExample, Plant] | None:
     own = set(example.pos) | set(context["positives_of"].get(qid, ()))
     neg_ids = _ids(example, "neg_ids", len(example.neg))
@@ -192,6 +211,7 @@ NOISE_KINDS: dict[str, Callable] = {
     "dup-fn": _dup_fn,
     "fp-random": lambda e, q, r, c: _false_positive(e, q, r, c, hard=False),
     "fp-hard": lambda e, q, r, c: _false_positive(e, q, r, c, hard=True),
+    "fp-swap": _swap,
 }
 NoiseKind = Literal[tuple(NOISE_KINDS)]  # type: ignore[valid-type]
 
@@ -214,7 +234,7 @@ def plant_noise(examples: Sequence[TrainingExample], kind: str, rate: float, see
         chunk_words: passage size for ``chunk-fn``.
 
     Queries whose example cannot take the kind (a one-sentence document for ``chunk-fn``, no
-    non-positive negative for ``fp-hard``) are skipped and the next candidate is taken, so the count is
+    non-positive negative for ``fp-hard`` / ``fp-swap``) are skipped and the next candidate is taken, so the count is
     exact unless too few queries qualify (then all that qualify are noisy; the summary says how many).
     """
     if kind not in NOISE_KINDS:

@@ -131,7 +131,7 @@ class Server:
     _loop_tokenizer: Any = None
     _pool: Any = None  # one thread, its own tokenizer: long requests are tokenized off the event loop
     _pool_tokenizer: Any = None
-    reranker: Any = None  # a cross-encoder (robustir.filtering.teacher.CrossEncoderTeacher) for /v1/rerank, or None
+    reranker: Any = None  # a cross-encoder (robustir.models.cross_encoder.CrossEncoder) for /v1/rerank, or None
     reranker_name: str | None = None
     write_lock: Any = field(default_factory=asyncio.Lock)  # HTTP writes of this server, one at a time
     _search_pool: Any = None  # index work that needs no model: its own threads (Server.searching)
@@ -151,10 +151,16 @@ class Server:
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors[1:] @ vectors[0]
 
-    def check_model(self, value: str | None) -> None:
-        if value is not None and value not in self.aliases:
-            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}' (GET "
-                           "/v1/models)", param="model", code="model_not_found")
+    def check_model(self, value: str | None, *also: str | None) -> None:
+        """404 unless ``value`` names the served model (or one of ``also``: the reranker's names, where it may)."""
+        if value is not None and value not in self.aliases and value not in also:
+            other = f" and the reranker '{also[0]}'" if also and also[0] else ""
+            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}'{other} "
+                           "(GET /v1/models)", param="model", code="model_not_found")
+
+    def model_names(self) -> list[str]:
+        """What GET /v1/models lists: the embedding model, then the reranker (``--rerank-model``) if there is one."""
+        return [self.name] + ([self.reranker_name] if self.reranker_name not in (None, self.name) else [])
 
     async def tokenize(self, texts: list[str], kind: str, param: str) -> list[list[int]]:
         """This request's token ids (``kind``: ``query`` or ``passage``); a tokenizer failure is this request's 400."""
@@ -326,14 +332,15 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
     @router.get("/v1/models", dependencies=keyed, tags=["openai"])
     async def models(request: Request):
         s = _server(request)
-        return _answer({"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created,
-                                                    "owned_by": "robustir"}]})
+        return _answer({"object": "list", "data": [{"id": name, "object": "model", "created": s.created,
+                                                    "owned_by": "robustir"} for name in s.model_names()]})
 
     @router.get("/v1/models/{model_id:path}", dependencies=keyed, tags=["openai"])
     async def one_model(model_id: str, request: Request):
         s = _server(request)
-        s.check_model(model_id)
-        return _answer({"id": s.name, "object": "model", "created": s.created, "owned_by": "robustir"})
+        s.check_model(model_id, s.reranker_name)
+        return _answer({"id": model_id if model_id == s.reranker_name else s.name, "object": "model",
+                        "created": s.created, "owned_by": "robustir"})
 
     @router.post("/v1/embeddings", dependencies=keyed, tags=["openai"])
     async def embeddings(body: embedding_request, request: Request):  # type: ignore[valid-type]
@@ -434,7 +441,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
         """Order ``documents`` by relevance to ``query`` (Infinity's and Cohere's shape): the cross-encoder of
         --rerank-model, else the served embedding model's cosine."""
         s = _server(request)
-        s.check_model(body.model)
+        s.check_model(body.model, s.reranker_name, s.config.rerank_model)  # the reranker's name, or the embedder's
         scores = await s.rerank_scores(body.query, list(body.documents), request)
         order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:body.top_n]
         results = [{"relevance_score": float(scores[i]), "index": i,
@@ -801,17 +808,11 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                            workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
     reranker, reranker_name = None, None
     if config.rerank_model:  # loaded here: a bad folder fails before any port opens
-        from ..filtering.teacher import CrossEncoderTeacher
-        from ..models.encoder import is_cross_encoder, resolve_model_path
+        from ..models.cross_encoder import CrossEncoder
 
-        folder = resolve_model_path(config.rerank_model, "rerank model")
-        if not is_cross_encoder(folder):
-            raise ConfigError(f"--rerank-model {config.rerank_model} is not a cross-encoder (its config.json names no "
-                              "...ForSequenceClassification architecture, or it is a sentence-transformers embedding "
-                              "folder); leave --rerank-model out to rerank with the served model's cosine")
-        reranker = CrossEncoderTeacher(str(folder), batch_size=encode_batch, precision=precision,
-                                       device=str(device))
-        reranker_name = _model_label(str(folder))
+        reranker = CrossEncoder(config.rerank_model, batch_size=encode_batch, precision=precision, device=str(device),
+                                what="--rerank-model")
+        reranker_name = reranker.name
         scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
 
         def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
@@ -842,7 +843,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     handlers = {cls: _error_response for cls in (ApiError, RequestValidationError, StarletteHTTPException, Exception)}
     app = FastAPI(title="robustir serve", version=__version__, lifespan=lifespan, exception_handlers=handlers,
                   description="OpenAI-compatible embeddings and search with a robustir retriever")
-    models = request_models(Limits(config.max_inputs_per_request, config.max_chars_per_input, config.max_top_k))
+    models = request_models(Limits.of(config))
     app.include_router(_router(*models, config.max_body_bytes))
     app.state.server = server
     metrics.instrument(app)

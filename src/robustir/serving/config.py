@@ -84,13 +84,23 @@ class ServeConfig:
     matryoshka_dims: list[int] | None = None
     """Dimensions the model was trained to be cut to (enables "dimensions")"""
     rerank_model: ModelName | None = None
-    """A cross-encoder folder (a ...ForSequenceClassification model with one label: its relevance score) for POST
-    /v1/rerank and /search with rerank: true; its work shares the embeddings' queue and limits; default: rerank by
-    the served embedding model's cosine"""
+    """A cross-encoder (a ...ForSequenceClassification model with one label: its relevance score) for POST /v1/rerank
+    and /search with rerank: true: a folder saved by any sentence-transformers (3 to 6) or save_pretrained, a Hugging
+    Face cache folder, or a cached hub id; /v1/models lists it by its name; its work shares the embeddings' queue and
+    limits; default: rerank by the served embedding model's cosine"""
     rerank_candidates: PositiveInt = 100
-    """Hits per query /search re-scores when it reranks (the top_k returned are the best of these)"""
+    """Hits per query /search re-scores when it reranks (the top_k returned are the best of these); each is one
+    (query, document) pair for the reranker: time per query ~ this / the reranker's pairs per second"""
+    max_rerank_pairs: PositiveInt = 1000
+    """(query, document) pairs one request may have the reranker score: /v1/rerank's documents, /search's queries x
+    rerank_candidates (more: 400 naming both); bounds a request's rerank time to this / the reranker's pairs per
+    second"""
 
     def validate(self) -> "ServeConfig":
+        if self.rerank_candidates > self.max_rerank_pairs:
+            raise ConfigError(f"rerank_candidates {self.rerank_candidates} is over max_rerank_pairs "
+                              f"{self.max_rerank_pairs}: no /search with rerank could run. Fix: lower "
+                              "--rerank-candidates or raise --max-rerank-pairs")
         for dim in self.matryoshka_dims or []:
             if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
                 raise ConfigError(f"matryoshka_dims: {dim!r} is not a dimension (an integer >= 1)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictInt,
-                      StrictStr, WithJsonSchema, model_validator)
+                      StrictStr, ValidationInfo, WithJsonSchema, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from ..index.fusion import FusionConfig
@@ -32,6 +32,16 @@ class Limits:
     inputs: int
     chars: int
     top_k: int
+    rerank_pairs: int = 1000
+    """(query, document) pairs the reranker scores for one request: /v1/rerank's documents, /search's queries x
+    ``rerank_candidates``"""
+    rerank_candidates: int = 100
+
+    @classmethod
+    def of(cls, config: Any) -> "Limits":
+        """The limits of a :class:`~robustir.serving.config.ServeConfig`."""
+        return cls(config.max_inputs_per_request, config.max_chars_per_input, config.max_top_k,
+                   config.max_rerank_pairs, config.rerank_candidates)
 
 
 def _real_text(text: str) -> str:
@@ -60,14 +70,16 @@ def _as_list(value: Any) -> Any:
     return value
 
 
-def _texts(limits: Limits, what: str) -> Any:
+def _texts(limits: Limits, what: str, most: int | None = None) -> Any:
+    """A string or a list of at most ``most`` (default: the texts per request) strings."""
+    most = most or limits.inputs
     item = Annotated[StrictStr, Field(max_length=limits.chars), AfterValidator(_real_text)]
     schema = {"anyOf": [{"type": "string", "maxLength": limits.chars, "minLength": 1},
                         {"type": "array", "items": {"type": "string", "maxLength": limits.chars, "minLength": 1},
-                         "minItems": 1, "maxItems": limits.inputs}],
-              "description": f"{what}: a string or a list of at most {limits.inputs} strings of at most {limits.chars} "
+                         "minItems": 1, "maxItems": most}],
+              "description": f"{what}: a string or a list of at most {most} strings of at most {limits.chars} "
                              "characters each"}
-    return Annotated[list[item], Field(min_length=1, max_length=limits.inputs), BeforeValidator(_as_list),
+    return Annotated[list[item], Field(min_length=1, max_length=most), BeforeValidator(_as_list),
                      WithJsonSchema(schema)]
 
 
@@ -116,6 +128,21 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
             request._single = isinstance(data, dict) and isinstance(data.get("query"), str)
             return request
 
+        @field_validator("rerank")
+        @classmethod
+        def _rerank_budget(cls, rerank: bool, info: ValidationInfo) -> bool:
+            """Queries x rerank_candidates pairs at most ``rerank_pairs`` (the error names ``rerank``: a field)."""
+            queries = len(info.data.get("query") or ())
+            pairs = queries * limits.rerank_candidates
+            if rerank and pairs > limits.rerank_pairs:
+                raise PydanticCustomError(
+                    "too_many_rerank_pairs", "with {queries} queries x {candidates} rerank candidates is {pairs} pairs "
+                    "for the reranker; at most {most} per request (--max-rerank-pairs): send at most {fit} queries per "
+                    "request with rerank", {"queries": queries, "candidates": limits.rerank_candidates,
+                                            "pairs": pairs, "most": limits.rerank_pairs,
+                                            "fit": limits.rerank_pairs // limits.rerank_candidates})
+            return rerank
+
         @property
         def single(self) -> bool:
             return self._single
@@ -125,7 +152,8 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
 
         query: Annotated[StrictStr, Field(max_length=limits.chars), AfterValidator(_real_text)] = Field(
             description="The query.")
-        documents: _texts(limits, "The documents to order")  # type: ignore[valid-type]
+        documents: _texts(limits, "The documents to order (each one pair for the reranker)",  # type: ignore[valid-type]
+                          min(limits.inputs, limits.rerank_pairs))
         top_n: StrictInt | None = Field(None, ge=1, description="Results returned (default: all documents).")
         return_documents: bool = Field(False, description="Return each document's text with its score.")
         raw_scores: bool = Field(False, description="Infinity's flag; accepted, scores are always the model's own.")
