@@ -31,7 +31,8 @@ Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, f
 * 400 for a malformed request (bad JSON, a missing or unknown field, a wrong type, too many inputs, an input too
   long, a blank or non-Unicode text, an unsupported ``dimensions``, a bad filter, whose message names the place in
   it, e.g. ``filter.year.$gt``);
-* 401 without the right ``Authorization: Bearer KEY`` when the server has an API key;
+* 401 without the right ``Authorization: Bearer KEY`` when the server has an API key; 403 (``insufficient_scope``)
+  for the read-only key (``--read-api-key``) on POST / DELETE ``/documents``;
 * 404 for a ``model`` that is not the served one (OpenAI's ``model_not_found``), for ``/search`` on a server without
   an index, and for an unknown route;
 * 413 for a body over ``--max-body-bytes`` and for a search over ``--max-hits-per-request`` (queries x ``top_k``) or
@@ -83,6 +84,7 @@ from ..index.fusion import FusionConfig
 from .batcher import EncodeFailed, MicroBatcher, Overloaded
 from .config import ServeConfig
 from .middleware import BODY_TOO_LARGE, RequestContext, error_body
+from . import responses as answers
 from .schemas import Limits, request_models
 
 logger = logging.getLogger(__name__)
@@ -120,7 +122,7 @@ class Server:
     aliases: set[str]
     dim: int
     allowed_dims: list[int]
-    api_key: str | None
+    api_key: str | None  # reads and writes
     batcher: MicroBatcher
     metrics: Any
     device: str
@@ -133,8 +135,11 @@ class Server:
     _pool_tokenizer: Any = None
     reranker: Any = None  # a cross-encoder (robustir.models.cross_encoder.CrossEncoder) for /v1/rerank, or None
     reranker_name: str | None = None
+    read_key: str | None = None  # reads only (--read-api-key): POST/DELETE /documents answer it 403
     write_lock: Any = field(default_factory=asyncio.Lock)  # HTTP writes of this server, one at a time
     _search_pool: Any = None  # index work that needs no model: its own threads (Server.searching)
+    _write_pool: Any = None  # one thread: an HTTP upsert's job (its encoding goes through the batcher: Server.upsert)
+    _write_tokenizer: Any = None  # that thread's own tokenizer
 
     async def rerank_scores(self, query: str, documents: list[str], request: Request | None = None) -> np.ndarray:
         """Relevance of each document to ``query``: the cross-encoder's score (``--rerank-model``), else the served
@@ -143,13 +148,18 @@ class Server:
         and it takes turns with the embeddings micro-batch by micro-batch."""
         if not documents:
             return np.zeros(0, dtype=np.float32)
+        started = time.perf_counter()
         if self.reranker is not None:
             pairs = [(query, document) for document in documents]
-            return (await self.model_work(RERANK, pairs, request)).vectors.astype(np.float32)
-        ids = await self.tokenize([query], "query", "query") + await self.tokenize(documents, "passage", "documents")
-        vectors = (await self.embed(ids, request)).vectors.astype(np.float32)
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors[1:] @ vectors[0]
+            scores = (await self.model_work(RERANK, pairs, request)).vectors.astype(np.float32)
+        else:
+            ids = await self.tokenize([query], "query", "query") + await self.tokenize(documents, "passage",
+                                                                                      "documents")
+            vectors = (await self.embed(ids, request)).vectors.astype(np.float32)
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            scores = vectors[1:] @ vectors[0]
+        self.metrics.reranked(len(documents), time.perf_counter() - started)
+        return scores
 
     def check_model(self, value: str | None, *also: str | None) -> None:
         """404 unless ``value`` names the served model (or one of ``also``: the reranker's names, where it may)."""
@@ -157,6 +167,13 @@ class Server:
             other = f" and the reranker '{also[0]}'" if also and also[0] else ""
             raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}'{other} "
                            "(GET /v1/models)", param="model", code="model_not_found")
+
+    def describe(self) -> str:
+        """The model workers as they run: "1 model worker x 2 torch threads, fp32 on cpu"."""
+        threads = torch.get_num_threads() if self.device.startswith("cpu") else None
+        return (f"{self.workers} model worker{'s' if self.workers != 1 else ''}"
+                + (f" x {threads} torch thread{'s' if threads != 1 else ''}" if threads else "")
+                + f", {self.precision} on {self.device}")
 
     def model_names(self) -> list[str]:
         """What GET /v1/models lists: the embedding model, then the reranker (``--rerank-model``) if there is one."""
@@ -186,9 +203,7 @@ class Server:
             work = self.batcher.submit(kind, rows, timeout=self.config.request_timeout_s)
             return await (work if request is None else _unless_client_leaves(request, work, self.metrics))
         except Overloaded as exc:
-            self.metrics.reject("overloaded")
-            raise ApiError(429, f"{exc} (or raise --max-queued-texts)", kind="rate_limit_error", code="overloaded",
-                           headers={"Retry-After": str(exc.retry_after)}) from None
+            raise self._overloaded(exc) from None
         except asyncio.TimeoutError:
             self.metrics.reject("timeout")
             retry = self.batcher.retry_after(self.batcher.queued)
@@ -205,6 +220,31 @@ class Server:
             raise ApiError(499, f"the client disconnected before the answer was ready; its queued {noun}s were "
                            "dropped", code="client_closed_request") from None
 
+    def _overloaded(self, exc: Overloaded) -> ApiError:
+        self.metrics.reject("overloaded")
+        return ApiError(429, f"{exc} (or raise --max-queued-texts)", kind="rate_limit_error", code="overloaded",
+                        headers={"Retry-After": str(exc.retry_after)})
+
+    async def upsert(self, documents: list[dict]) -> Any:
+        """Upsert ``documents`` into the index (:func:`robustir.index.store.spool.upsert_documents`: one ``--upsert``
+        job, answered once committed). The job runs on the write thread; its documents are encoded through the
+        batcher as background micro-batches (:class:`BatcherPool`), so searches and embeddings go first and an
+        upsert never holds a model worker for longer than one micro-batch (issue 55: a 100-document upsert used to
+        hold it for the whole job, and searches waited 25 s). Let in by the queue's limit like any request (429)."""
+        from ..index.store.spool import upsert_documents
+
+        try:
+            self.batcher.admit(INGEST, len(documents))
+        except Overloaded as exc:
+            raise self._overloaded(exc) from None
+        pool = BatcherPool(self.encoder, self._write_tokenizer, self.batcher, asyncio.get_running_loop())
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._write_pool, upsert_documents, self.index.store, self.encoder, documents, pool)
+        except EncodeFailed as exc:
+            raise ApiError(500, f"{str(exc).replace('request', 'upsert', 1)}; nothing of it was acknowledged (the "
+                           "server's next write finishes it)", kind="server_error", code="internal_error") from None
+
     async def searching(self, fn: Any, *args: Any) -> Any:
         """Run index work that needs no model (vector, full-text and filtered search, reads, deletes) on the search
         threads, not the model's: a lexical search or a lookup never waits behind embedding work."""
@@ -215,10 +255,32 @@ class Server:
             self._pool.shutdown(wait=False)
         if self._search_pool is not None:
             self._search_pool.shutdown(wait=False)
+        if self._write_pool is not None:
+            self._write_pool.shutdown(wait=False)
 
 
 #: the batcher's name for the cross-encoder's work (``--rerank-model``)
 RERANK = "rerank"
+#: the batcher's name for an HTTP upsert's documents: background work, searches and embeddings go first
+INGEST = "ingest"
+
+
+class BatcherPool:
+    """The encoder pool (:class:`robustir.index.store.config.EncoderPool`) of an HTTP upsert's job: each chunk's texts
+    are tokenized on the write thread (its own tokenizer) and encoded through the batcher as :data:`INGEST`
+    micro-batches (``--ingest-batch-size`` documents), so they take turns with searches and embeddings instead of
+    holding a model worker for the whole job. Called from the write thread, never from the event loop."""
+
+    def __init__(self, encoder: Any, tokenizer: Any, batcher: MicroBatcher, loop: asyncio.AbstractEventLoop) -> None:
+        self.encoder, self.tokenizer, self.batcher, self.loop = encoder, tokenizer, batcher, loop
+
+    def encode(self, texts: list[str], kind: str, *, batch_size: int, precision: str) -> np.ndarray:
+        ids = self.encoder.token_ids(texts, kind, tokenizer=self.tokenizer)
+        work = self.batcher.submit(INGEST, [(row, precision) for row in ids], admitted=True)  # let in by the route
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result().vectors
+
+    def close(self) -> None:
+        """Nothing to close: the batcher is the server's."""
 
 
 class ClientGone(Exception):
@@ -266,14 +328,31 @@ _bearer = HTTPBearer(auto_error=False, description="The server's API key, when i
 
 
 def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
-    """The API-key check of every route but ``/health`` and ``/metrics`` (constant-time comparison)."""
-    key = _server(request).api_key
-    if key is None:
+    """The API-key check of every reading route (all but ``/health``, ``/metrics`` and the writes): the read-write
+    key (``--api-key``) or the read-only one (``--read-api-key``); constant-time comparisons."""
+    _check_key(_server(request), credentials, write=False)
+
+
+def authorize_write(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """The API-key check of POST and DELETE ``/documents``: the read-write key only; the read-only key gets 403
+    naming the scope it lacks."""
+    _check_key(_server(request), credentials, write=True)
+
+
+def _check_key(s: "Server", credentials: HTTPAuthorizationCredentials | None, write: bool) -> None:
+    if s.api_key is None and s.read_key is None:
         return
     if credentials is None or not credentials.credentials:
         raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", code="invalid_api_key")
-    if not hmac.compare_digest(credentials.credentials.strip().encode(), key.encode()):
+    given = credentials.credentials.strip().encode()
+    writes = s.api_key is not None and hmac.compare_digest(given, s.api_key.encode())
+    reads = s.read_key is not None and hmac.compare_digest(given, s.read_key.encode())
+    if not writes and not reads:
         raise ApiError(401, "incorrect API key", code="invalid_api_key")
+    if write and not writes:
+        raise ApiError(403, "this API key has the 'read' scope only (search, embeddings, rerank, models, info, GET "
+                       "/documents); POST and DELETE /documents need the 'write' scope: the server's read-write key "
+                       "(--api-key)", code="insufficient_scope")
 
 
 def _answer(payload: Any, headers: dict | None = None) -> Response:
@@ -292,8 +371,9 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
     """The routes, with the request models of :func:`request_models` as their bodies."""
     router = APIRouter(max_body_size=max_body_bytes)
     keyed = [Depends(authorize)]
+    write_keyed = [Depends(authorize_write)]
 
-    @router.get("/health", tags=["operations"])
+    @router.get("/health", tags=["operations"], response_model=answers.HealthAnswer)
     async def health(request: Request):
         s = _server(request)
         try:
@@ -306,7 +386,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                         "batching": {"max_batch_size": s.config.max_batch_size, "max_wait_ms": s.config.max_wait_ms,
                                      "encode_batch_size": s.encode_batch, **s.batcher.stats.to_dict()}})
 
-    @router.get("/info", dependencies=keyed, tags=["operations"])
+    @router.get("/info", dependencies=keyed, tags=["operations"], response_model=answers.InfoAnswer)
     async def info(request: Request):
         from .. import __version__
 
@@ -329,20 +409,20 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                        "max_hits_per_request": c.max_hits_per_request, "max_response_bytes": c.max_response_bytes,
                        "max_queued_texts": c.max_queued_texts, "request_timeout_s": c.request_timeout_s}})
 
-    @router.get("/v1/models", dependencies=keyed, tags=["openai"])
+    @router.get("/v1/models", dependencies=keyed, tags=["openai"], response_model=answers.ModelList)
     async def models(request: Request):
         s = _server(request)
         return _answer({"object": "list", "data": [{"id": name, "object": "model", "created": s.created,
                                                     "owned_by": "robustir"} for name in s.model_names()]})
 
-    @router.get("/v1/models/{model_id:path}", dependencies=keyed, tags=["openai"])
+    @router.get("/v1/models/{model_id:path}", dependencies=keyed, tags=["openai"], response_model=answers.ModelCard)
     async def one_model(model_id: str, request: Request):
         s = _server(request)
         s.check_model(model_id, s.reranker_name)
         return _answer({"id": model_id if model_id == s.reranker_name else s.name, "object": "model",
                         "created": s.created, "owned_by": "robustir"})
 
-    @router.post("/v1/embeddings", dependencies=keyed, tags=["openai"])
+    @router.post("/v1/embeddings", dependencies=keyed, tags=["openai"], response_model=answers.EmbeddingList)
     async def embeddings(body: embedding_request, request: Request):  # type: ignore[valid-type]
         s = _server(request)
         s.check_model(body.model)
@@ -370,14 +450,16 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
         return _answer({"object": "list", "data": data, "model": s.name,
                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, _timing(result))
 
-    @router.post("/search", dependencies=keyed, tags=["search"])
+    @router.post("/search", dependencies=keyed, tags=["search"], response_model=answers.SearchAnswer)
     async def search(body: search_request, request: Request):  # type: ignore[valid-type]
-        s = _server(request)
+        s, started = _server(request), time.perf_counter()
         if s.index is None:
             raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
                            code="no_index")
         s.check_model(body.model)
-        queries, c = body.query, s.config
+        queries, c = body.query or [""] * len(body.vector), s.config
+        if body.vector is not None:
+            _check_query_vectors(body, s.dim)
         if body.fusion is not None and body.mode != "hybrid":
             raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {body.mode!r}", param="fusion")
         if body.fusion is not None and body.fusion.candidates > c.max_top_k:
@@ -402,7 +484,9 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
             raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
         headers = None
         vectors = None
-        if body.mode != "lexical":
+        if body.vector is not None:
+            vectors = np.asarray(body.vector, dtype=np.float32)
+        elif body.mode != "lexical":
             ids = await s.tokenize(queries, "query", "query")
             result = await s.embed(ids, request)
             vectors, headers = result.vectors, _timing(result)
@@ -434,9 +518,11 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                                code="response_too_large")
             rows.append(text)
         payload = rows[0] if body.single else "[" + ",".join(rows) + "]"
+        s.metrics.searched(body.mode, "text" if body.vector is None else "vector", len(queries),
+                           time.perf_counter() - started)
         return Response('{"hits":' + payload + "}", media_type="application/json", headers=headers)
 
-    @router.post("/v1/rerank", dependencies=keyed, tags=["rerank"])
+    @router.post("/v1/rerank", dependencies=keyed, tags=["rerank"], response_model=answers.RerankAnswer)
     async def rerank(body: rerank_request, request: Request):  # type: ignore[valid-type]
         """Order ``documents`` by relevance to ``query`` (Infinity's and Cohere's shape): the cross-encoder of
         --rerank-model, else the served embedding model's cosine."""
@@ -448,21 +534,21 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                     **({"document": body.documents[i]} if body.return_documents else {})} for i in order]
         return _answer({"object": "rerank", "results": results, "model": s.reranker_name or s.name})
 
-    @router.post("/documents", dependencies=keyed, tags=["documents"])
+    @router.post("/documents", dependencies=write_keyed, tags=["documents"], response_model=answers.Upserted)
     async def add_documents(body: documents_request, request: Request):  # type: ignore[valid-type]
         """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
         ``/search`` finds them on its next query."""
-        from ..index.store.spool import DocumentError, StorageFailure, upsert_documents
+        from ..index.store.spool import DocumentError, StorageFailure
         from ..index.store.jobs import UnfinishedJob
 
-        s = _writable_index(request)
+        s, started = _writable_index(request), time.perf_counter()
         c = s.config
         for i, document in enumerate(body.documents):
             _check_document(document, i, c.max_chars_per_input)
         _check_field_count(body.documents)
         async with s.write_lock:
             try:
-                report = await s.batcher.run(upsert_documents, s.index.store, s.encoder, body.documents)
+                report = await s.upsert(body.documents)
             except DocumentError as exc:
                 raise ApiError(400, str(exc), param=exc.param) from None
             except UnfinishedJob as exc:  # a killed CLI job's record: never erased, named with its fix
@@ -474,15 +560,16 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                                "write; sending the same request again is safe)",
                                kind="server_error", code="insufficient_storage" if exc.status == 507
                                else "storage_error") from None
+        s.metrics.ingested("upsert", report.added, time.perf_counter() - started)
         return _answer({"object": "documents", "upserted": report.added, "documents": report.documents})
 
-    @router.delete("/documents", dependencies=keyed, tags=["documents"])
+    @router.delete("/documents", dependencies=write_keyed, tags=["documents"], response_model=answers.Deleted)
     async def delete_documents_route(body: delete_request, request: Request):  # type: ignore[valid-type]
         """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
         from ..index.store.spool import StorageFailure, delete_documents
         from ..index.store.jobs import UnfinishedJob
 
-        s = _writable_index(request)
+        s, started = _writable_index(request), time.perf_counter()
         if body.filter:
             try:
                 s.index.check_filter(body.filter)
@@ -504,9 +591,10 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                 busy = "being changed by another process" in str(exc)
                 raise ApiError(409 if busy else 400, str(exc), param=None if busy else "filter",
                                code="index_busy" if busy else None) from None
+        s.metrics.ingested("delete", report.deleted, time.perf_counter() - started)
         return _answer({"object": "documents", "deleted": report.deleted, "documents": report.documents})
 
-    @router.get("/documents/{document_id:path}", dependencies=keyed, tags=["documents"])
+    @router.get("/documents/{document_id:path}", dependencies=keyed, tags=["documents"], response_model=answers.DocumentAnswer)
     async def get_document(document_id: str, request: Request):
         """The document with this id (an id may hold ``/``: ``GET /documents/a/b`` is the document ``a/b``)."""
         s = _server(request)
@@ -525,6 +613,19 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
         return _answer(hit)
 
     return router
+
+
+def _check_query_vectors(body: Any, dim: int) -> None:
+    """A search by vector: dense mode, no rerank (both need the query's text), each vector the index's dimension."""
+    if body.mode != "dense" or body.rerank:
+        what = "rerank" if body.rerank else f"mode {body.mode!r}"
+        raise ApiError(400, f"a search by 'vector' is dense only: {what} needs the query's text (send 'query' "
+                       "instead)", param="rerank" if body.rerank else "mode")
+    for i, row in enumerate(body.vector):
+        if len(row) != dim:
+            where = "vector" if body.single else f"vector[{i}]"
+            raise ApiError(400, f"'{where}' has {len(row)} numbers; this index's vectors have {dim} (GET /info: "
+                           "'dimension')", param=where)
 
 
 def _writable_index(request: Request) -> "Server":
@@ -605,7 +706,9 @@ def _param(loc: tuple, body: Any) -> str | None:
     for p in parts[1:]:
         out += f"[{p}]" if isinstance(p, int) else f".{p}"
     field_value = body.get(parts[0]) if isinstance(body, dict) else None
-    if isinstance(field_value, str) and len(parts) > 1 and parts[1] == 0:  # a single string was read as a list
+    flat = parts[0] == "vector" and isinstance(field_value, list) and field_value and not isinstance(field_value[0],
+                                                                                                  list)
+    if (isinstance(field_value, str) or flat) and len(parts) > 1 and parts[1] == 0:  # one text (vector) as a list
         out = str(parts[0]) + out[len(f"{parts[0]}[0]"):]
     return out
 
@@ -628,7 +731,9 @@ def _validation_error(exc: RequestValidationError, fields: tuple[str, ...]) -> A
         return ApiError(400, f"unrecognized request argument '{param}'{takes}", param=param)
     if kind == "missing":
         return ApiError(400, f"'{param}' is required{more}", param=param)
-    if kind == "ids_or_filter":
+    if kind == "query_or_vector" and not (isinstance(body, dict) and body.get("query") is not None):
+        return ApiError(400, "'query' is required (or 'vector', to search by vector)", param="query")
+    if kind in ("ids_or_filter", "query_or_vector"):
         return ApiError(400, first["msg"])
     if kind == "token_ids_not_supported":
         where = f"{param}[{ctx.get('index', 0)}]"
@@ -738,7 +843,7 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
-    api_key = config.resolved_api_key()
+    api_key, read_key = config.resolved_api_key(), config.resolved_read_api_key()
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     workers, encode_batch = _workers(config, device, precision)
@@ -799,8 +904,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
             local.encoder = mine
         return mine
 
-    def encode(ids: list[list[int]]) -> np.ndarray:
-        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision,
+    def encode(ids: list[list[int]], at: str = precision) -> np.ndarray:
+        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=at,
                                            pad_to_multiple_of=config.pad_to_multiple_of if config.pad_to_multiple_of > 1 else None)
 
     metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
@@ -821,6 +926,16 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
 
         # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
         batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
+
+    def encode_documents(rows: list[tuple[list[int], str]]) -> np.ndarray:
+        """An HTTP upsert's micro-batch: (token ids, the index's precision) rows of one job (writes are one at a
+        time, so one precision)."""
+        return encode([ids for ids, _ in rows], rows[0][1])
+
+    # small on a CPU: a search that arrives waits for at most one of them (bench/upsert_search.py, fp32, one worker:
+    # 16 documents a micro-batch kept a search's p99 at 11.5x its idle p99, 4 at 0.94x, the upsert no slower)
+    ingest_batch = config.ingest_batch_size or (encode_batch if device.type == "cuda" else min(4, encode_batch))
+    batcher.add_model(INGEST, encode_documents, batch_size=ingest_batch, unit="document", background=True)
     server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
                     allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
                     api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
@@ -829,7 +944,9 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
                     _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
                     _search_pool=concurrent.futures.ThreadPoolExecutor(_search_threads(),
                                                                        thread_name_prefix="robustir-search"),
-                    reranker=reranker, reranker_name=reranker_name)
+                    _write_pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-write"),
+                    _write_tokenizer=copy.deepcopy(encoder.tokenizer),
+                    reranker=reranker, reranker_name=reranker_name, read_key=read_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -847,6 +964,10 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     app.include_router(_router(*models, config.max_body_bytes))
     app.state.server = server
     metrics.instrument(app)
+    # once, with what is served (the first _workers call above may have been for another precision than the index's)
+    logger.info("robustir serve: %s", server.describe())
+    if search_index is not None:
+        metrics.watch_index(lambda: search_index.untyped_fields)
     if config.cors_allow_origin:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -913,8 +1034,6 @@ def _workers(config: ServeConfig, device, precision: str = "fp32") -> tuple[int,
     cores = available_cpus()
     workers = config.workers or (1 if precision == "fp32" else cores)
     threads = max(1, cores // workers)
-    if torch.get_num_threads() != threads:
-        logger.info("robustir serve: %d model worker(s) with %d torch thread(s) each on %d CPUs (%s)", workers,
-                    threads, cores, precision)
+    if torch.get_num_threads() != threads:  # said once by create_app, with the precision queries are served in
         torch.set_num_threads(threads)
     return workers, min(config.encode_batch_size or 16, config.max_batch_size)

@@ -327,6 +327,14 @@ class SearchIndex(Builder, Writer, JobRunner):
         return {name: (entry["column"], entry["kind"]) for name, entry in (self.manifest.get("columns") or {}).items()
                 if entry.get("usable", True)}
 
+    @property
+    def untyped_fields(self) -> dict[str, str]:
+        """Top-level fields that lost their typed column (a document held a value of another kind): ``{field: the
+        column's kind}``; filters on them read the JSON column, exact but slower. Follows the writer."""
+        self._follow()
+        return {name: entry["kind"] for name, entry in (self.manifest.get("columns") or {}).items()
+                if not entry.get("usable", True)}
+
     def _where(self, filter: dict | None) -> str | None:
         """``filter`` compiled to a LanceDB predicate (:func:`~robustir.index.store.lance_sql.to_lance_sql`), after one
         look at the manifest (:meth:`_follow`: the typed columns in use are the manifest's, a writer may have stopped

@@ -39,6 +39,29 @@ class _Record:
     title: str
     text: str
     fields: dict
+    vector: Any = None  # the record's own vector ("vector": a list of finite numbers), stored instead of encoding it
+
+
+#: the key of a record's own vector (bring your own vectors): never a metadata field
+VECTOR = "vector"
+
+
+def _check_vector(record: _Record, dim: int | None, source: str | os.PathLike) -> None:
+    """A record's own vector is a list of ``dim`` finite numbers (the index's dimension), else an error naming its
+    line and field."""
+    value = record.vector
+    fix = (f"send {dim} finite numbers (the index's dimension: its model's), or leave out \"vector\" to have the "
+           "document encoded" if dim else "send a list of finite numbers, or leave out \"vector\"")
+    if not isinstance(value, list) or not value:
+        raise DataError(source, f"the vector must be a non-empty list of numbers, got {type(value).__name__}",
+                        line=record.line, field=VECTOR, fix=fix)
+    for i, number in enumerate(value):
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+            raise DataError(source, f"the vector's item {i} is {number!r}, not a finite number", line=record.line,
+                            field=VECTOR, fix=fix)
+    if dim is not None and len(value) != dim:
+        raise DataError(source, f"the vector has {len(value)} numbers; this index's vectors have {dim}",
+                        line=record.line, field=VECTOR, fix=fix)
 
 
 def _read_records(path: str | Path, fmt: str) -> Iterator[_Record]:
@@ -58,8 +81,8 @@ def _read_records(path: str | Path, fmt: str) -> Iterator[_Record]:
         if "\x00" in doc_id:  # every later command (search, delete, upsert) refuses it: refused here, with its line
             raise DataError(file, "the document id holds a NUL character", line=line, field=id_key,
                             fix="remove the NUL from the id")
-        extra = {key: value for key, value in obj.items() if key not in ("title", "text", id_key)}
-        yield _Record(line, doc_id, title, text, extra)
+        extra = {key: value for key, value in obj.items() if key not in ("title", "text", id_key, VECTOR)}
+        yield _Record(line, doc_id, title, text, extra, obj.get(VECTOR))
 
 
 def read_id_list(path: str | Path) -> list[str]:
@@ -87,12 +110,13 @@ def read_id_list(path: str | Path) -> list[str]:
 
 
 def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | None = None,
-                 keep: list[_Record] | None = None) -> tuple[int, dict[str, int], set[str]]:
+                 keep: list[_Record] | None = None, dim: int | None = None) -> tuple[int, dict[str, int], set[str]]:
     """One pass over ``corpus`` before a job starts (no model): every record is read and checked -- JSON, fields,
     finite numbers, ids unique within the file -- so bad input fails before the index changes, with its line. Returns
     the number of records (the progress bar's total from the start), ``{id: line}`` and the top-level field names;
     fills ``kinds`` (when given) with the exact kinds of each top-level field
-    (:func:`robustir.index.store.lance_sql.exact_kind`); appends every record to ``keep`` (when given)."""
+    (:func:`robustir.index.store.lance_sql.exact_kind`); appends every record to ``keep`` (when given). A record's
+    own ``vector`` is checked (finite numbers; ``dim`` of them when given)."""
     from .lance_sql import exact_kind
 
     ids: dict[str, int] = {}
@@ -105,6 +129,8 @@ def _scan_corpus(corpus: str | os.PathLike, fmt: str, kinds: dict[str, set] | No
         if not record.text.strip() and not record.title.strip():
             continue
         _finite(record.fields, "fields", record, corpus)
+        if record.vector is not None:
+            _check_vector(record, dim, corpus)
         names.update(record.fields)
         if kinds is not None:
             for key, value in record.fields.items():

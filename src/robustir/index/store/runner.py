@@ -21,7 +21,7 @@ from .jobs import Job as _Job
 from .jobs import job_input, same_input, unfinished
 from .known_fields import check_bound, forget, vanished
 from .config import need_pool, RETIRED_KEEP, AnnConfig, IndexConfig, IndexReport, MANIFEST, BUILDING
-from .records import _Record, _read_records, _scan_corpus
+from .records import _Record, _check_vector, _read_records, _scan_corpus
 from .table import _schema, BITMAP_MAX_DISTINCT
 from .manifest import _data_files, _read_manifest, _write_manifest
 
@@ -32,14 +32,15 @@ class JobRunner:
     """The jobs of :class:`~robustir.index.store.SearchIndex`."""
 
     def _run(self, kind: str, corpus: str | os.PathLike, config: IndexConfig, on_chunk: Any,
-             scanned: tuple[int, dict[str, int], set[str]] | None = None) -> IndexReport:
+             scanned: tuple[int, dict[str, int], set[str]] | None = None, pool: Any = None) -> IndexReport:
         job = _Job.from_json(self.manifest["job"], self.path / MANIFEST) if self.manifest.get("job") else None
         if job is not None and (job.kind != kind or not same_input(job.input, corpus)):
             raise unfinished(self.path, job, f"{kind} of {corpus}")
         # an HTTP upsert's spooled file (bounded by the request's limits) is parsed once and kept; a CLI corpus is
         # read again below, so memory stays bounded whatever its size
         kept: list[_Record] | None = [] if scanned is None and self._spooled(corpus) else None
-        total, ids, names = scanned or _scan_corpus(corpus, config.format, keep=kept)  # bad input fails here
+        # bad input fails here, a record's own vector checked against the index's dimension
+        total, ids, names = scanned or _scan_corpus(corpus, config.format, keep=kept, dim=self.dim)
         check_bound(self.field_names, names, corpus)
         if kind == "add":
             self._refuse_present(ids, corpus, job.id if job is not None else None)
@@ -47,11 +48,17 @@ class JobRunner:
         config = self._same_precision(config)
         job = self._start(job, kind, corpus, config)
         report = IndexReport(kind, resumed_from=job.position, skipped_empty=job.skipped)
-        if config.engine != "process":  # the chunks split among the pool's workers (Ray actors: engine ray)
+        if pool is not None:  # the caller's (robustir serve's batcher): it closes it
+            self._pool = pool
+        elif config.engine != "process":  # the chunks split among the pool's workers (Ray actors: engine ray)
             self._pool = need_pool(config, self.encoder_pool)(self.encoder, config)
         self._replaced_names = set()
-        self._chunks(job, kept if kept is not None else _read_records(corpus, config.format), total, config, report,
-                     corpus, on_chunk)
+        try:
+            self._chunks(job, kept if kept is not None else _read_records(corpus, config.format), total, config,
+                         report, corpus, on_chunk)
+        finally:
+            if pool is not None:
+                self._pool = None
         self._close_pool()
         report.skipped_empty = job.skipped
         if kind == "build" and self.store.remote:
@@ -152,23 +159,19 @@ class JobRunner:
                      and not all(fits_column(entry["kind"], r.fields.get(name)) for r in records)]
             for name in unfit:  # from now on read from the JSON column (which holds every value): still exact
                 columns[name]["usable"] = False
-                logger.info("index %s: field %r now holds a value its %s column cannot, so filters read it from the "
-                            "JSON column", self.path, name, columns[name]["kind"])
+                kind = columns[name]["kind"]
+                odd = next(r for r in records if not fits_column(kind, r.fields.get(name)))
+                # a warning (and robustir serve's robustir_index_untyped_fields metric): every filter on the field is
+                # slower from now on (issue 55: a year filter 74 instead of 45 ms p50), which nothing else would say
+                logger.warning("index %s: field %r lost its typed %s column: document %r holds %r; filters on %r now "
+                               "read the JSON column (exact, but slower). To get the column back, make every %r a %s "
+                               "and rebuild the index (robustir index --overwrite)", self.path, name, kind, odd.id,
+                               odd.fields.get(name), name, name, kind)
             if new or any(changed) or unfit:  # recorded before the rows are: a reader may filter on them at once
                 fields.update(new)
                 self.manifest["fields"] = sorted(fields)
                 self._write()
-            parts = []
-            if self._pool is not None:  # engine ray: the chunk split among the actors
-                parts.append(self._pool.encode(texts, "passage", batch_size=config.batch_size,
-                                               precision=config.precision))
-                bar.update(len(texts))
-            for start in range(0, len(texts), config.batch_size) if self._pool is None else ():
-                parts.append(self.encoder.encode(texts[start:start + config.batch_size], "passage",  # the bar moves
-                                                 batch_size=config.batch_size, precision=config.precision,  # per batch
-                                                 show_progress=False))
-                bar.update(len(parts[-1]))
-            vectors = np.vstack(parts).astype(np.float32)
+            vectors = self._vectors(records, texts, config, bar, source)
             rows = pa.table({"id": [r.id for r in records], "title": [r.title for r in records],
                              "text": [r.text for r in records], "content": texts,
                              "fields": pa.array([json.dumps(r.fields, ensure_ascii=False) for r in records],
@@ -189,6 +192,31 @@ class JobRunner:
                 self._table.add(rows)
         job.position = position
         self._save_job(job)
+
+    def _vectors(self, records: list[_Record], texts: list[str], config: IndexConfig, bar: Any,
+                 source: str | os.PathLike) -> np.ndarray:
+        """The chunk's vectors: a record's own (``"vector"``; a build scans before the model, so its dimension is
+        checked here), else encoded."""
+        todo = [i for i, r in enumerate(records) if r.vector is None]
+        vectors = np.zeros((len(records), self.dim), dtype=np.float32)
+        for i, r in enumerate(records):
+            if r.vector is not None:
+                _check_vector(r, self.dim, source)
+                vectors[i] = r.vector
+        bar.update(len(records) - len(todo))
+        wanted, parts = [texts[i] for i in todo], []
+        if self._pool is not None and wanted:  # engine ray: the chunk split among the actors (or the caller's pool)
+            parts.append(self._pool.encode(wanted, "passage", batch_size=config.batch_size,
+                                           precision=config.precision))
+            bar.update(len(wanted))
+        for start in range(0, len(wanted), config.batch_size) if self._pool is None else ():
+            parts.append(self.encoder.encode(wanted[start:start + config.batch_size], "passage",  # the bar moves
+                                             batch_size=config.batch_size, precision=config.precision,  # per batch
+                                             show_progress=False))
+            bar.update(len(parts[-1]))
+        if todo:
+            vectors[todo] = np.vstack(parts).astype(np.float32)
+        return vectors
 
     def _scalar_indexes(self) -> None:
         """A scalar index on each typed column in use, made once (rows added later are scanned beside it, as LanceDB

@@ -177,9 +177,11 @@ def finish_pending(writer: Any, encoder: Any = None) -> None:
     pending.unlink(missing_ok=True)
 
 
-def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any:
+def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict], pool: Any = None) -> Any:
     """Insert ``documents`` (``robustir index`` corpus records: ``_id``, ``title``, ``text``, other fields), replacing
-    those whose id exists, as one ``--upsert`` job; returns its :class:`~robustir.index.store.IndexReport`. Raises
+    those whose id exists, as one ``--upsert`` job; returns its :class:`~robustir.index.store.IndexReport`. ``pool``
+    (an :class:`~robustir.index.store.config.EncoderPool`, e.g. ``robustir serve``'s batcher): what encodes the
+    documents, else ``encoder``. Raises
     :class:`ConfigError` when another process holds the index's writer lock or an unfinished job of another command
     is in the way, :class:`~robustir.errors.DataError` (naming ``documents[i]``) for a record the index refuses,
     :class:`StorageFailure` when the storage refused a write (an unfinished upsert this leaves is finished by the
@@ -196,7 +198,7 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any
             finish_pending(writer)
             path = write_incoming(index, documents)
             try:
-                return writer.upsert(path, config=_quiet())
+                return writer.upsert(path, config=_quiet(), pool=pool)
             except DataError as exc:  # the file's line N is the request's documents[N-1]
                 where = f"documents[{exc.line - 1}]" if isinstance(exc.line, int) else "documents"
                 field = f".{exc.field}" if exc.field else ""

@@ -16,7 +16,7 @@ from .jobs import ATOMIC as _ATOMIC
 from .jobs import Job as _Job
 from .jobs import storage_errors, unfinished
 from .known_fields import forget, top_level_names, vanished
-from .config import IndexConfig, IndexReport, MANIFEST
+from .config import EncoderPool, IndexConfig, IndexReport, MANIFEST
 from .table import _quote
 
 logger = logging.getLogger(__name__)
@@ -30,10 +30,12 @@ class Writer:
         """Add the documents of ``corpus``; an id already in the index is an error (use :meth:`upsert`)."""
         return self._timed("add", corpus, config, on_chunk)
 
-    def upsert(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None,
-               on_chunk: Any = None) -> IndexReport:
-        """Insert the documents of ``corpus``, replacing (title, text, fields and vector) those whose id exists."""
-        return self._timed("upsert", corpus, config, on_chunk)
+    def upsert(self, corpus: str | os.PathLike, *, config: IndexConfig | None = None, on_chunk: Any = None,
+               pool: EncoderPool | None = None) -> IndexReport:
+        """Insert the documents of ``corpus``, replacing (title, text, fields and vector) those whose id exists.
+        ``pool``: what encodes the chunks instead of the index's encoder, whatever ``config.engine`` (``robustir
+        serve`` gives its batcher's, so an HTTP upsert's micro-batches take turns with the searches); not closed."""
+        return self._timed("upsert", corpus, config, on_chunk, pool)
 
     def delete(self, ids: Iterable[str]) -> IndexReport:
         """Delete the documents with these ids as one Lance commit (all or none: a killed delete changed nothing, and
@@ -133,11 +135,12 @@ class Writer:
         if not self.writable:
             raise ConfigError(f"index {self.path} is open for reading: open it with writable=True to {what}")
 
-    def _timed(self, kind: str, corpus: str | os.PathLike, config: IndexConfig | None, on_chunk: Any) -> IndexReport:
+    def _timed(self, kind: str, corpus: str | os.PathLike, config: IndexConfig | None, on_chunk: Any,
+               pool: EncoderPool | None = None) -> IndexReport:
         self._need_writable(kind)
         started = time.perf_counter()
         with storage_errors(self.path):
-            report = self._run(kind, corpus, config or IndexConfig(), on_chunk)
+            report = self._run(kind, corpus, config or IndexConfig(), on_chunk, pool=pool)
         report.seconds = time.perf_counter() - started
         return report
 
