@@ -30,8 +30,9 @@ Isolation and bounds:
 * a cancelled request (its client went away) takes its waiting micro-batches off the queue at once.
 
 ``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
-:func:`robustir.serving.app._workers`. Work that is not a model's batch (an HTTP upsert's encoding) goes through
-:meth:`run` on the same threads; index searches have their own threads (:meth:`robustir.serving.app.Server.searching`).
+:func:`robustir.serving.service._workers`. Work that is not a model's batch (an HTTP upsert's encoding) goes through
+:meth:`run` on the same threads; index searches have their own threads
+(:meth:`robustir.serving.service.Server.searching`).
 """
 
 from __future__ import annotations
