@@ -95,12 +95,9 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     """
     import concurrent.futures
 
-    from .. import __version__
     from ..device import resolve_device
-    from ..models.encoder import Encoder
-    from ..precision import resolve_precision
-    from ..index.store import SearchIndex
     from ..index.store.records import _model_label
+    from ..precision import resolve_precision
     from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
@@ -110,51 +107,79 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     workers, encode_batch = _workers(config, device, precision)
     options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
 
-    search_index: SearchIndex | None = None
-    if index is not None:
-        if options:
-            raise ConfigError(f"encoder options ({', '.join(sorted(options))}) come from the index's manifest when an "
-                              "index is served: leave them out")
-        if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
-            from ..index.store.spool import finish_incoming
-            from ..index.store.storage import open_store
-
-            index = open_store(index, storage_options)  # a folder, or s3://... (robustir.index.store.storage)
-            finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))
-        search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index,
-                                                                                      refresh_s=config.index_refresh_s)
-        try:
-            if isinstance(model, Encoder):
-                search_index.use_model(model.to(device))
-                given = model.source or search_index.model_path
-            else:
-                given = str(model) if model is not None else search_index.model_path
-                search_index.use_model(given, device=str(device))  # refused unless it is the index's model
-        except BaseException:
-            if search_index is not index:
-                search_index.close()
-            raise
-        encoder = search_index.encoder
+    search_index, encoder, given = _load_model(model, index, config, options, device, storage_options)
+    if search_index is not None:
         precision = _query_precision(search_index, config, device, precision)
         workers, encode_batch = _workers(config, device, precision)
-    elif isinstance(model, Encoder):
-        encoder = model.to(device)
-        given = model.source or "model"
-    else:
-        from ..resources import default_model_path
-
-        given = str(model) if model is not None else default_model_path()
-        encoder = Encoder.from_pretrained(given, device=device, **options)
-        encoder.source = given
     encoder.eval()
     name = config.served_model_name or (search_index.model_name if search_index is not None else _model_label(given))
     aliases = {name, given, str(Path(given).expanduser().resolve()) if Path(given).expanduser().exists() else given}
     dim = encoder.dim
     # builds the bf16/fp16 copy once, before the workers start
     encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)
+    encode = _batch_encoder(encoder, workers, encode_batch, precision, config)
+    metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
+    batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
+                           workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
+    reranker, reranker_name = _reranker(config, batcher, encode_batch, precision, device)
+    server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
+                    allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
+                    api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
+                    workers=workers, encode_batch=encode_batch,
+                    _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
+                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
+                    _search_pool=concurrent.futures.ThreadPoolExecutor(_search_threads(),
+                                                                       thread_name_prefix="robustir-search"),
+                    reranker=reranker, reranker_name=reranker_name)
+    return _wire(server, batcher, metrics, config)
+
+
+def _load_model(model: Any, index: Any, config: ServeConfig, options: dict, device: Any,
+                storage_options: dict | None) -> tuple[Any, Any, str]:
+    """(the open index or None, the encoder, the name it was given as): the index's own model when an index is
+    served (another one is refused; an HTTP upsert a killed server left is finished first), else ``model``."""
+    from ..index.store import SearchIndex
+    from ..models.encoder import Encoder
+
+    if index is None:
+        if isinstance(model, Encoder):
+            return None, model.to(device), model.source or "model"
+        from ..resources import default_model_path
+
+        given = str(model) if model is not None else default_model_path()
+        encoder = Encoder.from_pretrained(given, device=device, **options)
+        encoder.source = given
+        return None, encoder, given
+    if options:
+        raise ConfigError(f"encoder options ({', '.join(sorted(options))}) come from the index's manifest when an "
+                          "index is served: leave them out")
+    if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
+        from ..index.store.spool import finish_incoming
+        from ..index.store.storage import open_store
+
+        index = open_store(index, storage_options)  # a folder, or s3://... (robustir.index.store.storage)
+        finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))
+    search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index,
+                                                                                  refresh_s=config.index_refresh_s)
+    try:
+        if isinstance(model, Encoder):
+            search_index.use_model(model.to(device))
+            given = model.source or search_index.model_path
+        else:
+            given = str(model) if model is not None else search_index.model_path
+            search_index.use_model(given, device=str(device))  # refused unless it is the index's model
+    except BaseException:
+        if search_index is not index:
+            search_index.close()
+        raise
+    return search_index, search_index.encoder, given
+
+
+def _batch_encoder(encoder: Any, workers: int, encode_batch: int, precision: str, config: ServeConfig) -> Any:
+    """What the batcher runs on a micro-batch of token ids, on each worker thread with its own view of the model."""
     local = threading.local()
 
-    def worker_encoder() -> Encoder:
+    def worker_encoder() -> Any:
         """This worker thread's view of the model: the same weights, its own tokenizer (a fast tokenizer must not be
         called from two threads at once)."""
         mine = getattr(local, "encoder", None)
@@ -166,42 +191,16 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
         return mine
 
     def encode(ids: list[list[int]]) -> np.ndarray:
-        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision,
-                                           pad_to_multiple_of=config.pad_to_multiple_of if config.pad_to_multiple_of > 1 else None)
+        pad = config.pad_to_multiple_of if config.pad_to_multiple_of > 1 else None
+        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision, pad_to_multiple_of=pad)
 
-    metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
-    batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
-                           workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
-    reranker, reranker_name = None, None
-    if config.rerank_model:  # loaded here: a bad folder fails before any port opens
-        from ..filtering.teacher import CrossEncoderTeacher
-        from ..models.encoder import is_cross_encoder, resolve_model_path
+    return encode
 
-        folder = resolve_model_path(config.rerank_model, "rerank model")
-        if not is_cross_encoder(folder):
-            raise ConfigError(f"--rerank-model {config.rerank_model} is not a cross-encoder (its config.json names no "
-                              "...ForSequenceClassification architecture, or it is a sentence-transformers embedding "
-                              "folder); leave --rerank-model out to rerank with the served model's cosine")
-        reranker = CrossEncoderTeacher(str(folder), batch_size=encode_batch, precision=precision,
-                                       device=str(device))
-        reranker_name = _model_label(str(folder))
-        scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
 
-        def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
-            with scoring:
-                return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
-
-        # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
-        batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
-    server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
-                    allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
-                    api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
-                    workers=workers, encode_batch=encode_batch,
-                    _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
-                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
-                    _search_pool=concurrent.futures.ThreadPoolExecutor(_search_threads(),
-                                                                       thread_name_prefix="robustir-search"),
-                    reranker=reranker, reranker_name=reranker_name)
+def _wire(server: Server, batcher: MicroBatcher, metrics: Any, config: ServeConfig) -> FastAPI:
+    """The FastAPI app around ``server``: its lifespan (the batcher), the routes, the error handler, the metrics,
+    CORS and the request middleware."""
+    from .. import __version__
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -229,3 +228,31 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
     return app
 
+
+def _reranker(config: ServeConfig, batcher: MicroBatcher, encode_batch: int, precision: str,
+              device: Any) -> tuple[Any, str | None]:
+    """The cross-encoder of ``--rerank-model`` and its name, loaded here (a bad folder fails before any port opens)
+    and added to the batcher as a second model; (None, None) without one."""
+    if not config.rerank_model:
+        return None, None
+    from ..filtering.teacher import CrossEncoderTeacher
+    from ..index.store.records import _model_label
+    from ..models.encoder import is_cross_encoder, resolve_model_path
+
+    folder = resolve_model_path(config.rerank_model, "rerank model")
+    if not is_cross_encoder(folder):
+        raise ConfigError(f"--rerank-model {config.rerank_model} is not a cross-encoder (its config.json names no "
+                          "...ForSequenceClassification architecture, or it is a sentence-transformers embedding "
+                          "folder); leave --rerank-model out to rerank with the served model's cosine")
+    reranker = CrossEncoderTeacher(str(folder), batch_size=encode_batch, precision=precision,
+                                   device=str(device))
+    reranker_name = _model_label(str(folder))
+    scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
+
+    def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
+        with scoring:
+            return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
+
+    # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
+    batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
+    return reranker, reranker_name

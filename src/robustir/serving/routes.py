@@ -140,22 +140,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                            code="no_index")
         s.check_model(body.model)
         queries, c = body.query, s.config
-        if body.fusion is not None and body.mode != "hybrid":
-            raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {body.mode!r}", param="fusion")
-        if body.fusion is not None and body.fusion.candidates > c.max_top_k:
-            raise ApiError(400, f"fusion.candidates must be at most {c.max_top_k}, got {body.fusion.candidates}",
-                           param="fusion.candidates")
-        depth, what = body.top_k, f"top_k {body.top_k}"
-        if body.rerank and c.rerank_candidates > depth:  # each query's best rerank_candidates are re-scored
-            depth, what = c.rerank_candidates, f"--rerank-candidates {c.rerank_candidates} (rerank re-scores that many)"
-        if body.mode == "hybrid":  # each list is read fusion.candidates deep (at least top_k) before fusing
-            candidates = (body.fusion or FusionConfig()).candidates
-            if candidates > depth:
-                depth, what = candidates, f"fusion.candidates {candidates} (hybrid reads each list that deep)"
-        if len(queries) * depth > c.max_hits_per_request:
-            raise ApiError(413, f"{len(queries)} queries x {what} = {len(queries) * depth} hits; at most "
-                           f"{c.max_hits_per_request} per request (send fewer queries per request or a smaller "
-                           "top_k)", param="top_k", code="too_many_hits")
+        _check_hits(body, c)
         try:  # compiled once, after one look at the manifest; a bad filter is refused before the model runs
             where = s.index.compile_filter(body.filter) if body.filter else None
         except ConfigError as exc:
@@ -186,16 +171,7 @@ def _router(embedding_request: type, search_request: type, rerank_request: type,
                     hit["rerank_score"] = float(score)
                 row.sort(key=lambda h: -h["rerank_score"])  # stable: ties keep the first stage's order
                 del row[body.top_k:]
-        rows, size = [], 0
-        for row in found:  # serialised query by query: an answer over the limit is refused before it is all built
-            text = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
-            size += len(text)
-            if size > c.max_response_bytes:
-                raise ApiError(413, f"the answer would be over {c.max_response_bytes} bytes (--max-response-bytes): "
-                               "send fewer queries per request or a smaller top_k", param="top_k",
-                               code="response_too_large")
-            rows.append(text)
-        payload = rows[0] if body.single else "[" + ",".join(rows) + "]"
+        payload = _hits_json(found, body.single, c.max_response_bytes)
         return Response('{"hits":' + payload + "}", media_type="application/json", headers=headers)
 
     @router.post("/v1/rerank", dependencies=keyed, tags=["rerank"])
@@ -352,3 +328,40 @@ def _check_field_count(documents: list[dict]) -> None:
                            "nested field (e.g. \"meta\": {...}) or send fewer kinds of fields", param="documents",
                            code="too_many_fields")
 
+
+def _check_hits(body: Any, c: Any) -> None:
+    """A search's ``fusion`` goes with ``hybrid`` and reads at most ``--max-top-k``; its queries x depth (``top_k``,
+    or the reranker's or the fusion's candidates when deeper) stay within ``--max-hits-per-request`` (413)."""
+    queries = body.query
+    if body.fusion is not None and body.mode != "hybrid":
+        raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {body.mode!r}", param="fusion")
+    if body.fusion is not None and body.fusion.candidates > c.max_top_k:
+        raise ApiError(400, f"fusion.candidates must be at most {c.max_top_k}, got {body.fusion.candidates}",
+                       param="fusion.candidates")
+    depth, what = body.top_k, f"top_k {body.top_k}"
+    if body.rerank and c.rerank_candidates > depth:  # each query's best rerank_candidates are re-scored
+        depth, what = c.rerank_candidates, f"--rerank-candidates {c.rerank_candidates} (rerank re-scores that many)"
+    if body.mode == "hybrid":  # each list is read fusion.candidates deep (at least top_k) before fusing
+        candidates = (body.fusion or FusionConfig()).candidates
+        if candidates > depth:
+            depth, what = candidates, f"fusion.candidates {candidates} (hybrid reads each list that deep)"
+    if len(queries) * depth > c.max_hits_per_request:
+        raise ApiError(413, f"{len(queries)} queries x {what} = {len(queries) * depth} hits; at most "
+                       f"{c.max_hits_per_request} per request (send fewer queries per request or a smaller "
+                       "top_k)", param="top_k", code="too_many_hits")
+
+
+def _hits_json(found: list[list[dict]], single: bool, max_bytes: int) -> str:
+    """The hits as JSON, serialised query by query: an answer over ``max_bytes`` is refused (413) before it is all
+    built."""
+    rows, size = [], 0
+    for row in found:  # serialised query by query: an answer over the limit is refused before it is all built
+        text = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
+        size += len(text)
+        if size > max_bytes:
+            raise ApiError(413, f"the answer would be over {max_bytes} bytes (--max-response-bytes): "
+                           "send fewer queries per request or a smaller top_k", param="top_k",
+                           code="response_too_large")
+        rows.append(text)
+    payload = rows[0] if single else "[" + ",".join(rows) + "]"
+    return payload
