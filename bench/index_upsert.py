@@ -245,7 +245,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--ingest-rounds", type=int, default=3)
     parser.add_argument("--same-index", action="store_true",
-                        help="every tree searches the first tree's index files (the search rows then compare code only)")
+                        help="every tree searches the first tree's index files (the search rows compare code only)")
     parser.add_argument("--ingest-size", type=int, default=10_000, help="the index the ingest rows write into")
     args = parser.parse_args()
     if args.cmd == "worker":
