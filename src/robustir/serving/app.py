@@ -51,9 +51,10 @@ Each request's texts are checked and tokenized (once: the token counts of ``usag
 a batch shared with other requests (:class:`~robustir.serving.batcher.MicroBatcher`); the model and LanceDB run on
 worker threads, the event loop parses, validates and answers.
 
-This module wires the app (:func:`create_app`); the routes are :mod:`robustir.serving.routes`, the engine they call
-(model, batcher, reranker, index) :mod:`robustir.serving.service`, the error handler :mod:`robustir.serving.errors`,
-and the index itself the library :mod:`robustir.index.store`.
+This module wires the app (:func:`create_app`); the routes are :mod:`robustir.serving.routes` (a few lines each),
+what each does :mod:`robustir.serving.handlers`, the engine they call (model, batcher, reranker, index)
+:mod:`robustir.serving.service`, the error handler :mod:`robustir.serving.errors`, and the index itself the library
+:mod:`robustir.index.store`.
 """
 
 # no "from __future__ import annotations": FastAPI reads the routes' body types (made per app) at run time
