@@ -14,7 +14,7 @@ and its own indexes; the workers take turns, the order flipped every round, and 
   passages takes about an hour on 2 cores and the index's costs do not depend on the model), then the job's end
   (full-text, scalar indexes, the manifest's file records), as a build ends.
 * ``search``: ``search_vectors`` of 30 random query vectors, top 10, unfiltered and ``{"lang": "de"}``, on a reader
-  opened once: median ms.
+  opened once: median ms (``--same-index``: every tree reads the first tree's index files).
 * ``ingest``: ``upsert_documents`` of 128 new documents into the 10k index: documents per second.
 
 Rows: the median of the rounds and the range (min-max), per tree, as wall time and as the worker's CPU time (all
@@ -120,7 +120,7 @@ def worker(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     for line in sys.stdin:
         cmd = json.loads(line)
-        n, path = cmd.get("n"), work / f"idx-{cmd.get('n')}"
+        n, path = cmd.get("n"), Path(cmd["path"]) if cmd.get("path") else work / f"idx-{cmd.get('n')}"
         if cmd["op"] == "build":
             result = {"s": _build(work, n, encoder)}
         elif cmd["op"] == "upsert":
@@ -129,7 +129,7 @@ def worker(args: argparse.Namespace) -> None:
             upsert_documents(path, encoder, [doc])
             result = {"ms": (time.perf_counter() - t0) * 1000, "cpu_ms": (time.process_time() - c0) * 1000}
         elif cmd["op"] == "search":
-            reader = readers.get(n) or readers.setdefault(n, SearchIndex.open(path))
+            reader = readers.get(n) or readers.setdefault(n, SearchIndex.open(path))  # opened once per size
             queries = rng.standard_normal((30, reader.dim)).astype(np.float32)
             result = {}
             for name, flt in (("none", None), ("lang", {"lang": "de"})):
@@ -201,7 +201,8 @@ def drive(args: argparse.Namespace) -> None:
             for w in order:
                 for key, ms in w.ask(op="upsert", n=n, i=r).items():
                     up.setdefault((w.name, n, key), []).append(ms)
-                for key, ms in w.ask(op="search", n=n).items():
+                shared = str(work / workers[0].name / f"idx-{n}") if args.same_index else None
+                for key, ms in w.ask(op="search", n=n, path=shared).items():
                     search.setdefault((w.name, n, key), []).append(ms)
         if r < args.ingest_rounds:
             for w in order:
@@ -243,6 +244,8 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--ingest-rounds", type=int, default=3)
+    parser.add_argument("--same-index", action="store_true",
+                        help="every tree searches the first tree's index files (the search rows compare code only)")
     parser.add_argument("--ingest-size", type=int, default=10_000, help="the index the ingest rows write into")
     args = parser.parse_args()
     if args.cmd == "worker":

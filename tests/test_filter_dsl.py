@@ -1,5 +1,5 @@
-"""robustir.index.store.filters: the JSON filter language -- the parsed tree and its documented semantics, hostile names,
-limits and bad values refused naming the place, error messages, and filters through SearchIndex and POST /search
+"""robustir.index.store.filters: the JSON filter language -- the parsed tree and its documented semantics, hostile
+names, limits and bad values refused naming the place, error messages, and filters through SearchIndex and POST /search
 (the LanceDB compiler against the Python evaluator: tests/test_lance_filters.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from helpers import DOCS
 from test_serving_index import beir, quiet  # noqa: F401  (beir is a fixture)
 
 from robustir.errors import ConfigError
-from robustir.index.store.filters import MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or, parse_filter
+from robustir.index.store.filters import (MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or,
+                                          parse_filter)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

@@ -201,10 +201,17 @@ def test_langchain_maximal_marginal_relevance(limited):
     assert {d.metadata["kind"] for d in filtered} <= {"bird", "odd"}
     retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 5, "lambda_mult": 0.25})
     assert [d.id for d in retriever.invoke("zebras have stripes")] == [d.id for d in diverse]
-    with pytest.raises(NotImplementedError, match="cannot search by a vector"):
-        store.max_marginal_relevance_search_by_vector([0.0] * 32, k=2)
-    with pytest.raises(NotImplementedError, match="cannot search by a vector"):
-        store.similarity_search_by_vector([0.0] * 32, k=2)
+    # issue 55: by vector, through /search's "vector" -- the query's own vector finds what the text search finds
+    from robustir.integrations.http import embed
+
+    vector = embed(store.connection, ["zebras have stripes"], "query")[0].tolist()
+    assert [d.id for d in store.similarity_search_by_vector(vector, k=2)] == plain
+    assert [d.id for d in store.max_marginal_relevance_search_by_vector(vector, k=2, fetch_k=5, lambda_mult=0.25)] \
+        == [d.id for d in diverse]
+    bird = store.similarity_search_by_vector(vector, k=1, filter={"kind": "bird"})
+    assert [d.id for d in bird] == ["penguin"]
+    with pytest.raises(TypeError, match="filter= only"):
+        store.similarity_search_by_vector(vector, k=2, mode="hybrid")
 
 
 def test_llamaindex_filters_map_to_the_servers_language():

@@ -1,6 +1,6 @@
-"""robustir.index.store.lance_sql.to_lance_sql: the LanceDB compiler against the Python evaluator on real LanceDB tables --
-random records and filters, the documented semantics, number and string edges, hostile names and values, the limits,
-and a prefiltered vector search."""
+"""robustir.index.store.lance_sql.to_lance_sql: the LanceDB compiler against the Python evaluator on real LanceDB
+tables -- random records and filters, the documented semantics, number and string edges, hostile names and values, the
+limits, and a prefiltered vector search."""
 
 from __future__ import annotations
 

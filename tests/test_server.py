@@ -414,7 +414,7 @@ def test_a_cancelled_request_frees_the_model_within_one_micro_batch():
 
 def test_a_client_that_disconnects_cancels_its_work():
     """The route's guard: the ASGI server's http.disconnect cancels the model's part of the request (no polling)."""
-    from robustir.serving.app import ClientGone, _unless_client_leaves
+    from robustir.serving.service import ClientGone, _unless_client_leaves
 
     class Request:  # receive() as an ASGI server gives it once the body is read: waits for the disconnect
         def __init__(self) -> None:
@@ -892,7 +892,7 @@ def test_a_rerank_whose_client_disconnects_is_dropped_with_499(tiny_index, tiny_
     reach the cross-encoder (as an embedding's do not)."""
     import threading
 
-    from robustir.serving.app import ApiError
+    from robustir.serving.errors import ApiError
 
     app = create_app(None, tiny_index, ServeConfig(rerank_model=tiny_cross_encoder, precision="fp32",
                                                    encode_batch_size=2))

@@ -939,3 +939,30 @@ def test_an_engine_pool_is_given_to_the_index_and_used_for_every_chunk(tmp_path,
         assert a.column("id").to_pylist() == b.column("id").to_pylist()
         np.testing.assert_allclose(np.stack(a.column("vector").to_numpy(False)),
                                    np.stack(b.column("vector").to_numpy(False)), atol=1e-5)
+
+
+def test_a_corpus_record_brings_its_own_vector(tmp_path, tiny_model_dir):
+    """Issue 55, item 2 (the index side): a record's "vector" is stored as its vector (not encoded, not a field);
+    one of another dimension or with a non-number is refused naming its line and the field, before the index
+    changes (an add) or when its chunk is reached (a build: it reads the corpus before the model)."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=6)
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=IndexConfig(show_progress=False))
+    index.close()
+    writer = SearchIndex.open(tmp_path / "idx", writable=True, model=tiny_model_dir)
+    own = np.zeros(writer.dim, dtype=np.float32)
+    own[0] = 1.0
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"_id": "mine", "text": "my own vector", "vector": own.tolist(), "lang": "en"}) + "\n")
+    writer.add(extra, config=IndexConfig(show_progress=False))
+    hit = writer.search_vectors(own[None, :], top_k=1)[0][0]
+    assert hit.id == "mine" and hit.score == pytest.approx(1.0, abs=1e-6) and hit.fields == {"lang": "en"}
+    for vector, words in ((own.tolist()[:-1], f"has {writer.dim - 1} numbers"), ([*own.tolist()[:-1], "x"],
+                                                                                  "not a finite number")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"_id": "ok", "text": "fine"}) + "\n"
+                       + json.dumps({"_id": "b", "text": "t", "vector": vector}) + "\n")
+        with pytest.raises(DataError, match=words) as caught:
+            writer.add(bad, config=IndexConfig(show_progress=False))
+        assert caught.value.line == 2 and caught.value.field == "vector"
+    assert writer.count == 7
+    writer.close()

@@ -30,8 +30,8 @@ Isolation and bounds:
 * a cancelled request (its client went away) takes its waiting micro-batches off the queue at once.
 
 ``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
-:func:`robustir.serving.app._workers`. Index searches have their own threads
-(:meth:`robustir.serving.app.Server.searching`).
+:func:`robustir.serving.service._workers`. Index searches have their own threads
+(:meth:`robustir.serving.service.Server.searching`).
 
 **Background work** (``add_model(..., background=True)``: an HTTP upsert's documents, issue 55): its micro-batches
 run only when no other model's work waits, and on at most ``workers - 1`` workers at once (one when there is one), so

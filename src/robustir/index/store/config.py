@@ -4,7 +4,6 @@ and the names of its files."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta

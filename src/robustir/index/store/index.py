@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import time
-from dataclasses import field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,7 +16,6 @@ from ...errors import ConfigError, DataError
 from ..fusion import FusionConfig
 from .jobs import ATOMIC as _ATOMIC
 from .jobs import Job as _Job
-from .jobs import unfinished
 from .storage import IndexStore, WriterLock, open_store
 from .config import EncoderPoolFactory, SearchMode, Hit, MANIFEST
 from .records import _fields, _check_search, _checked_digest

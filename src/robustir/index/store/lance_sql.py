@@ -20,7 +20,6 @@ made of allowed characters. One limit of its own: a nested field path of at most
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,8 +27,7 @@ from typing import Any, get_args
 
 from ...errors import ConfigError
 from .filters import (And, Condition, Filter, MAX_DEPTH, Not, Operator, Or, Scalar, _INT64, _LISTS, _SQL_RANGES,
-                      _STRING_FIELDS, _VALUES, _check_text, _error, _kind, _name, _quoted, _show, matches, parse_filter,
-                      value_kind)
+                      _STRING_FIELDS, _VALUES, _check_text, _error, _kind, _name, _quoted, _show, value_kind)
 
 __all__ = ["MAX_LANCE_PATH", "COLUMN_KINDS", "column_kind", "exact_kind", "column_value", "fits_column", "to_lance_sql",
            "record_kinds",

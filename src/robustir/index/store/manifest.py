@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DataError
-from ...runs import Artifact, Fingerprint, Step, fingerprint
+from ...runs import Artifact, Fingerprint, fingerprint
 from .jobs import Job as _Job
-from .jobs import unfinished
 from .storage import IndexStore, ObjectPath
 from .config import FORMAT, AnnConfig, MANIFEST, BUILDING, DATA
 

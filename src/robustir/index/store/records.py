@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 

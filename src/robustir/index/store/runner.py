@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import time
-from dataclasses import field
 from datetime import timedelta
 from typing import Any
 

@@ -36,11 +36,9 @@ no client and no test here, so they are refused naming this.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Mapping
 

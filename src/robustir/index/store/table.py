@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import field
 from datetime import timedelta
 from typing import Any
 

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import os
 import time
-from dataclasses import field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterable, Sequence
