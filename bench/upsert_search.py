@@ -74,6 +74,7 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
     documents = [{"_id": f"r{round_}-{i}", "text": text(10_000 + i, args.words)} for i in range(args.documents)]
     idle: list[float] = []
     during: list[float] = []
+    when: list[tuple[float, float]] = []  # (seconds into the upsert the search started, its latency ms)
     statuses: dict[int, int] = {}
     upserting = asyncio.Event()
     done = asyncio.Event()
@@ -97,20 +98,25 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
             await upserting.wait()
             i = 0
             while not done.is_set():  # each search issued while the upsert runs counts, however long it waits
+                at = time.perf_counter() - upsert_started[0]
                 during.append(await search(k, i))
+                when.append((at, during[-1]))
                 i += 1
+
+        upsert_started = [time.perf_counter()]
 
         async def upsert() -> tuple[float, int]:
             upserting.set()
-            started = time.perf_counter()
+            started = upsert_started[0] = time.perf_counter()
             reply = await client.post("/documents", json={"documents": documents})
             seconds = time.perf_counter() - started
             done.set()
             return seconds, reply.status_code
 
         (seconds, status), *_ = await asyncio.gather(upsert(), *(busy_client(k) for k in range(args.clients)))
+    slowest = sorted(when, key=lambda w: -w[1])[:5]  # where in the upsert the slowest searches started
     return {"idle": quantiles(idle), "during": quantiles(during), "upsert_s": seconds, "upsert_status": status,
-            "statuses": statuses}
+            "statuses": statuses, "slowest": [(round(at / seconds, 3), round(ms, 1)) for at, ms in slowest]}
 
 
 def main() -> int:
@@ -157,7 +163,8 @@ def main() -> int:
                 print(f"round {round_} {side:6s}: idle p50 {idle['p50']:7.1f} p99 {idle['p99']:7.1f} ms (n {idle['n']})"
                       f" | during upsert p50 {during['p50']:8.1f} p99 {during['p99']:8.1f} max {during['max']:8.1f} ms"
                       f" (n {during['n']}) | p99 ratio {result['ratio_p99']:6.2f} | upsert {result['upsert_s']:5.1f} s"
-                      f" ({result['upsert_status']}) | statuses {result['statuses']}", flush=True)
+                      f" ({result['upsert_status']}) | statuses {result['statuses']} | slowest (fraction of the upsert "
+                      f"when issued, ms) {result['slowest']}", flush=True)
     print_sides(rows, {"idle p50 ms": lambda r: r["idle"]["p50"], "idle p99 ms": lambda r: r["idle"]["p99"],
                        "during p50 ms": lambda r: r["during"]["p50"], "during p99 ms": lambda r: r["during"]["p99"],
                        "p99 ratio": lambda r: r["ratio_p99"], "upsert s": lambda r: r["upsert_s"]})
