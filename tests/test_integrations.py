@@ -284,7 +284,15 @@ def test_llamaindex_vector_store_adds_queries_and_deletes(limited):
     assert not ids() & llama
     store.delete("doc-never")  # nothing to delete: not an error
     with pytest.raises(ValueError, match="give query_str"):
-        store.query(VectorStoreQuery(query_embedding=[0.0] * 32, similarity_top_k=2))
+        store.query(VectorStoreQuery(similarity_top_k=2))
+    # issue 55: by query_embedding alone, through /search's vector -- the text query's vector finds what it finds
+    from robustir.integrations.http import embed, search
+
+    vector = embed(store._connection, ["zebras have stripes"], "query")[0].tolist()
+    by_text = [h["id"] for h in search(store._connection, "zebras have stripes", top_k=3)]
+    assert store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=3)).ids == by_text
+    with pytest.raises(ValueError, match="needs query_str"):
+        store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=2, mode=VectorStoreQueryMode.HYBRID))
     with pytest.raises(ValueError, match="no counterpart"):
         store.query(VectorStoreQuery(query_str="x", mode=VectorStoreQueryMode.SVM))
 
