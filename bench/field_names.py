@@ -59,7 +59,8 @@ def main() -> int:
     from fastapi.testclient import TestClient
 
     import robustir
-    from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app
+    from robustir.index.store import IndexConfig, SearchIndex
+    from robustir.serving import ServeConfig, create_app
 
     print(f"robustir from {Path(robustir.__file__).parent}")
     work = Path(tempfile.mkdtemp(prefix="field-names-"))
@@ -96,7 +97,7 @@ def main() -> int:
                 point(f"after DELETE of those {docs}")
     print(json.dumps(rows))
     try:  # the scan a delete pays when a removed document held a name the job did not write again (issue 52)
-        from robustir.serving.known_fields import vanished
+        from robustir.index.store.known_fields import vanished
     except ImportError:
         return 0
     index = app.state.server.index

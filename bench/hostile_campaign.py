@@ -1181,7 +1181,7 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
             target = Path(step[1])
             merged = {**json.loads(target.read_text(encoding="utf-8")), **json.loads(step[2])}
             if step[0] == "@rejson":
-                from robustir.serving.index import _manifest_digest
+                from robustir.index.store.manifest import _manifest_digest
 
                 merged["digest"] = _manifest_digest(merged)
             target.write_text(json.dumps(merged), encoding="utf-8")

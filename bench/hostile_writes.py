@@ -68,7 +68,7 @@ def cases(hc) -> list:
               setup=[*killed_add, ["index", "--discard-unfinished", "--output", idx]], protect_setup=False))
 
     def replaced_back(out: Path, text: str) -> str | None:
-        from robustir.serving.index import SearchIndex
+        from robustir.index.store import SearchIndex
 
         with SearchIndex.open(Path(out) / "idx") as index:
             got = {h.id: h.text for h in index.get(["d1", "d2"])}
@@ -188,12 +188,12 @@ def cases(hc) -> list:
 
 def killed(kind: str, index: str, corpus: str, via_http: bool) -> int:
     """A child that dies (``os._exit``, as ``kill -9``) right after the first commit of its job."""
-    from robustir.serving import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     writer = SearchIndex.open(index, writable=True)
     writer.use_model(writer.model_path)
     if via_http:
-        from robustir.serving.ingest import write_incoming
+        from robustir.index.store.spool import write_incoming
 
         rows = [json.loads(line) for line in Path(corpus).read_text().splitlines() if line.strip()]
         corpus = str(write_incoming(index, rows))
@@ -216,8 +216,9 @@ def http(index: str, steps: list[dict]) -> int:
 
     from fastapi.testclient import TestClient
 
-    from robustir.serving import IndexConfig, ServeConfig, create_app, ingest
-    from robustir.serving.index import SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
+    from robustir.index.store import spool as ingest
+    from robustir.serving import ServeConfig, create_app
 
     try:
         app = create_app(None, index, ServeConfig())

@@ -40,8 +40,8 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     from robustir.models.encoder import Encoder, resolve_model_path
-    from robustir.serving.index import AnnConfig, IndexConfig, SearchIndex
-    from robustir.serving.storage import S3Store
+    from robustir.index.store import AnnConfig, IndexConfig, SearchIndex
+    from robustir.index.store.s3 import S3Store
 
     class Count(logging.Handler):  # moto's server logs one line per request: counted, not printed
         n = 0

@@ -43,8 +43,8 @@ def build(args: argparse.Namespace) -> None:
 
     from robustir.data.beir import load_corpus
     from robustir.resources import default_model_path
-    from robustir.serving.index import IndexConfig
-    from robustir.serving.index import SearchIndex
+    from robustir.index.store import IndexConfig
+    from robustir.index.store import SearchIndex
 
     source = Path(args.data) / "corpus.jsonl"
     lines = source.read_text(encoding="utf-8").splitlines()[:args.docs]
@@ -74,12 +74,10 @@ def build(args: argparse.Namespace) -> None:
 
 
 def latency(args: argparse.Namespace) -> None:
-    import pyarrow as pa
-
+    from robustir.index.store import IndexConfig, SearchIndex
+    from robustir.index.store.lance_sql import column_value
+    from robustir.index.store.table import _schema
     from robustir.resources import default_model_path
-    from robustir.serving.index import IndexConfig
-    from robustir.serving.filters import column_value
-    from robustir.serving.index import SearchIndex, _schema
 
     work = Path(tempfile.mkdtemp(prefix="lance-latency-"))
     seed = work / "seed.jsonl"
@@ -88,23 +86,14 @@ def latency(args: argparse.Namespace) -> None:
     index, _ = SearchIndex.build(work / "idx", default_model_path(), seed, config=IndexConfig(show_progress=False))
     rng = np.random.default_rng(0)
     dim, started = index.dim, time.perf_counter()
+    from index_upsert import add_random_rows  # bench/, beside this script
+
     for start in range(0, args.rows, 20_000):
         n = min(20_000, args.rows - start)
-        vectors = rng.standard_normal((n, dim)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         records = [{"lang": ["en", "de", "fr"][i % 3], "year": 1975 + i % 50, "meta": {"cites": i % 100}}
                    for i in range(start, start + n)]
-        columns = index.manifest.get("columns") or {}  # lang, year: typed columns, as a build of such a corpus makes
-        index._table.add(pa.table({
-            "id": [f"r{i}" for i in range(start, start + n)], "title": [""] * n,
-            "text": [f"passage {i}" for i in range(start, start + n)],
-            "content": [f"passage {i}" for i in range(start, start + n)],
-            "fields": pa.array([json.dumps(r) for r in records], type=pa.json_(pa.string())),
-            **{entry["column"]: [column_value(entry["kind"], r.get(name)) for r in records]
-               for name, entry in columns.items()},
-            "job": [99] * n, "line": list(range(start, start + n)),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), dim)},
-            schema=_schema(dim, columns)))
+        # lang, year: typed columns, as a build of such a corpus makes
+        add_random_rows(index, _schema, column_value, start, records, rng, job=99)
     from lancedb.index import Bitmap, BTree
 
     for entry in (index.manifest.get("columns") or {}).values():  # as the end of a build of all these rows makes them
@@ -170,8 +159,8 @@ def recall(args: argparse.Namespace) -> None:
     queries searched exactly, then with the IVF-HNSW-SQ index ``AnnConfig(kind="auto")`` builds, at several nprobes."""
     from robustir.data.beir import load_beir
     from robustir.resources import default_model_path
-    from robustir.serving.index import IndexConfig
-    from robustir.serving.index import SearchIndex
+    from robustir.index.store import IndexConfig
+    from robustir.index.store import SearchIndex
 
     work = Path(tempfile.mkdtemp(prefix="lance-recall-"))
     corpus = Path(args.data) / "corpus.jsonl"
@@ -215,7 +204,7 @@ def scale(args: argparse.Namespace) -> None:
     import subprocess
 
     from robustir.resources import default_model_path
-    from robustir.serving.index import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     work = Path(tempfile.mkdtemp(prefix="lance-scale-"))
     texts, queries = [], []

@@ -28,7 +28,8 @@ import httpx  # noqa: E402
 from robustir.data.beir import load_beir  # noqa: E402
 from robustir.evaluation.metrics import compute_metrics  # noqa: E402
 from robustir.resources import default_model_path  # noqa: E402
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server  # noqa: E402
+from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
+from robustir.serving import ServeConfig, create_app, running_server  # noqa: E402
 
 
 def main() -> int:

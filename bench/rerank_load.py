@@ -170,39 +170,56 @@ def main() -> int:
                 port = free_port()
                 log = work / f"server-{side}-{round_}.log"
                 server = start_server(sources[side], embedder, reranker, port, log)
-                try:
-                    wait_ready(f"http://127.0.0.1:{port}", server)
-                    result = asyncio.run(load(f"http://127.0.0.1:{port}", args))
-                except Exception:
-                    print(log.read_text()[-3000:], file=sys.stderr)
-                    raise
-                finally:
-                    server.terminate()
-                    try:
-                        server.wait(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        server.kill()
-                        server.wait()
+                result = served_round(server, port, log, lambda url: load(url, args))
                 row = {"side": side, "round": round_, **result}
                 rows.append(row)
                 print(f"round {round_} {side:6s}: embedding median {result['embed_median_ms']:8.1f} ms, p99 "
                       f"{result['embed_p99_ms']:8.1f} ms, max {result['embed_max_ms']:8.1f} ms over "
                       f"{result['embeddings']:4d}; reranks {result['rerank_pairs_per_s']:6.0f} pairs/s; statuses "
                       f"{result['statuses']}", flush=True)
+    print_sides(rows, {key: (lambda r, key=key: r[key]) for key in ("embed_median_ms", "embed_p99_ms",
+                                                                     "rerank_pairs_per_s")})
+    append_rows(args, rows)
+    return 0
+
+
+def served_round(server: subprocess.Popen, port: int, log: Path, run) -> dict:
+    """``run(url)`` (a coroutine) against ``server`` once it answers /health; the server is stopped after (its log's
+    tail printed when the round fails)."""
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", server)
+        return asyncio.run(run(f"http://127.0.0.1:{port}"))
+    except Exception:
+        print(log.read_text()[-3000:], file=sys.stderr)
+        raise
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def print_sides(rows: list[dict], columns: dict) -> None:
+    """Per side (before, after) and column (``{name: row -> value}``): the median and range over the rounds."""
     print()
     for side in ("before", "after"):
         mine = [r for r in rows if r["side"] == side]
-        for key in ("embed_median_ms", "embed_p99_ms", "rerank_pairs_per_s"):
-            values = [r[key] for r in mine]
-            print(f"{side:6s} {key:20s} median {statistics.median(values):9.1f}  range {min(values):9.1f} - "
-                  f"{max(values):9.1f}")
+        for name, get in columns.items():
+            values = [get(r) for r in mine]
+            print(f"{side:6s} {name:20s} median {statistics.median(values):9.2f}  range {min(values):9.2f} - "
+                  f"{max(values):9.2f}")
+
+
+def append_rows(args: argparse.Namespace, rows: list[dict]) -> None:
+    """One JSON line per round, with the machine and the settings, appended to ``args.output`` (if given)."""
     if args.output:
         meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                 "settings": {k: v for k, v in vars(args).items() if k != "output"}}
         with open(args.output, "a", encoding="utf-8") as out:
             for row in rows:
                 out.write(json.dumps({**meta, **row}) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

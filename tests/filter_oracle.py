@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from robustir.serving.filters import matches
+from robustir.index.store.filters import matches
 
 
 def known_fields(records: list[dict]) -> list[str]:

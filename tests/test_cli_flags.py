@@ -330,7 +330,7 @@ COMMAND_CONFIGS = {  # command -> its config class (module, name)
     "generate": ("robustir.queries.generate", "GenerateConfig"),
     "mine": ("robustir.negatives.mining", "MiningConfig"),
     "eval": ("robustir.evaluation.retrieval", "EvalConfig"),
-    "index": ("robustir.serving.index", "IndexConfig"),
+    "index": ("robustir.index.store", "IndexConfig"),
     "serve": ("robustir.serving.config", "ServeConfig"),
     "noise-bench": ("robustir.robustness.bench", "NoiseBenchConfig"),
     "classify": ("robustir.evaluation.classify", "ClassifyConfig"),

@@ -20,7 +20,8 @@ from helpers import httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402
 from robustir.errors import ConfigError
 from robustir.models.cross_encoder import CrossEncoder, cross_encoder_name, is_cross_encoder, resolve_cross_encoder
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import ServeConfig, create_app, running_server
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

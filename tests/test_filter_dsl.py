@@ -1,5 +1,5 @@
-"""robustir.serving.filters: the JSON filter language -- the parsed tree and its documented semantics, hostile names,
-limits and bad values refused naming the place, error messages, and filters through SearchIndex and POST /search
+"""robustir.index.store.filters: the JSON filter language -- the parsed tree and its documented semantics, hostile
+names, limits and bad values refused naming the place, error messages, and filters through SearchIndex and POST /search
 (the LanceDB compiler against the Python evaluator: tests/test_lance_filters.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from helpers import DOCS
 from test_serving_index import beir, quiet  # noqa: F401  (beir is a fixture)
 
 from robustir.errors import ConfigError
-from robustir.serving.filters import MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or, parse_filter
+from robustir.index.store.filters import (MAX_CONDITIONS, MAX_DEPTH, MAX_LIST_ITEMS, And, Condition, Not, Or,
+                                          parse_filter)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -186,7 +187,7 @@ def rich_beir(beir) -> Path:  # noqa: F811
 
 
 def test_filters_through_search_index(tmp_path, rich_beir, tiny_model_dir):
-    from robustir.serving.index import SearchIndex
+    from robustir.index.store import SearchIndex
 
     with SearchIndex.build(tmp_path / "idx", tiny_model_dir, rich_beir, config=quiet())[0] as index:
         def found(f: dict) -> list[str]:
@@ -207,7 +208,8 @@ def test_filters_through_search_index(tmp_path, rich_beir, tiny_model_dir):
 
 
 def test_filters_through_post_search(tmp_path, rich_beir, tiny_model_dir):
-    from robustir.serving import SearchIndex, ServeConfig, create_app, running_server
+    from robustir.index.store import SearchIndex
+    from robustir.serving import ServeConfig, create_app, running_server
 
     SearchIndex.build(tmp_path / "idx", tiny_model_dir, rich_beir, config=quiet())[0].close()
     app = create_app(None, tmp_path / "idx", ServeConfig(max_wait_ms=0))
@@ -228,7 +230,7 @@ def test_filters_through_post_search(tmp_path, rich_beir, tiny_model_dir):
 def test_exists_is_has_a_value_and_its_negation():
     """``$exists: true`` is ``$ne: null`` (a value, not missing, not null), ``false`` is ``$eq: null`` -- parsed into
     those tests, so the Python and the LanceDB semantics agree by construction."""
-    from robustir.serving.filters import Condition, matches, parse_filter
+    from robustir.index.store.filters import Condition, matches, parse_filter
 
     assert parse_filter({"lang": {"$exists": True}}, FIELDS) == parse_filter({"lang": {"$ne": None}}, FIELDS)
     assert parse_filter({"lang": {"$exists": False}}, FIELDS) == parse_filter({"lang": None}, FIELDS)

@@ -68,7 +68,7 @@ def test_cli_modes(tmp_path, tiny_model_dir, capsys):
 
 
 def test_cli_eval_through_a_search_index(tmp_path, tiny_model_dir, capsys):
-    from robustir.serving.index import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     data = write_beir(tmp_path / "beir")
     SearchIndex.build(tmp_path / "idx", tiny_model_dir, data, config=IndexConfig(show_progress=False))[0].close()
@@ -93,7 +93,7 @@ def test_cli_eval_through_a_search_index(tmp_path, tiny_model_dir, capsys):
 def test_eval_hybrid_fuses_as_deep_as_search_does(tmp_path, tiny_model_dir):
     """Issue 36: eval --mode hybrid fused 1000-deep lists while /search fuses fusion.candidates-deep ones (71.81 vs
     71.71 NDCG@10 on SciFact). One depth now: eval's hybrid ranking is /search's, in memory and through an index."""
-    from robustir.serving.index import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     data = write_beir(tmp_path / "beir")
     fusion = {"candidates": 2}

@@ -1,4 +1,4 @@
-"""Issue 37: the search index on object storage (``s3://``; :mod:`robustir.serving.storage`), against a local S3
+"""Issue 37: the search index on object storage (``s3://``; :mod:`robustir.index.store.storage`), against a local S3
 endpoint -- moto's server on 127.0.0.1 -- so nothing leaves the machine: the same hits as a local index, one writer
 at a time through a conditional-put lease (two writers racing, a killed writer's lease taken over once it expired,
 a writer that lost its lease stopping before its next commit), readers that follow writers, ``robustir serve`` and
@@ -23,8 +23,9 @@ require("boto3", "moto.server", extra="dev")  # moto[server] brings boto3
 from moto import server as moto_server  # noqa: E402
 
 from robustir.errors import ConfigError, DataError  # noqa: E402
-from robustir.serving.index import IndexConfig, SearchIndex  # noqa: E402
-from robustir.serving.storage import LEASE_TTL_S, S3Store, open_store, parse_storage_options  # noqa: E402
+from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
+from robustir.index.store.s3 import LEASE_TTL_S, S3Store  # noqa: E402
+from robustir.index.store.storage import open_store, parse_storage_options  # noqa: E402
 from test_serving_index import TOPICS, write_corpus  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -219,7 +220,7 @@ def test_a_build_killed_mid_job_is_refused_then_resumed_after_the_lease_expired(
     script = tmp_path / "writer.py"
     script.write_text(
         "import os, signal, sys\n"
-        "from robustir.serving.index import IndexConfig, SearchIndex\n"
+        "from robustir.index.store import IndexConfig, SearchIndex\n"
         "def chunk(position):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         f"SearchIndex.build({location!r}, {tiny_model_dir!r}, {str(corpus)!r}, "

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_serving_index import write_corpus  # noqa: E402
 
 from robustir.errors import ConfigError, DataError  # noqa: E402
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server  # noqa: E402
+from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
+from robustir.serving import ServeConfig, create_app, running_server  # noqa: E402
 
 KEY = "doc-key"
 QUIET = IndexConfig(show_progress=False)
@@ -98,8 +99,8 @@ def test_discarding_an_unfinished_upsert_brings_back_what_it_replaced(index_path
 def test_an_http_delete_finishes_the_servers_own_unfinished_upsert_instead_of_erasing_it(index_path, monkeypatch):
     """Before: an upsert that answered 500 after its first commit left its job; any DELETE then erased the record
     and the half-written upsert stayed with no record. Now the next write finishes the upsert first."""
-    from robustir.serving import ingest
-    from robustir.serving.index import SearchIndex as Index
+    from robustir.index.store import spool as ingest
+    from robustir.index.store import SearchIndex as Index
 
     monkeypatch.setattr(ingest, "_quiet", lambda: IndexConfig(show_progress=False, chunk_size=2))
     original, calls = Index._commit, []
@@ -149,7 +150,7 @@ def test_job_inputs_are_absolute_so_a_restart_from_another_folder_finishes_a_kil
         index_path, tiny_model_dir, monkeypatch, tmp_path):
     """Before: a server started with a relative --index recorded its spool file relatively; a restart from another
     working folder could not find it, deleted it as a stray, and then refused to start naming the file it deleted."""
-    from robustir.serving.ingest import write_incoming
+    from robustir.index.store.spool import write_incoming
 
     monkeypatch.chdir(tmp_path)
     relative = Path("idx")
@@ -212,7 +213,7 @@ def test_field_names_shrink_when_their_documents_go(served, index_path):
 
 def test_a_request_or_a_job_with_absurd_numbers_of_field_names_is_refused_before_any_change(served, index_path,
                                                                                             tiny_model_dir):
-    from robustir.serving.known_fields import MAX_FIELDS
+    from robustir.index.store.known_fields import MAX_FIELDS
 
     client = served
     wide = {"_id": "w", "text": "wide", **{f"k{j}": j for j in range(MAX_FIELDS + 1)}}
@@ -233,7 +234,7 @@ def test_a_request_or_a_job_with_absurd_numbers_of_field_names_is_refused_before
 
 def test_a_full_disk_while_spooling_answers_its_cause_and_the_next_write_goes_ahead(served, index_path,
                                                                                     monkeypatch):
-    from robustir.serving import ingest
+    from robustir.index.store import spool as ingest
 
     real, failed = ingest.write_incoming, []
 
@@ -316,7 +317,8 @@ def test_the_field_kind_check_accepts_tests_under_not_and_never_suggests_null(se
     wrong = served.post("/search", json={"query": "a study", "filter": {"lang": 5}})
     message = wrong.json()["error"]["message"]
     assert wrong.status_code == 400 and "compare it with a string value" in message, message  # before: "a null"
-    from robustir.serving.filters import check_kinds, parse_filter
+    from robustir.index.store.filters import parse_filter
+    from robustir.index.store.lance_sql import check_kinds
 
     only_null = parse_filter({"gone": "x"}, ["gone"])
     with pytest.raises(ConfigError, match="holds only null values .*\\$exists"):

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import ServeConfig, create_app, running_server
 
 from extras import require  # noqa: E402  (tests/ is on sys.path)
 
@@ -200,10 +201,17 @@ def test_langchain_maximal_marginal_relevance(limited):
     assert {d.metadata["kind"] for d in filtered} <= {"bird", "odd"}
     retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 5, "lambda_mult": 0.25})
     assert [d.id for d in retriever.invoke("zebras have stripes")] == [d.id for d in diverse]
-    with pytest.raises(NotImplementedError, match="cannot search by a vector"):
-        store.max_marginal_relevance_search_by_vector([0.0] * 32, k=2)
-    with pytest.raises(NotImplementedError, match="cannot search by a vector"):
-        store.similarity_search_by_vector([0.0] * 32, k=2)
+    # issue 55: by vector, through /search's "vector" -- the query's own vector finds what the text search finds
+    from robustir.integrations.http import embed
+
+    vector = embed(store.connection, ["zebras have stripes"], "query")[0].tolist()
+    assert [d.id for d in store.similarity_search_by_vector(vector, k=2)] == plain
+    assert [d.id for d in store.max_marginal_relevance_search_by_vector(vector, k=2, fetch_k=5, lambda_mult=0.25)] \
+        == [d.id for d in diverse]
+    bird = store.similarity_search_by_vector(vector, k=1, filter={"kind": "bird"})
+    assert [d.id for d in bird] == ["penguin"]
+    with pytest.raises(TypeError, match="filter= only"):
+        store.similarity_search_by_vector(vector, k=2, mode="hybrid")
 
 
 def test_llamaindex_filters_map_to_the_servers_language():
@@ -276,7 +284,15 @@ def test_llamaindex_vector_store_adds_queries_and_deletes(limited):
     assert not ids() & llama
     store.delete("doc-never")  # nothing to delete: not an error
     with pytest.raises(ValueError, match="give query_str"):
-        store.query(VectorStoreQuery(query_embedding=[0.0] * 32, similarity_top_k=2))
+        store.query(VectorStoreQuery(similarity_top_k=2))
+    # issue 55: by query_embedding alone, through /search's vector -- the text query's vector finds what it finds
+    from robustir.integrations.http import embed, search
+
+    vector = embed(store._connection, ["zebras have stripes"], "query")[0].tolist()
+    by_text = [h["id"] for h in search(store._connection, "zebras have stripes", top_k=3)]
+    assert store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=3)).ids == by_text
+    with pytest.raises(ValueError, match="needs query_str"):
+        store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=2, mode=VectorStoreQueryMode.HYBRID))
     with pytest.raises(ValueError, match="no counterpart"):
         store.query(VectorStoreQuery(query_str="x", mode=VectorStoreQueryMode.SVM))
 

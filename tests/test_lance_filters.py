@@ -1,6 +1,6 @@
-"""robustir.serving.filters.to_lance_sql: the LanceDB compiler against the Python evaluator on real LanceDB tables --
-random records and filters, the documented semantics, number and string edges, hostile names and values, the limits,
-and a prefiltered vector search."""
+"""robustir.index.store.lance_sql.to_lance_sql: the LanceDB compiler against the Python evaluator on real LanceDB
+tables -- random records and filters, the documented semantics, number and string edges, hostile names and values, the
+limits, and a prefiltered vector search."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from filter_oracle import (SEMANTIC_CASES, SEMANTIC_RECORDS, known_fields, pytho
                            random_records)  # tests/ is on sys.path
 
 from robustir.errors import ConfigError  # noqa: E402
-from robustir.serving import filters as filters_module  # noqa: E402
-from robustir.serving.filters import (MAX_DEPTH, MAX_LANCE_PATH, Condition, Not, Or, parse_filter,  # noqa: E402
-                                      to_lance_sql)
+from robustir.index.store import filters as filters_module  # noqa: E402
+from robustir.index.store import lance_sql as lance_sql_module  # noqa: E402
+from robustir.index.store.filters import MAX_DEPTH, Condition, Not, Or, parse_filter  # noqa: E402
+from robustir.index.store.lance_sql import MAX_LANCE_PATH, to_lance_sql  # noqa: E402
 
 DIM = 4
 
@@ -209,7 +210,7 @@ def test_field_names_of_every_allowed_unicode_category_are_matched_exactly(tmp_p
         ch = chr(code)
         if ch not in '"\\' and unicodedata.category(ch) not in ("Cc", "Cs"):
             by_category.setdefault(unicodedata.category(ch), []).append(ch)
-    assert set(by_category) == filters_module._LANCE_KEY_CATEGORIES
+    assert set(by_category) == lance_sql_module._LANCE_KEY_CATEGORIES
     names = [ch for chars in by_category.values() for ch in rng.sample(chars, min(3, len(chars)))]
     names += [chr(code) for code in range(0x20, 0x7f) if chr(code) not in '"\\'] + HOSTILE_NAMES + ["K", "\u212a"]
     # parse_filter reads a leading "$" as an operator and "." as nesting
@@ -329,7 +330,7 @@ def test_a_prefiltered_vector_search_returns_only_matching_rows_and_the_nearest(
 
 # ------------------------------------------------------------------------------------------------ typed columns
 
-from robustir.serving.filters import column_kind, column_value, exact_kind  # noqa: E402
+from robustir.index.store.lance_sql import column_kind, column_value, exact_kind  # noqa: E402
 
 TYPED_VALUES = {
     "s": EDGE_STRINGS + [None],

@@ -233,20 +233,20 @@ def test_before_torch_loads_the_cap_goes_to_openmp_without_importing_torch(monke
 
 
 def test_serve_sizes_its_workers_from_the_available_cpus(monkeypatch):
-    from robustir.serving import app
+    from robustir.serving import service
     from robustir.serving.config import ServeConfig
 
     before = torch.get_num_threads()
     try:
         monkeypatch.setattr(hardware, "available_cpus", lambda: 3)
-        workers, _ = app._workers(ServeConfig(), torch.device("cpu"), "fp32")  # one worker, every CPU's thread
+        workers, _ = service._workers(ServeConfig(), torch.device("cpu"), "fp32")  # one worker, every CPU's thread
         assert (workers, torch.get_num_threads()) == (1, 3)
-        workers, _ = app._workers(ServeConfig(), torch.device("cpu"), "bf16")  # one single-threaded worker per CPU
+        workers, _ = service._workers(ServeConfig(), torch.device("cpu"), "bf16")  # one single-threaded worker per CPU
         assert (workers, torch.get_num_threads()) == (3, 1)
-        workers, _ = app._workers(ServeConfig(workers=2), torch.device("cpu"), "fp32")  # the flag wins
+        workers, _ = service._workers(ServeConfig(workers=2), torch.device("cpu"), "fp32")  # the flag wins
         assert (workers, torch.get_num_threads()) == (2, 1)
         monkeypatch.setattr(hardware, "available_cpus", lambda: 1)
-        assert app._workers(ServeConfig(), torch.device("cpu"), "bf16")[0] == 1
+        assert service._workers(ServeConfig(), torch.device("cpu"), "bf16")[0] == 1
     finally:
         torch.set_num_threads(before)
 
@@ -281,7 +281,7 @@ def test_every_stage_config_defaults_to_auto():
     from robustir.pretraining.pretrain import PretrainConfig
     from robustir.robustness.sidebyside import PRESETS
     from robustir.serving.config import ServeConfig
-    from robustir.serving.index import IndexConfig
+    from robustir.index.store import IndexConfig
     from robustir.training.arguments import TrainConfig
 
     for cls in (ClassifyConfig, EvalConfig, SieveConfig, TeacherFilterConfig, MiningConfig, EvalStage,

@@ -196,13 +196,15 @@ def test_ray_is_for_dense_mining_only():
 def test_an_index_built_with_ray_actors_holds_the_single_process_vectors(tmp_path, tiny_model_dir):
     """`robustir index --engine ray`: every chunk split among two actors; the same rows and vectors as a build in
     this process, the same search hits, and a re-run finds it complete."""
-    from robustir.serving.index import IndexConfig, SearchIndex
+    from robustir.cli.index import ray_pool  # what `robustir index --engine ray` gives the index
+    from robustir.index.store import IndexConfig, SearchIndex
 
     corpus = _corpus(tmp_path / "corpus.jsonl", 50)
     vectors = {}
     for engine in ("process", "ray"):
         config = IndexConfig(chunk_size=20, precision="fp32", show_progress=False, engine=engine, ray_actors=2)
-        index, report = SearchIndex.build(tmp_path / engine, tiny_model_dir, corpus, config=config)
+        index, report = SearchIndex.build(tmp_path / engine, tiny_model_dir, corpus, config=config,
+                                          encoder_pool=ray_pool)
         with index:
             table = index._table.to_arrow().sort_by("id")
             vectors[engine] = (table.column("id").to_pylist(), np.stack(table.column("vector").to_numpy(False)))
@@ -213,7 +215,8 @@ def test_an_index_built_with_ray_actors_holds_the_single_process_vectors(tmp_pat
     np.testing.assert_allclose(vectors["ray"][1], vectors["process"][1], atol=1e-5)
     assert vectors["ray-hits"] == vectors["process-hits"]
     again, report = SearchIndex.build(tmp_path / "ray", tiny_model_dir, corpus,
-                                      config=IndexConfig(precision="fp32", show_progress=False, engine="ray"))
+                                      config=IndexConfig(precision="fp32", show_progress=False, engine="ray"),
+                                      encoder_pool=ray_pool)
     again.close()
     assert report.nothing_to_do
 

@@ -19,7 +19,8 @@ from helpers import QUERIES, httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402
 from robustir.cli.main import main
 from robustir.errors import ConfigError
-from robustir.serving import IndexConfig, MicroBatcher, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import MicroBatcher, ServeConfig, create_app, running_server
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -413,7 +414,7 @@ def test_a_cancelled_request_frees_the_model_within_one_micro_batch():
 
 def test_a_client_that_disconnects_cancels_its_work():
     """The route's guard: the ASGI server's http.disconnect cancels the model's part of the request (no polling)."""
-    from robustir.serving.app import ClientGone, _unless_client_leaves
+    from robustir.serving.service import ClientGone, _unless_client_leaves
 
     class Request:  # receive() as an ASGI server gives it once the body is read: waits for the disconnect
         def __init__(self) -> None:
@@ -530,6 +531,29 @@ def test_cli_serve_wires_model_index_and_options(tiny_index, monkeypatch, capsys
     assert started["app"].state.server.batcher.max_batch_size == 8 and started["app"].state.server.index.count == 6
     out = capsys.readouterr().out
     assert "robustir serve: model tiny-bert0" in out and "(6 documents)" in out and "API key required" in out
+    server = started["app"].state.server  # issue 55: the real workers and precision (it said "2 workers (bf16)")
+    import torch
+
+    threads = torch.get_num_threads()
+    assert (f"{server.workers} model worker{'s' if server.workers > 1 else ''} x {threads} torch thread"
+            f"{'s' if threads > 1 else ''}, {server.precision} on cpu, http://") in out
+
+
+def test_the_start_up_line_says_the_workers_and_precision_the_index_is_served_in(tiny_index, monkeypatch, capsys):
+    """Issue 55, item 6: asked for bf16 with two workers' worth of CPUs, a server over an fp32 index encodes queries
+    in the index's fp32 with one worker -- and says so (it logged "2 workers (bf16)")."""
+    monkeypatch.setattr("robustir.hardware.available_cpus", lambda: 2)
+    monkeypatch.setattr("robustir.precision._cpu_native_bf16", lambda: True)
+    monkeypatch.setattr("robustir.serving.server.serve", lambda app, host, port: None)
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["serve", "--index", str(tiny_index), "--device", "cpu"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "1 model worker x 2 torch threads, fp32 on cpu" in out, out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -868,7 +892,7 @@ def test_a_rerank_whose_client_disconnects_is_dropped_with_499(tiny_index, tiny_
     reach the cross-encoder (as an embedding's do not)."""
     import threading
 
-    from robustir.serving.app import ApiError
+    from robustir.serving.errors import ApiError
 
     app = create_app(None, tiny_index, ServeConfig(rerank_model=tiny_cross_encoder, precision="fp32",
                                                    encode_batch_size=2))
@@ -937,3 +961,115 @@ def test_a_classifier_with_several_labels_is_refused_as_a_reranker(tmp_path, tin
         create_app(None, tiny_index, ServeConfig(rerank_model=str(folder), precision="fp32"))
     with pytest.raises(ConfigError, match="num_labels 1"):
         load_teacher(str(folder), "cross-encoder", precision="fp32", device="cpu")
+
+
+# ------------------------------------------------------------------------------------------------ issue 55: upserts
+
+def test_background_work_runs_on_one_worker_fewer_and_after_the_rest():
+    """Issue 55, item 1: an HTTP upsert's micro-batches are background work -- with two workers only one of them
+    runs at a time, so an embedding that arrives meanwhile starts at once on the other worker instead of waiting
+    behind the upsert; the background rows are still all encoded, in order."""
+    model = SteppedEncoder()
+    rows = [f"doc {i}" for i in range(6)]
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=4, workers=2)
+        batcher.add_model("ingest", model, batch_size=2, unit="document", background=True)
+        await batcher.start()
+        try:
+            upsert = asyncio.ensure_future(batcher.submit("ingest", rows))
+            await _until(lambda: len(model.started) == 1)  # its first micro-batch runs; one worker stays free
+            query = asyncio.ensure_future(batcher.embed(["query"]))
+            await _until(lambda: len(model.started) == 2)
+            second_call = list(model.started[1])
+            for _ in range(4):
+                model.step()
+            return second_call, await upsert, await query
+        finally:
+            for _ in range(6):
+                model.step()
+            await batcher.stop()
+
+    second_call, upsert, query = asyncio.run(scenario())
+    assert second_call == ["query"]  # not the upsert's second micro-batch
+    assert [call for call in model.started if call != ["query"]] == [rows[:2], rows[2:4], rows[4:]]
+    assert upsert.vectors.shape == (6, 2) and query.vectors.shape == (1, 2)
+
+
+def test_background_work_is_admitted_by_the_queue_limit_once():
+    """An upsert is refused (429 at the route) like any request when the queue is full, and a job's later chunks,
+    submitted with admitted=True, are not."""
+    from robustir.serving.batcher import Overloaded
+
+    model = SteppedEncoder()
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=4, workers=1, max_queued=4)
+        batcher.add_model("ingest", model, batch_size=2, unit="document", background=True)
+        await batcher.start()
+        try:
+            held = asyncio.ensure_future(batcher.embed(["held"]))
+            await _until(lambda: len(model.started) == 1)
+            waiting = asyncio.ensure_future(batcher.embed(["a", "b", "c"]))
+            await _until(lambda: batcher.queued == 3)
+            with pytest.raises(Overloaded):
+                batcher.admit("ingest", 10)
+            later = asyncio.ensure_future(batcher.submit("ingest", ["d1", "d2", "d3"], admitted=True))
+            await _until(lambda: batcher.queued == 5)
+            for _ in range(4):
+                model.step()
+            return await held, await waiting, await later
+        finally:
+            for _ in range(4):
+                model.step()
+            await batcher.stop()
+
+    held, waiting, later = asyncio.run(scenario())
+    assert later.vectors.shape == (3, 2)
+    assert model.started == [["held"], ["a", "b", "c"], ["d1", "d2"], ["d3"]]  # the searches' texts first
+
+
+# ------------------------------------------------------------------------------------------------ issue 55: operations
+
+def test_the_openapi_spec_describes_every_answer_and_real_answers_fit_it(client):
+    """Issue 55, item 5: every route's 200 answer has a schema in /openapi.json (a component with properties, not
+    the empty {} of before), and the answers the server really gives validate against those models."""
+    from robustir.serving.responses import ROUTE_MODELS, HealthAnswer, InfoAnswer, ModelCard, ModelList, \
+        RerankAnswer, SearchAnswer, EmbeddingList
+
+    spec = client.get("/openapi.json").json()
+    for route, model in ROUTE_MODELS.items():
+        method, path = route.split(" ", 1)
+        schema = spec["paths"][path][method.lower()]["responses"]["200"]["content"]["application/json"]["schema"]
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        assert name == model.__name__ and spec["components"]["schemas"][name]["properties"], route
+    SearchAnswer.model_validate(client.post("/search", json={"query": "heart", "top_k": 2}).json())
+    SearchAnswer.model_validate(client.post("/search", json={"query": ["heart", "bone"], "top_k": 2}).json())
+    EmbeddingList.model_validate(embed(client, input=["a", "b"]).json())
+    EmbeddingList.model_validate(embed(client, input="a", encoding_format="base64").json())
+    RerankAnswer.model_validate(client.post("/v1/rerank", json={"query": "heart", "documents": ["a", "b"],
+                                                                "return_documents": True}).json())
+    ModelList.model_validate(client.get("/v1/models").json())
+    ModelCard.model_validate(client.get("/v1/models/tiny-bert0").json())
+    InfoAnswer.model_validate(client.get("/info").json())
+    HealthAnswer.model_validate(client.get("/health").json())
+
+
+def test_search_and_rerank_have_metrics_of_their_own(client):
+    """Issue 55, item 5: /metrics counts the queries /search searched (by mode, by text or vector) with their time,
+    and the pairs reranked, not only HTTP requests."""
+    import re
+
+    def value(text: str, pattern: str) -> float:
+        found = re.search(pattern + r" ([0-9.e+]+)", text)
+        return float(found.group(1)) if found else 0.0
+
+    before = client.get("/metrics").text
+    assert client.post("/search", json={"query": ["heart", "bone", "sleep"], "mode": "lexical"}).status_code == 200
+    assert client.post("/v1/rerank", json={"query": "heart", "documents": ["a", "b", "c", "d"]}).status_code == 200
+    after = client.get("/metrics").text
+    queries = r'robustir_search_queries_total\{by="text",mode="lexical"\}'
+    assert value(after, queries) - value(before, queries) == 3
+    seconds = r'robustir_search_seconds_count\{mode="lexical"\}'
+    assert value(after, seconds) - value(before, seconds) == 1
+    assert value(after, "robustir_rerank_pairs_total") - value(before, "robustir_rerank_pairs_total") == 4

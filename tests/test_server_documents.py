@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import httpx
 import pytest
 
@@ -15,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_serving_index import write_corpus  # noqa: E402
 
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server  # noqa: E402
+from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
+from robustir.serving import ServeConfig, create_app, running_server  # noqa: E402
 
 KEY = "doc-key"
 
@@ -87,7 +89,7 @@ def test_bad_documents_and_deletes_are_refused_naming_them(served):
 
 
 def test_a_cli_writer_holding_the_lock_makes_http_writes_answer_409(served, index_path):
-    from robustir.serving.storage import LocalStore
+    from robustir.index.store.storage import LocalStore
 
     client, _ = served
     held = LocalStore(index_path).lock()  # what a running `robustir index --upsert` holds
@@ -103,7 +105,7 @@ def test_an_upsert_killed_mid_job_is_finished_before_the_server_serves(index_pat
     """A server killed during an HTTP upsert leaves an unfinished --upsert job of its incoming file: the next start
     finishes it (nothing acknowledged is lost; what was not acknowledged is completed, not half-applied); an
     incoming file no job reads (killed while writing it, never acknowledged) is removed."""
-    from robustir.serving.ingest import write_incoming
+    from robustir.index.store.spool import write_incoming
 
     class Killed(Exception):
         pass
@@ -157,15 +159,15 @@ KILL_DRIVER = """
 import sys
 from dataclasses import replace
 from robustir.serving import ServeConfig, create_app, running_server
-from robustir.serving.index import SearchIndex
+from robustir.index.store import SearchIndex
 
 original = SearchIndex.upsert
 
-def upsert(self, corpus, *, config=None, on_chunk=None):
+def upsert(self, corpus, *, config=None, on_chunk=None, **more):
     def paused(position):
         print("CHUNK", position, flush=True)
         sys.stdin.readline()  # held here until the test kills this process
-    return original(self, corpus, config=replace(config, chunk_size=2), on_chunk=paused)
+    return original(self, corpus, config=replace(config, chunk_size=2), on_chunk=paused, **more)
 
 SearchIndex.upsert = upsert
 app = create_app(None, sys.argv[1], ServeConfig(api_key="k"))
@@ -227,3 +229,191 @@ def test_a_server_process_killed_by_sigkill_mid_upsert_loses_nothing_and_half_ap
     assert index.count == 19 and index.manifest["job"] is None
     assert [h.id for h in index.get([f"k{i}" for i in range(7)])] == [f"k{i}" for i in range(7)]
     assert not pending.exists() and not list((index_path / "incoming").glob("*.jsonl"))
+
+
+# ------------------------------------------------------------------------------------------------ issue 51: costs
+
+def test_a_search_compiles_its_filter_once_and_looks_at_the_manifest_once(served, monkeypatch):
+    from robustir.index.store import lance_sql, storage
+
+    client, _ = served
+    compiles, looks = [], []
+    to_sql, token = lance_sql.to_lance_sql, storage.LocalStore.token
+    monkeypatch.setattr(lance_sql, "to_lance_sql", lambda *a, **k: compiles.append(1) or to_sql(*a, **k))
+    monkeypatch.setattr(storage.LocalStore, "token",
+                        lambda self, name: looks.append(name) or token(self, name))
+    for mode in ("dense", "lexical", "hybrid"):
+        compiles.clear(), looks.clear()
+        reply = client.post("/search", json={"query": "stripes", "filter": {"lang": "en"}, "mode": mode})
+        assert reply.status_code == 200, reply.text
+        assert (len(compiles), looks) == (1, ["manifest.json"]), mode
+    looks.clear()
+    assert client.post("/search", json={"query": "stripes"}).status_code == 200
+    assert looks == ["manifest.json"]
+
+
+def test_an_http_write_hashes_only_the_files_it_wrote_and_parses_its_documents_once(served, index_path, monkeypatch):
+    from robustir.index.store import records, runner, storage
+
+    client, _ = served
+    hashed, parsed = [], []
+    sha256, read = storage.LocalStore.sha256, records._read_records
+    monkeypatch.setattr(storage.LocalStore, "sha256", lambda self, name: hashed.append(name) or sha256(self, name))
+    for module in (records, runner):  # the check before the job, and the job's own reading
+        monkeypatch.setattr(module, "_read_records", lambda *a: parsed.append(a) or read(*a))
+    before = set(json.loads((index_path / "manifest.json").read_text())["files"])
+    reply = client.post("/documents", json={"documents": [{"_id": "n1", "text": "zebras have stripes"}]})
+    assert reply.status_code == 200, reply.text
+    assert hashed and not set(hashed) & before  # the job's own files only, none of the index's others
+    assert len(parsed) == 1  # the spooled request read once (checked and kept), not again for the job
+    hashed.clear()
+    assert client.request("DELETE", "/documents", json={"ids": ["n1"]}).status_code == 200
+    assert not set(hashed) & before
+
+
+# ------------------------------------------------------------------------------------------------ issue 55: upserts
+
+def test_a_search_is_served_between_two_micro_batches_of_an_upsert(index_path):
+    """Issue 55, item 1: an HTTP upsert encodes through the batcher in micro-batches (--ingest-batch-size), so a
+    dense search that arrives while the upsert's first micro-batch is on the (only) model worker is encoded right
+    after it, before the upsert's next one -- it used to wait for the whole job. The model is the real tiny one,
+    held at the upsert's first micro-batch until the search's query is on the queue (events, no clock)."""
+    import threading
+
+    app = create_app(None, index_path, ServeConfig(workers=1, ingest_batch_size=2))
+    server = app.state.server
+    encoder, batcher = server.encoder, server.batcher
+    calls: list[str] = []
+    upserting, query_queued = threading.Event(), threading.Event()
+    encode_ids, put = encoder.encode_ids, batcher._put
+
+    def watched_encode(ids, **kwargs):  # the worker's model call: 1 row = the search's query, 2 = upsert documents
+        calls.append("query" if len(ids) == 1 else "upsert")
+        if calls.count("upsert") == 1 and len(ids) == 2:
+            upserting.set()
+            assert query_queued.wait(timeout=120)  # a hang guard only: released as soon as the search is queued
+        return encode_ids(ids, **kwargs)
+
+    def watched_put(kind, rows):
+        item = put(kind, rows)
+        if kind == batcher.EMBED:
+            query_queued.set()
+        return item
+
+    encoder.encode_ids, batcher._put = watched_encode, watched_put
+    documents = [{"_id": f"u{i}", "text": f"an upserted document about glaciers, number {i}"} for i in range(6)]
+    replies: dict = {}
+    with running_server(app) as url, httpx.Client(base_url=url, timeout=300) as client:
+        writer = threading.Thread(target=lambda: replies.update(upsert=client.post(
+            "/documents", json={"documents": documents})))
+        writer.start()
+        assert upserting.wait(timeout=120)
+        replies["search"] = client.post("/search", json={"query": "glaciers", "top_k": 3})
+        writer.join(timeout=300)
+    assert replies["upsert"].status_code == 200 and replies["upsert"].json()["upserted"] == 6
+    assert replies["search"].status_code == 200 and len(replies["search"].json()["hits"]) == 3
+    assert calls == ["upsert", "query", "upsert", "upsert"]  # served between the upsert's micro-batches
+
+
+def test_documents_bring_their_own_vectors_and_search_by_vector(served, index_path):
+    """Issue 55, item 2: a document's "vector" is stored as its vector (not encoded, not a metadata field returned in
+    hits); /search takes "vector" instead of "query" (dense only); dimensions and numbers are checked with a 400
+    naming the document and field."""
+    client, app = served
+    dim = app.state.server.dim
+    own = np.zeros(dim, dtype=np.float32)
+    own[3] = 1.0  # a direction no encoded document points in exactly
+    reply = client.post("/documents", json={"documents": [
+        {"_id": "v1", "text": "a document whose vector the client made", "vector": own.tolist(), "lang": "en"},
+        {"_id": "v2", "text": "an ordinary encoded document"}]})
+    assert reply.status_code == 200, reply.text
+    hits = client.post("/search", json={"vector": own.tolist(), "top_k": 3}).json()["hits"]
+    assert hits[0]["id"] == "v1" and hits[0]["score"] == pytest.approx(1.0, abs=1e-5)
+    assert hits[0]["fields"] == {"lang": "en"} and all("vector" not in h["fields"] for h in hits)
+    assert client.get("/documents/v1").json()["fields"] == {"lang": "en"}
+    text_hits = client.post("/search", json={"query": "an ordinary encoded document", "top_k": 1}).json()["hits"]
+    by_vector = client.post("/search", json={"vector": [own.tolist(), own.tolist()], "top_k": 1}).json()["hits"]
+    assert text_hits[0]["id"] == "v2" and [row[0]["id"] for row in by_vector] == ["v1", "v1"]
+    filtered = client.post("/search", json={"vector": own.tolist(), "top_k": 5, "filter": {"lang": "en"}}).json()
+    assert [h["id"] for h in filtered["hits"]][:1] == ["v1"]
+
+    bad_documents = [({"_id": "w", "text": "t", "vector": own.tolist()[:-1]}, f"has {dim - 1} numbers"),
+                     ({"_id": "w", "text": "t", "vector": [1.0] * (dim - 1) + ["x"]}, "not a finite number"),
+                     ({"_id": "w", "text": "t", "vector": "0.1 0.2"}, "must be a non-empty list")]
+    for document, words in bad_documents:
+        reply = client.post("/documents", json={"documents": [{"_id": "ok", "text": "fine"}, document]})
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == "documents[1]", reply.text
+        assert "'documents[1].vector'" in error["message"] and words in error["message"], error
+    raw = '{"documents": [{"_id": "w", "text": "t", "vector": [NaN%s]}]}' % (", 0.0" * (dim - 1))
+    reply = client.post("/documents", content=raw, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400 and "documents[0].vector" in reply.json()["error"]["message"], reply.text
+    assert client.get("/documents/w").status_code == 404 and client.get("/documents/ok").status_code == 404
+
+    bad_searches = [({"vector": own.tolist()[:5]}, "vector", "has 5 numbers"),
+                    ({"vector": [own.tolist(), [1.0, 2.0]]}, "vector[1]", "has 2 numbers"),
+                    ({"vector": own.tolist(), "mode": "hybrid"}, "mode", "dense only"),
+                    ({"vector": own.tolist(), "rerank": True}, "rerank", "dense only"),
+                    ({"vector": own.tolist(), "query": "both"}, None, "exactly one of 'query'"),
+                    ({"top_k": 3}, "query", "'query' is required (or 'vector'"),
+                    ({"vector": [True] * dim}, "vector[0]", "number")]
+    for body, param, words in bad_searches:
+        reply = client.post("/search", json=body)
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == param and words in error["message"], (body, reply.text)
+
+
+def test_a_field_losing_its_typed_column_is_warned_about_in_the_log_and_the_metrics(served, caplog):
+    """Issue 55, item 3: one document with a number in the string field ``lang`` moves every ``lang`` filter to the
+    JSON column (slower); the index logs a warning naming the field, the document and the fix, and /metrics has
+    robustir_index_untyped_fields{field="lang"} (absent before)."""
+    import logging
+
+    client, app = served
+    assert "lang" in app.state.server.index.typed_columns
+    assert 'robustir_index_untyped_fields{field="lang"' not in client.get("/metrics").text
+    with caplog.at_level(logging.WARNING, logger="robustir.index.store"):
+        reply = client.post("/documents", json={"documents": [{"_id": "odd", "text": "a number as lang", "lang": 7}]})
+    assert reply.status_code == 200, reply.text
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "lost its typed" in
+              r.getMessage()]
+    assert len(warned) == 1 and "'lang'" in warned[0] and "'odd'" in warned[0] and "--overwrite" in warned[0]
+    metrics = client.get("/metrics").text
+    assert 'robustir_index_untyped_fields{field="lang",kind="string"} 1.0' in metrics
+    assert 'robustir_ingest_documents_total{action="upsert"} 1.0' in metrics  # item 5: the write's own metrics
+    assert 'robustir_ingest_seconds_count{action="upsert"} 1.0' in metrics
+    assert "lang" not in app.state.server.index.typed_columns
+    hits = client.post("/search", json={"query": "number", "filter": {"lang": 7}, "top_k": 3}).json()["hits"]
+    assert [h["id"] for h in hits] == ["odd"]  # still exact, from the JSON column
+
+
+def test_a_read_only_key_searches_but_may_not_write(index_path):
+    """Issue 55, item 4: --read-api-key may search, embed and read documents; POST and DELETE /documents answer it
+    403 naming the scope; the read-write key does both; no key or a wrong one is 401; a read key equal to the write
+    key, or empty, is refused at start-up."""
+    from robustir.errors import ConfigError
+
+    app = create_app(None, index_path, ServeConfig(api_key="rw-key", read_api_key="ro-key"))
+    with running_server(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        ro, rw = {"Authorization": "Bearer ro-key"}, {"Authorization": "Bearer rw-key"}
+        assert client.post("/search", json={"query": "health"}, headers=ro).status_code == 200
+        assert client.post("/v1/embeddings", json={"input": "health"}, headers=ro).status_code == 200
+        assert client.get("/documents/d1", headers=ro).status_code == 200
+        upsert = {"documents": [{"_id": "s1", "text": "scoped"}]}
+        for method, body in (("POST", upsert), ("DELETE", {"ids": ["d1"]})):
+            reply = client.request(method, "/documents", json=body, headers=ro)
+            error = reply.json()["error"]
+            assert reply.status_code == 403 and error["code"] == "insufficient_scope", reply.text
+            assert "'write' scope" in error["message"] and "--api-key" in error["message"]
+        assert client.get("/documents/s1", headers=rw).status_code == 404 and \
+            client.get("/documents/d1", headers=rw).status_code == 200  # nothing was written
+        assert client.post("/documents", json=upsert, headers=rw).status_code == 200
+        assert client.request("DELETE", "/documents", json={"ids": ["s1"]}, headers=rw).status_code == 200
+        assert client.post("/search", json={"query": "health"}).status_code == 401
+        assert client.post("/documents", json=upsert, headers={"Authorization": "Bearer nope"}).status_code == 401
+    for config, words in ((ServeConfig(api_key="same", read_api_key="same"), "same as api_key"),
+                          (ServeConfig(read_api_key=" "), "read_api_key is empty")):
+        with pytest.raises(ConfigError, match=words):
+            config.validate()
+    with pytest.raises(ConfigError, match="ROBUSTIR_READ_API_KEY is set but empty"):
+        ServeConfig().resolved_read_api_key({"ROBUSTIR_READ_API_KEY": ""})

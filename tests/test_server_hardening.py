@@ -17,7 +17,8 @@ from helpers import httpx  # noqa: E402  (tests/ is on sys.path)
 from test_serving_index import write_beir  # noqa: E402  (tests/ is on sys.path)
 from robustir.cli.main import main
 from robustir.errors import ConfigError
-from robustir.serving import IndexConfig, SearchIndex, ServeConfig, create_app, running_server
+from robustir.index.store import IndexConfig, SearchIndex
+from robustir.serving import ServeConfig, create_app, running_server
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -292,6 +293,17 @@ def test_request_ids_timing_headers_and_cors(client):
     assert "access-control-allow-origin" not in other.headers
 
 
+def test_a_cors_preflight_for_every_method_of_the_api_is_answered(client):
+    # a browser page asks before DELETE /documents (issue 51: the preflight was refused, 400, for DELETE)
+    for method, path in (("DELETE", "/documents"), ("POST", "/documents"), ("GET", "/documents/d0"),
+                         ("POST", "/search")):
+        preflight = client.options(path, headers={"Origin": "http://localhost:3000",
+                                                  "Access-Control-Request-Method": method})
+        assert preflight.status_code == 200, (method, path, preflight.text)
+        assert method in preflight.headers["access-control-allow-methods"]
+        assert preflight.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
 def test_metrics_count_requests_batches_and_refusals(client, server):
     client.post("/v1/embeddings", json={"input": ["one", "two"], "input_type": "query"})
     client.post("/v1/embeddings", json={"input": ""})
@@ -411,7 +423,7 @@ def test_a_lexical_search_does_not_wait_behind_embedding_work(tmp_path, tiny_mod
     import concurrent.futures
     import json as jsonlib
 
-    from robustir.serving import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(jsonlib.dumps({"_id": f"d{i}", "text": f"document {i} about topic{i}"}) + "\n"

@@ -1,4 +1,4 @@
-"""robustir.serving.index (``robustir index``): the LanceDB index -- build, modes, filters, add / delete / upsert seen
+"""robustir.index.store (``robustir index``): the LanceDB index -- build, modes, filters, add / delete / upsert seen
 by a live reader (in this process and in another one), a killed build resumed to the same table, damage named by open
 and check, and the CLI."""
 
@@ -22,7 +22,7 @@ from helpers import DOCS, QUERIES  # noqa: E402  (tests/ is on sys.path)
 from robustir.cli.main import main
 from robustir.errors import ConfigError, DataError
 from robustir.models.encoder import Encoder
-from robustir.serving.index import AnnConfig, IndexConfig, SearchIndex
+from robustir.index.store import AnnConfig, IndexConfig, SearchIndex
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 REPO = Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ def test_a_reader_in_another_process_sees_each_commit(built, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO / 'src')!r})
-        from robustir.serving.index import SearchIndex
+        from robustir.index.store import SearchIndex
         index = SearchIndex.open({str(built.path)!r})
         for line in sys.stdin:
             hits = index.search("protein", top_k=50, mode="lexical")[0]
@@ -231,7 +231,7 @@ def test_a_killed_build_resumes_to_the_same_table(tmp_path, tiny_model_dir):
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO / 'src')!r})
-        from robustir.serving.index import IndexConfig, SearchIndex
+        from robustir.index.store import IndexConfig, SearchIndex
         def kill(position):
             if position >= 10:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -308,7 +308,7 @@ def test_one_writer_at_a_time_and_readers_open_during_a_running_job(built, tmp_p
 def test_a_tampered_manifest_is_named_never_a_traceback(built, edit, message):
     """An edit is refused by the manifest's digest; the same edit with the digest made again (a forgery, or a bug
     of ours) is still refused by the check of that part."""
-    from robustir.serving.index import _manifest_digest
+    from robustir.index.store.manifest import _manifest_digest
 
     built.close()
     file = built.path / "manifest.json"
@@ -369,7 +369,7 @@ def test_non_finite_metadata_is_refused_at_build(tmp_path, tiny_model_dir):
 
 
 def test_filtered_search_is_exact_in_every_mode_and_hostile_filters_are_refused_or_literal(built):
-    from robustir.serving.filters import matches, parse_filter
+    from robustir.index.store.filters import matches, parse_filter
 
     rows = built._table.to_arrow().to_pylist()
     records = {r["id"]: {"id": r["id"], "title": r["title"], **json.loads(r["fields"])} for r in rows}
@@ -565,7 +565,7 @@ def test_cli_help_and_bad_flags(capsys):
 def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tmp_path, tiny_model_dir, capsys):
     """Issue 35: --delete IDS_FILE stripped each line (it deleted 'sp ace' for 'sp ace '); an id with a NUL was
     built and then refused by every other command."""
-    from robustir.serving.index import read_id_list
+    from robustir.index.store import read_id_list
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": i, "text": f"passage {n}"}) + "\n"
@@ -591,7 +591,7 @@ def test_ids_are_byte_exact_in_a_delete_file_and_a_nul_id_is_refused_at_build(tm
 
 def redigest(path: Path, **edit) -> None:
     """Edit the manifest and write its digest again, as a forger (or a bug of ours) would."""
-    from robustir.serving.index import _manifest_digest
+    from robustir.index.store.manifest import _manifest_digest
 
     file = path / "manifest.json"
     manifest = {**json.loads(file.read_text()), **edit}
@@ -738,7 +738,7 @@ def test_an_index_built_with_a_relative_model_path_opens_from_another_folder(tmp
 
 def test_a_field_whose_name_begins_with_a_dollar_is_filtered_with_one_more_dollar(tmp_path, tiny_model_dir):
     """Issue 35 ('unclear'): a field named '$price' could not be filtered (a top-level '$' key is an operator)."""
-    from robustir.serving.filters import matches, parse_filter
+    from robustir.index.store.filters import matches, parse_filter
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"study {i}", "$price": i, "meta": {"$oid": str(i)}})
@@ -842,7 +842,7 @@ def write_typed_corpus(path: Path, n: int = 30) -> Path:
 
 
 def test_top_level_fields_of_one_kind_get_typed_indexed_columns_and_filter_exactly(tmp_path, tiny_model_dir):
-    from robustir.serving.filters import matches, parse_filter
+    from robustir.index.store.filters import matches, parse_filter
 
     corpus = write_typed_corpus(tmp_path / "corpus.jsonl")
     index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet(chunk_size=8))
@@ -902,3 +902,67 @@ def test_a_field_name_sql_could_not_hold_is_filtered_through_its_typed_column(tm
         where = index._where({name: "b"})
         assert where == "coalesce(t0 = 'b', false)" and "OR 1=1" not in where
         assert sorted(h.id for h in index.search("study", top_k=6, filter={name: "b"})[0]) == ["d1", "d3", "d5"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 51: the pool
+
+def test_an_engine_pool_is_given_to_the_index_and_used_for_every_chunk(tmp_path, tiny_model_dir):
+    """``engine: ray`` splits chunks among a pool the caller gives (``encoder_pool``; the CLI gives Ray's): the index
+    imports no engine. A fake pool here (Ray is not needed to check the protocol): it encodes every chunk, is closed
+    at the end, and the table holds the vectors a build in this process makes. Without one: refused before anything
+    is written."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=10)
+    made = []
+
+    class Pool:
+        def __init__(self, encoder, config):
+            self.encoder, self.chunks, self.closed = encoder, [], False
+            made.append(self)
+
+        def encode(self, texts, kind, *, batch_size, precision):
+            self.chunks.append(len(texts))
+            return self.encoder.encode(texts, kind, batch_size=batch_size, precision=precision, show_progress=False)
+
+        def close(self):
+            self.closed = True
+
+    config = IndexConfig(chunk_size=4, precision="fp32", show_progress=False, engine="ray")
+    with pytest.raises(ConfigError, match="encodes with a pool the caller gives"):
+        SearchIndex.build(tmp_path / "none", tiny_model_dir, corpus, config=config)
+    assert not (tmp_path / "none").exists()
+    pooled, _ = SearchIndex.build(tmp_path / "pooled", tiny_model_dir, corpus, config=config, encoder_pool=Pool)
+    here, _ = SearchIndex.build(tmp_path / "here", tiny_model_dir, corpus,
+                                config=IndexConfig(chunk_size=4, precision="fp32", show_progress=False))
+    assert len(made) == 1 and made[0].chunks == [4, 4, 2] and made[0].closed
+    with pooled, here:
+        a, b = (i._table.to_arrow().sort_by("id") for i in (pooled, here))
+        assert a.column("id").to_pylist() == b.column("id").to_pylist()
+        np.testing.assert_allclose(np.stack(a.column("vector").to_numpy(False)),
+                                   np.stack(b.column("vector").to_numpy(False)), atol=1e-5)
+
+
+def test_a_corpus_record_brings_its_own_vector(tmp_path, tiny_model_dir):
+    """Issue 55, item 2 (the index side): a record's "vector" is stored as its vector (not encoded, not a field);
+    one of another dimension or with a non-number is refused naming its line and the field, before the index
+    changes (an add) or when its chunk is reached (a build: it reads the corpus before the model)."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n=6)
+    index, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=IndexConfig(show_progress=False))
+    index.close()
+    writer = SearchIndex.open(tmp_path / "idx", writable=True, model=tiny_model_dir)
+    own = np.zeros(writer.dim, dtype=np.float32)
+    own[0] = 1.0
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"_id": "mine", "text": "my own vector", "vector": own.tolist(), "lang": "en"}) + "\n")
+    writer.add(extra, config=IndexConfig(show_progress=False))
+    hit = writer.search_vectors(own[None, :], top_k=1)[0][0]
+    assert hit.id == "mine" and hit.score == pytest.approx(1.0, abs=1e-6) and hit.fields == {"lang": "en"}
+    for vector, words in ((own.tolist()[:-1], f"has {writer.dim - 1} numbers"), ([*own.tolist()[:-1], "x"],
+                                                                                  "not a finite number")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"_id": "ok", "text": "fine"}) + "\n"
+                       + json.dumps({"_id": "b", "text": "t", "vector": vector}) + "\n")
+        with pytest.raises(DataError, match=words) as caught:
+            writer.add(bad, config=IndexConfig(show_progress=False))
+        assert caught.value.line == 2 and caught.value.field == "vector"
+    assert writer.count == 7
+    writer.close()

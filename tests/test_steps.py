@@ -106,7 +106,7 @@ def _cases(tmp: Path, tiny_model_dir: str, server_url: str | None) -> dict:
                                                 progress=False, plot=False, strict=True)), True),
     }
     from robustir.pretraining.pretrain import PretrainConfig
-    from robustir.serving.index import IndexConfig
+    from robustir.index.store import IndexConfig
     from robustir.training.arguments import TrainConfig
 
     trained = lambda **kw: TrainConfig(**{  # noqa: E731
@@ -260,7 +260,7 @@ def test_training_answers_through_the_one_rule(tmp_path, tiny_model_dir):
 def test_the_index_answers_through_the_one_rule(tmp_path, tiny_model_dir):
     """A search index: the same corpus and model -> nothing to do; an operational setting (the encoding batch
     size) -> nothing to do; a model retrained in place -> refused, naming the model's files."""
-    from robustir.serving.index import IndexConfig, SearchIndex
+    from robustir.index.store import IndexConfig, SearchIndex
 
     model = _model_copy(tiny_model_dir, tmp_path)
     corpus = _jsonl(tmp_path / "corpus.jsonl", DOCS)

@@ -200,7 +200,7 @@ def encoder_options(name: str = "encoder") -> dict:
 def storage_options(values: typing.Iterable[str]) -> dict | None:
     """The ``--storage-option`` flags as a dict (None when none were given); a malformed or unknown one is
     refused."""
-    from ..serving.storage import parse_storage_options
+    from ..index.store.storage import parse_storage_options
 
     return parse_storage_options(list(values) or None) or None
 

@@ -18,12 +18,12 @@ documents is encoded twice). A server (``robustir serve --index runs/index``) se
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from cyclopts import Parameter
 
 from ..errors import ConfigError
-from ..serving.index import IndexConfig, SearchIndex, read_id_list
+from ..index.store import IndexConfig, SearchIndex, read_id_list
 from .common import (CONFIG, EncoderOverrides, Model, StorageOption, encoder_options, given, given_flags,
                      model_or_default, stage_config, storage_options)
 
@@ -86,10 +86,11 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
                               "keeps its own")
     if corpus:
         from ..runs import Job, execute
-        from ..serving.index import INDEX
+        from ..index.store.build import INDEX
 
         job = Job(output, {"corpus": corpus, "model": model_or_default(model)},
-                  settings={"encoder": encoder_options()}, runtime={"storage_options": storage})
+                  settings={"encoder": encoder_options()},
+                  runtime={"storage_options": storage, "encoder_pool": ray_pool})
         report = execute(INDEX, config, job, overwrite=overwrite, say=None).report
         print(f"robustir index: {output} is complete; nothing to do (--add / --upsert to add documents, "
               "--overwrite to rebuild)" if report.nothing_to_do else f"robustir index: {report.format()}")
@@ -102,7 +103,7 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
             print(index.summary())
         return 0
     with SearchIndex.open(output, writable=True, model=model or None, device=given().get("device"),
-                          storage_options=storage) as index:
+                          storage_options=storage, encoder_pool=ray_pool) as index:
         if add:
             report = index.add(add, config=config)
         elif upsert:
@@ -125,3 +126,11 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
             print(f"robustir index: {report.format()}")
         print(index.summary())
     return 0
+
+
+def ray_pool(encoder: Any, config: IndexConfig) -> Any:
+    """The encoder pool of ``--engine ray`` (:class:`robustir.scale.ray_encode.RayEncoderPool`), given to the index
+    (:data:`robustir.index.store.config.EncoderPoolFactory`), which imports no engine itself."""
+    from ..scale.ray_encode import RayEncoderPool
+
+    return RayEncoderPool(encoder, actors=config.ray_actors, num_gpus=config.ray_gpus, address=config.ray_address)

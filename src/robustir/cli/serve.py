@@ -49,6 +49,7 @@ def command(*, model: str | None = None, index: str | None = None, storage_optio
     if index and model is not None and not model.strip():
         raise ConfigError("--model is empty; name the model folder, or leave --model out to use the index's model")
     key = config.resolved_api_key()  # an empty key is refused here, before the model loads
+    key = config.resolved_read_api_key() or key
     if config.host not in ("127.0.0.1", "localhost", "::1") and not key:
         logging.getLogger(__name__).warning("listening on %s without --api-key: anyone who can reach this address "
                                             "can use the server", config.host)
@@ -59,7 +60,8 @@ def command(*, model: str | None = None, index: str | None = None, storage_optio
     opened = app.state.server.index
     print(f"robustir serve: model {app.state.server.name} ({app.state.server.encoder.source}), "
           + (f"index {opened.path} ({opened.count} documents), " if opened is not None else "no index, ")
-          + f"http://{config.host}:{config.port}/v1" + (" (API key required)" if key else ""),
+          + f"{app.state.server.describe()}, http://{config.host}:{config.port}/v1"
+          + (" (API key required)" if key else ""),
           flush=True)
     serve(app, config.host, config.port)
     return 0

@@ -130,10 +130,10 @@ def in_rank_order(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 def retrieve_from_index(model: "Encoder | str | None", dataset: BeirDataset, config: EvalConfig,
                         mode: str, storage_options: dict | None = None) -> tuple[dict[str, dict[str, float]], str]:
-    """The run of ``config.search_index`` (:class:`robustir.serving.index.SearchIndex`) in ``mode``: the same calls
+    """The run of ``config.search_index`` (:class:`robustir.index.store.SearchIndex`) in ``mode``: the same calls
     as ``POST /search`` makes, so its ranking is the served one. The index must hold the dataset's corpus (its count
     is checked; a document it holds that the qrels do not know simply counts as not relevant)."""
-    from ..serving.index import SearchIndex
+    from ..index.store import SearchIndex
 
     index = SearchIndex.open(config.search_index, device=config.device, storage_options=storage_options)
     with index:
@@ -165,7 +165,7 @@ def evaluate(model: "Encoder | str | None", data: "BeirDataset | str | Path", sp
     """Evaluate ``model`` (an :class:`Encoder`, a model path / hub id, or ``"bm25"``, the same as ``mode:
     lexical``) on a BEIR folder, in ``config.mode``: dense, lexical (BM25) or hybrid (both, fused by rank). With
     ``config.search_index``, through that persistent index (``model`` None: the index's model; an ``s3://`` index
-    with ``storage_options``, :mod:`robustir.serving.storage`).
+    with ``storage_options``, :mod:`robustir.index.store.storage`).
 
     ``output``: folder for ``metrics.json`` and ``run.trec``. A dense model runs on ``config.device`` (an
     :class:`Encoder` given is moved there); BM25 runs on the CPU whatever the device (which is still checked).

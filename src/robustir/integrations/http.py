@@ -95,6 +95,24 @@ def search(connection: Connection, query: str, *, top_k: int = 4, mode: Mode = "
     return connection.post("/search", search_body(query, top_k, mode, filter, rerank, fusion))["hits"]
 
 
+def search_by_vector(connection: Connection, vector: Sequence[float], *, top_k: int = 4,
+                     filter: dict | None = None) -> list[dict]:
+    """``POST /search`` with ``vector`` instead of a query (dense only; the index's dimension): its hits, best first,
+    scored by inner product."""
+    body: dict[str, Any] = {"vector": [float(x) for x in vector], "top_k": top_k}
+    if filter:
+        body["filter"] = filter
+    return connection.post("/search", body)["hits"]
+
+
+def hit_vectors(connection: Connection, hits: list[dict]) -> np.ndarray:
+    """The hits' vectors as the index made them (title and text, embedded as documents through ``/v1/embeddings``:
+    the server returns no stored vectors)."""
+    from ..data.beir import encoding_text
+
+    return embed(connection, [encoding_text(h.get("title") or "", h["text"]) for h in hits], "document")
+
+
 def document_ids(ids: Sequence[str | None] | None, count: int) -> list[str]:
     """One id per document: the given one, or a new uuid4 where none is given (``None`` in ``ids``, or no ``ids``)
     -- LangChain's convention; the server itself takes no document without an id."""
@@ -198,14 +216,10 @@ def candidates_with_vectors(connection: Connection, query: str, fetch_k: int,
     """What maximal marginal relevance needs: the query's ``fetch_k`` best hits (``/search`` with ``options``), the
     query's vector and the hits' vectors. The server returns no stored vectors, so the hits are embedded again
     through ``/v1/embeddings`` as the index embedded them (title and text, as documents) and the query as a query."""
-    from ..data.beir import encoding_text
-
     hits = search(connection, query, top_k=fetch_k, **options)
     if not hits:
         return [], np.zeros(0, dtype=np.float32), np.zeros((0, 0), dtype=np.float32)
-    query_vector = embed(connection, [query], "query")[0]
-    vectors = embed(connection, [encoding_text(h.get("title") or "", h["text"]) for h in hits], "document")
-    return hits, query_vector, vectors
+    return hits, embed(connection, [query], "query")[0], hit_vectors(connection, hits)
 
 
 def relevance_fn(mode: Mode, rerank: bool = False, fusion: dict | None = None) -> Callable[[float], float]:

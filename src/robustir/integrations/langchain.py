@@ -16,14 +16,16 @@ A document's metadata holds its ``id``, ``title``, ``score`` (``rerank_score`` t
 Writes go in as many requests as the server's limits ask (:mod:`robustir.integrations.http`); a document without
 an id gets a new uuid4 (ids on only some documents are fine). Relevance scores in [0, 1]: a dense search's cosine
 (clipped at 0), a reranked search's cross-encoder score, a hybrid search's RRF score over its best possible; a
-lexical search has none (BM25 has no scale). The server returns no stored vectors and searches by text only, so
-maximal marginal relevance re-embeds its ``fetch_k`` candidates through ``/v1/embeddings``, and the ``*_by_vector``
-searches are not offered.
+lexical search has none (BM25 has no scale). The server returns no stored vectors, so maximal marginal relevance
+re-embeds its ``fetch_k`` candidates through ``/v1/embeddings``; the ``*_by_vector`` searches send the vector
+(``/search`` with ``vector``: dense, the index's dimension; ``filter=`` only).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -31,16 +33,23 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
-from .http import (Connection, Mode, candidates_with_vectors, delete, document_ids, get_documents, relevance_fn,
-                   score_of, search, search_body, upsert)
+from .http import (Connection, Mode, candidates_with_vectors, delete, document_ids, get_documents, hit_vectors,
+                   relevance_fn, score_of, search, search_body, search_by_vector, upsert)
 
 __all__ = ["RobustirRetriever", "RobustirVectorStore"]
 
 #: keyword arguments of a search that go to ``POST /search``
 _SEARCH_OPTIONS = ("mode", "filter", "rerank", "fusion")
 
-_NO_VECTOR_SEARCH = ("robustir serve searches by text (it embeds the query with its own model) and cannot search by "
-                     "a vector yet; call the same method without _by_vector, with the query text")
+
+
+def _vector_options(kwargs: dict) -> dict | None:
+    """The filter of a search by vector (the only option it takes: it is dense, with no query text to rerank)."""
+    unknown = set(kwargs) - {"filter"}
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)} for a search by vector: it takes filter= only (dense, "
+                        "no query text for rerank or lexical)")
+    return kwargs.get("filter")
 
 
 def _document(hit: dict) -> Document:
@@ -188,11 +197,20 @@ class RobustirVectorStore(VectorStore):
         return [_document(hits[i]) for i in chosen]
 
     def similarity_search_by_vector(self, embedding: list[float], k: int = 4, **kwargs: Any) -> list[Document]:
-        raise NotImplementedError(_NO_VECTOR_SEARCH)
+        """Dense search by ``embedding`` (the index's dimension: the server's model's); ``filter=`` applies."""
+        return [_document(hit) for hit in search_by_vector(self.connection, embedding, top_k=k,
+                                                            filter=_vector_options(kwargs))]
 
     def max_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4, fetch_k: int = 20,
                                                 lambda_mult: float = 0.5, **kwargs: Any) -> list[Document]:
-        raise NotImplementedError(_NO_VECTOR_SEARCH)
+        """Maximal marginal relevance over ``embedding``'s ``fetch_k`` best hits (their vectors re-embedded through
+        ``/v1/embeddings``); ``filter=`` applies."""
+        hits = search_by_vector(self.connection, embedding, top_k=max(fetch_k, k), filter=_vector_options(kwargs))
+        if not hits:
+            return []
+        chosen = maximal_marginal_relevance(np.asarray(embedding, dtype=np.float32), list(hit_vectors(
+            self.connection, hits)), lambda_mult=lambda_mult, k=k)
+        return [_document(hits[i]) for i in chosen]
 
     @classmethod
     def from_texts(cls, texts: list[str], embedding: Any = None, metadatas: list[dict] | None = None, *,

@@ -15,7 +15,8 @@ Each node's metadata holds the document's fields (and ``title`` when it has one)
 ``rerank`` is set, else the first stage's. The store keeps a node's text, metadata and ``ref_doc_id`` (a field of
 that name); the server embeds (``is_embedding_query`` is False: a query is sent as text, so a ``VectorStoreIndex``
 over the store needs no embedding model of its own for queries, and the vectors it computes for inserted nodes are
-not used). ``MetadataFilters`` map to the server's filter language (:func:`server_filter`).
+not used; a query with ``query_embedding`` alone is sent as that vector: ``/search`` by vector, dense).
+``MetadataFilters`` map to the server's filter language (:func:`server_filter`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from llama_index.core.vector_stores.types import (BasePydanticVectorStore, Filte
                                                   VectorStoreQueryMode, VectorStoreQueryResult)
 
 from .http import (Connection, Mode, RobustirServerError, candidates_with_vectors, get_documents, score_of, search,
-                   search_body, upsert)
+                   search_body, search_by_vector, upsert)
 
 __all__ = ["RobustirLlamaRetriever", "RobustirLlamaVectorStore", "server_filter"]
 
@@ -48,7 +49,7 @@ _MODES: dict[VectorStoreQueryMode, Mode] = {
 
 
 def server_filter(filters: MetadataFilters | MetadataFilter) -> dict:
-    """LlamaIndex ``MetadataFilters`` in the server's filter language (:mod:`robustir.serving.filters`): ``==``,
+    """LlamaIndex ``MetadataFilters`` in the server's filter language (:mod:`robustir.index.store.filters`): ``==``,
     ``!=``, ``>``, ``>=``, ``<``, ``<=``, ``in``, ``nin`` as ``$eq`` ... ``$nin``, ``is_empty`` as missing, null or
     ``""``; conditions ``and`` / ``or`` / ``not`` (none of them matches, as LlamaIndex's own stores read it) as
     ``$and`` / ``$or`` / ``$not`` of ``$or``; nested ``MetadataFilters`` too. ``any``, ``all``, ``contains`` and the
@@ -179,9 +180,10 @@ class RobustirLlamaVectorStore(BasePydanticVectorStore):
         return [n.node for n in nodes]
 
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
-        if not query.query_str:
-            raise ValueError("robustir serve searches by the query's text (it embeds it with its own model) and "
-                             "cannot search by a vector: give query_str")
+        """By ``query_str`` (the server embeds it), or by ``query_embedding`` alone (``/search`` with ``vector``:
+        dense, the index's dimension; mode default, no rerank)."""
+        if not query.query_str and query.query_embedding is None:
+            raise ValueError("give query_str (the server embeds it with its own model) or query_embedding")
         mode = _MODES.get(query.mode)
         if mode is None:
             raise ValueError(f"query mode {query.mode.value!r} has no counterpart on robustir serve; use default, "
@@ -192,7 +194,13 @@ class RobustirLlamaVectorStore(BasePydanticVectorStore):
         options: dict[str, Any] = {"mode": mode, "filter": filter, "rerank": self.rerank}
         if mode == "hybrid" and query.alpha is not None:
             options["fusion"] = {"dense_weight": query.alpha, "lexical_weight": 1.0 - query.alpha}
-        if query.mode == VectorStoreQueryMode.MMR:
+        if not query.query_str:
+            if query.mode != VectorStoreQueryMode.DEFAULT or self.rerank:
+                raise ValueError(f"a query by query_embedding alone is dense (mode default, no rerank); mode "
+                                 f"{query.mode.value!r}{' with rerank' if self.rerank else ''} needs query_str")
+            hits = search_by_vector(self._connection, query.query_embedding, top_k=query.similarity_top_k,
+                                    filter=filter)
+        elif query.mode == VectorStoreQueryMode.MMR:
             hits = self._mmr(query, kwargs, options)
         else:
             hits = search(self._connection, query.query_str, top_k=query.similarity_top_k, **options)

@@ -1,8 +1,8 @@
 """Serving a trained retriever for retrieval-augmented generation.
 
-* :class:`SearchIndex` (:mod:`robustir.serving.index`): a persistent LanceDB index (vectors, BM25 full text, metadata)
-  with a model-identity manifest, built in resumable chunks; add / delete / upsert while a server reads it; dense,
-  lexical and hybrid search with JSON filters; integrity checks (``check``) that never repair silently;
+* the index it serves is the index library's :class:`robustir.index.store.SearchIndex`: a persistent LanceDB index
+  (vectors, BM25 full text, metadata) with a model-identity manifest, built in resumable chunks; add / delete /
+  upsert while a server reads it; dense, lexical and hybrid search with JSON filters; integrity checks;
 * :func:`create_app` (:mod:`robustir.serving.app`): the FastAPI app of ``robustir serve`` -- OpenAI-compatible
   ``POST /v1/embeddings``, ``POST /search`` over an index, ``GET /v1/models``, ``/info``, ``/health`` and ``/metrics``
   -- with pydantic request models (:mod:`~robustir.serving.schemas`), each request checked and tokenized before it
@@ -20,11 +20,6 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "SearchIndex": "robustir.serving.index",
-    "IndexConfig": "robustir.serving.index",
-    "Hit": "robustir.serving.index",
-    "IndexReport": "robustir.serving.index",
-    "AnnConfig": "robustir.serving.index",
     "create_app": "robustir.serving.app",
     "ServeConfig": "robustir.serving.config",
     "MicroBatcher": "robustir.serving.batcher",

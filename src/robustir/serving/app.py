@@ -16,7 +16,7 @@ are the pydantic models of :mod:`robustir.serving.schemas`, so ``/docs`` shows t
   ``{"hits": [{"id", "score", "title", "text", "fields"}]}`` (for a list of queries, a list of such lists). ``dense``
   (default) searches with the model, ``lexical`` with BM25 over title and text (no model), ``hybrid`` fuses both
   lists by reciprocal rank (``fusion``, as ``robustir eval --mode hybrid``; only with ``hybrid``). The filter is
-  :mod:`robustir.serving.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
+  :mod:`robustir.index.store.filters`' JSON language: ``{"lang": "en"}``, ``{"lang": ["en", "de"]}``,
   ``{"year": {"$gte": 2020, "$lt": 2024}}``, ``$eq``/``$ne``/``$in``/``$nin``, nested fields by dotted name
   (``{"meta.source": "pubmed"}``) and ``$and``/``$or``/``$not``; it is checked before the model runs. Every query
   reads the index's latest committed version: ``robustir index --add / --upsert / --delete`` while the server runs
@@ -31,7 +31,8 @@ Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, f
 * 400 for a malformed request (bad JSON, a missing or unknown field, a wrong type, too many inputs, an input too
   long, a blank or non-Unicode text, an unsupported ``dimensions``, a bad filter, whose message names the place in
   it, e.g. ``filter.year.$gt``);
-* 401 without the right ``Authorization: Bearer KEY`` when the server has an API key;
+* 401 without the right ``Authorization: Bearer KEY`` when the server has an API key; 403 (``insufficient_scope``)
+  for the read-only key (``--read-api-key``) on POST / DELETE ``/documents``;
 * 404 for a ``model`` that is not the served one (OpenAI's ``model_not_found``), for ``/search`` on a server without
   an index, and for an unknown route;
 * 413 for a body over ``--max-body-bytes`` and for a search over ``--max-hits-per-request`` (queries x ``top_k``) or
@@ -50,742 +51,142 @@ Answers carry ``X-Request-ID`` (the client's, or a new one), ``X-Total-Time``, a
 Each request's texts are checked and tokenized (once: the token counts of ``usage`` are those ids) before they join
 a batch shared with other requests (:class:`~robustir.serving.batcher.MicroBatcher`); the model and LanceDB run on
 worker threads, the event loop parses, validates and answers.
+
+This module wires the app (:func:`create_app`); the routes are :mod:`robustir.serving.routes` (a few lines each),
+what each does :mod:`robustir.serving.handlers`, the engine they call (model, batcher, reranker, index)
+:mod:`robustir.serving.service`, the error handler :mod:`robustir.serving.errors`, and the index itself the library
+:mod:`robustir.index.store`.
 """
 
 # no "from __future__ import annotations": FastAPI reads the routes' body types (made per app) at run time
 
-import asyncio
-import base64
 import contextlib
 import copy
-import functools
-import hmac
-import json
 import logging
-import re
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..data.beir import encoding_text
-from ..errors import ConfigError, DataError
-from ..index.fusion import FusionConfig
-from .batcher import EncodeFailed, MicroBatcher, Overloaded
+from ..errors import ConfigError
+from .batcher import MicroBatcher
 from .config import ServeConfig
-from .middleware import BODY_TOO_LARGE, RequestContext, error_body
+from .middleware import RequestContext
 from .schemas import Limits, request_models
+
+from .errors import ApiError, _error_response
+from .routes import _router
+from .service import INGEST, RERANK, Server, _query_precision, _search_threads, _workers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ServeConfig", "create_app", "ApiError", "Server"]
+__all__ = ["ServeConfig", "create_app"]
 
-#: characters of one request tokenized on the event loop (MiniLM's fast tokenizer: 2.9-4.1 ms median for 16,384
-#: characters on the 2-core dev box); longer requests go to the tokenizer thread
-INLINE_TOKENIZE_CHARS = 16384
-
-
-class ApiError(Exception):
-    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers
-
-    def body(self) -> dict:
-        return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
-
-
-# ------------------------------------------------------------------------------------------------ the server state
-
-@dataclass
-class Server:
-    """What the routes need: the model, the index, the batcher, the limits (``app.state.server``)."""
-
-    config: ServeConfig
-    encoder: Any
-    index: Any
-    name: str
-    aliases: set[str]
-    dim: int
-    allowed_dims: list[int]
-    api_key: str | None
-    batcher: MicroBatcher
-    metrics: Any
-    device: str
-    precision: str
-    workers: int
-    encode_batch: int
-    created: int = field(default_factory=lambda: int(time.time()))
-    _loop_tokenizer: Any = None
-    _pool: Any = None  # one thread, its own tokenizer: long requests are tokenized off the event loop
-    _pool_tokenizer: Any = None
-    reranker: Any = None  # a cross-encoder (robustir.models.cross_encoder.CrossEncoder) for /v1/rerank, or None
-    reranker_name: str | None = None
-    write_lock: Any = field(default_factory=asyncio.Lock)  # HTTP writes of this server, one at a time
-    _search_pool: Any = None  # index work that needs no model: its own threads (Server.searching)
-
-    async def rerank_scores(self, query: str, documents: list[str], request: Request | None = None) -> np.ndarray:
-        """Relevance of each document to ``query``: the cross-encoder's score (``--rerank-model``), else the served
-        embedding model's cosine (query and documents embedded as /v1/embeddings does). Either way the work goes
-        through the batcher's queue (:meth:`model_work`): its limits, 429/503 and a client's disconnect hold for it,
-        and it takes turns with the embeddings micro-batch by micro-batch."""
-        if not documents:
-            return np.zeros(0, dtype=np.float32)
-        if self.reranker is not None:
-            pairs = [(query, document) for document in documents]
-            return (await self.model_work(RERANK, pairs, request)).vectors.astype(np.float32)
-        ids = await self.tokenize([query], "query", "query") + await self.tokenize(documents, "passage", "documents")
-        vectors = (await self.embed(ids, request)).vectors.astype(np.float32)
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors[1:] @ vectors[0]
-
-    def check_model(self, value: str | None, *also: str | None) -> None:
-        """404 unless ``value`` names the served model (or one of ``also``: the reranker's names, where it may)."""
-        if value is not None and value not in self.aliases and value not in also:
-            other = f" and the reranker '{also[0]}'" if also and also[0] else ""
-            raise ApiError(404, f"the model '{value}' does not exist on this server; it serves '{self.name}'{other} "
-                           "(GET /v1/models)", param="model", code="model_not_found")
-
-    def model_names(self) -> list[str]:
-        """What GET /v1/models lists: the embedding model, then the reranker (``--rerank-model``) if there is one."""
-        return [self.name] + ([self.reranker_name] if self.reranker_name not in (None, self.name) else [])
-
-    async def tokenize(self, texts: list[str], kind: str, param: str) -> list[list[int]]:
-        """This request's token ids (``kind``: ``query`` or ``passage``); a tokenizer failure is this request's 400."""
-        try:
-            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-                return self.encoder.token_ids(texts, kind, tokenizer=self._loop_tokenizer)
-            return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(
-                self.encoder.token_ids, texts, kind, tokenizer=self._pool_tokenizer))
-        except Exception as exc:
-            raise ApiError(400, f"'{param}' could not be tokenized ({type(exc).__name__}: {exc})", param=param) from None
-
-    async def embed(self, ids: list[list[int]], request: Request | None = None) -> Any:
-        """The vectors of ``ids`` from the batcher (micro-batches of ``--max-batch-size``, interleaved with other
-        requests). With ``request``, a client that disconnects cancels what has not started."""
-        return await self.model_work(MicroBatcher.EMBED, ids, request)
-
-    async def model_work(self, kind: str, rows: list, request: Request | None = None) -> Any:
-        """Model ``kind``'s results for ``rows`` from the batcher -- every model's work comes here, so each gets the
-        same answers: 429 when the queue is full, 503 when a micro-batch waited too long, 500 when the model fails on
-        this request, 499 (and its queued work dropped) when the client disconnects."""
-        noun = "pair" if kind == RERANK else "text"
-        try:
-            work = self.batcher.submit(kind, rows, timeout=self.config.request_timeout_s)
-            return await (work if request is None else _unless_client_leaves(request, work, self.metrics))
-        except Overloaded as exc:
-            self.metrics.reject("overloaded")
-            raise ApiError(429, f"{exc} (or raise --max-queued-texts)", kind="rate_limit_error", code="overloaded",
-                           headers={"Retry-After": str(exc.retry_after)}) from None
-        except asyncio.TimeoutError:
-            self.metrics.reject("timeout")
-            retry = self.batcher.retry_after(self.batcher.queued)
-            raise ApiError(503, f"part of this request waited {self.config.request_timeout_s:g} s in the queue "
-                           "without reaching a model worker (time spent encoding does not count), so it was "
-                           f"dropped: the server is overloaded; retry in {retry} s, send smaller requests, or raise "
-                           "--request-timeout-s", kind="server_error", code="timeout",
-                           headers={"Retry-After": str(retry)}) from None
-        except EncodeFailed as exc:
-            what = "the reranker" if kind == RERANK else "the model"
-            raise ApiError(500, str(exc).replace("the model", what, 1), kind="server_error",
-                           code="internal_error") from None
-        except ClientGone:  # nobody reads this answer; 499 is what proxies log for it
-            raise ApiError(499, f"the client disconnected before the answer was ready; its queued {noun}s were "
-                           "dropped", code="client_closed_request") from None
-
-    async def searching(self, fn: Any, *args: Any) -> Any:
-        """Run index work that needs no model (vector, full-text and filtered search, reads, deletes) on the search
-        threads, not the model's: a lexical search or a lookup never waits behind embedding work."""
-        return await asyncio.get_running_loop().run_in_executor(self._search_pool, fn, *args)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-        if self._search_pool is not None:
-            self._search_pool.shutdown(wait=False)
-
-
-#: the batcher's name for the cross-encoder's work (``--rerank-model``)
-RERANK = "rerank"
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready (its queued micro-batches were dropped)."""
-
-
-async def _unless_client_leaves(request: Request, work: Any, metrics: Any = None) -> Any:
-    """Await ``work`` (the model's part of a request) unless the client disconnects first: then ``work`` is cancelled
-    -- its micro-batches that have not started are dropped, so a client that gives up frees the model within the
-    micro-batch already running -- and :class:`ClientGone` is raised. The disconnect is the ASGI server's
-    ``http.disconnect`` message (the body has been read by then), no polling."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except BaseException:  # noqa: BLE001 - cancelled, or failed meanwhile: nobody is waiting for it
-        pass
-    if metrics is not None:
-        metrics.reject("disconnected")
-    raise ClientGone
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message.get("type") == "http.disconnect":
-            return
-
-
-def _server(request: Request) -> Server:
-    return request.app.state.server
-
-
-_bearer = HTTPBearer(auto_error=False, description="The server's API key, when it was started with one")
-
-
-def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
-    """The API-key check of every route but ``/health`` and ``/metrics`` (constant-time comparison)."""
-    key = _server(request).api_key
-    if key is None:
-        return
-    if credentials is None or not credentials.credentials:
-        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", code="invalid_api_key")
-    if not hmac.compare_digest(credentials.credentials.strip().encode(), key.encode()):
-        raise ApiError(401, "incorrect API key", code="invalid_api_key")
-
-
-def _answer(payload: Any, headers: dict | None = None) -> Response:
-    return Response(json.dumps(payload, ensure_ascii=False, separators=(",", ":")), media_type="application/json",
-                    headers=headers)
-
-
-def _timing(result: Any) -> dict:
-    return {"X-Queue-Time": f"{result.queue_s * 1000:.2f}", "X-Inference-Time": f"{result.inference_s * 1000:.2f}"}
-
-
-# ------------------------------------------------------------------------------------------------ the routes
-
-def _router(embedding_request: type, search_request: type, rerank_request: type, documents_request: type,
-            delete_request: type, max_body_bytes: int) -> APIRouter:
-    """The routes, with the request models of :func:`request_models` as their bodies."""
-    router = APIRouter(max_body_size=max_body_bytes)
-    keyed = [Depends(authorize)]
-
-    @router.get("/health", tags=["operations"])
-    async def health(request: Request):
-        s = _server(request)
-        try:
-            index = None if s.index is None else {"documents": s.index.count, "kind": s.index.kind}
-        except DataError as exc:  # e.g. rebuilt with another model: a restart is the fix, so health says so
-            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
-        return _answer({"status": "ok", "model": s.name, "dimension": s.dim, "device": s.device,
-                        "precision": s.precision, "workers": s.workers, "torch_threads": torch.get_num_threads(),
-                        "queued_texts": s.batcher.queued, "index": index,
-                        "batching": {"max_batch_size": s.config.max_batch_size, "max_wait_ms": s.config.max_wait_ms,
-                                     "encode_batch_size": s.encode_batch, **s.batcher.stats.to_dict()}})
-
-    @router.get("/info", dependencies=keyed, tags=["operations"])
-    async def info(request: Request):
-        from .. import __version__
-
-        s = _server(request)
-        c, ec = s.config, s.encoder.config
-        try:
-            index = None if s.index is None else {"documents": s.index.count, "kind": s.index.kind,
-                                                  "fields": sorted(s.index.manifest.get("fields") or [])}
-        except DataError as exc:
-            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
-        return _answer({
-            "version": __version__, "model": s.name, "dimension": s.dim, "dimensions": s.allowed_dims,
-            "pooling": ec.pooling, "normalized": ec.normalize,
-            "max_tokens": {"query": ec.query_max_length, "document": ec.passage_max_length},
-            "instructions": {"query": ec.query_instruction, "document": ec.passage_instruction},
-            "default_input_type": c.default_input_type, "device": s.device, "precision": s.precision,
-            "index": index,
-            "limits": {"max_inputs_per_request": c.max_inputs_per_request, "max_chars_per_input":
-                       c.max_chars_per_input, "max_body_bytes": c.max_body_bytes, "max_top_k": c.max_top_k,
-                       "max_hits_per_request": c.max_hits_per_request, "max_response_bytes": c.max_response_bytes,
-                       "max_queued_texts": c.max_queued_texts, "request_timeout_s": c.request_timeout_s}})
-
-    @router.get("/v1/models", dependencies=keyed, tags=["openai"])
-    async def models(request: Request):
-        s = _server(request)
-        return _answer({"object": "list", "data": [{"id": name, "object": "model", "created": s.created,
-                                                    "owned_by": "robustir"} for name in s.model_names()]})
-
-    @router.get("/v1/models/{model_id:path}", dependencies=keyed, tags=["openai"])
-    async def one_model(model_id: str, request: Request):
-        s = _server(request)
-        s.check_model(model_id, s.reranker_name)
-        return _answer({"id": model_id if model_id == s.reranker_name else s.name, "object": "model",
-                        "created": s.created, "owned_by": "robustir"})
-
-    @router.post("/v1/embeddings", dependencies=keyed, tags=["openai"])
-    async def embeddings(body: embedding_request, request: Request):  # type: ignore[valid-type]
-        s = _server(request)
-        s.check_model(body.model)
-        dims = body.dimensions
-        if dims is not None and dims not in s.allowed_dims:
-            hint = (f"this model supports {', '.join(map(str, s.allowed_dims))}" if len(s.allowed_dims) > 1 else
-                    f"this model was not trained to be cut (Matryoshka): it gives {s.dim} dimensions only (a server "
-                    "for a Matryoshka model declares its sizes with --matryoshka-dims)")
-            raise ApiError(400, f"'dimensions' = {dims} is not supported: {hint}", param="dimensions")
-        kind = body.input_type or s.config.default_input_type
-        ids = await s.tokenize(body.input, "query" if kind == "query" else "passage", "input")
-        result = await s.embed(ids, request)
-        vectors = result.vectors
-        if dims is not None and dims != s.dim:
-            vectors = vectors[:, :dims]
-            if s.encoder.config.normalize:
-                vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        vectors = np.ascontiguousarray(vectors, dtype="<f4")
-        packed = body.encoding_format == "base64"
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(row.tobytes()).decode("ascii") if packed else row.tolist()}
-                for i, row in enumerate(vectors)]
-        tokens = sum(map(len, ids))
-        s.metrics.embedded(kind, len(ids), tokens)
-        return _answer({"object": "list", "data": data, "model": s.name,
-                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, _timing(result))
-
-    @router.post("/search", dependencies=keyed, tags=["search"])
-    async def search(body: search_request, request: Request):  # type: ignore[valid-type]
-        s = _server(request)
-        if s.index is None:
-            raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
-                           code="no_index")
-        s.check_model(body.model)
-        queries, c = body.query, s.config
-        if body.fusion is not None and body.mode != "hybrid":
-            raise ApiError(400, f"'fusion' goes with mode 'hybrid', not {body.mode!r}", param="fusion")
-        if body.fusion is not None and body.fusion.candidates > c.max_top_k:
-            raise ApiError(400, f"fusion.candidates must be at most {c.max_top_k}, got {body.fusion.candidates}",
-                           param="fusion.candidates")
-        depth, what = body.top_k, f"top_k {body.top_k}"
-        if body.rerank and c.rerank_candidates > depth:  # each query's best rerank_candidates are re-scored
-            depth, what = c.rerank_candidates, f"--rerank-candidates {c.rerank_candidates} (rerank re-scores that many)"
-        if body.mode == "hybrid":  # each list is read fusion.candidates deep (at least top_k) before fusing
-            candidates = (body.fusion or FusionConfig()).candidates
-            if candidates > depth:
-                depth, what = candidates, f"fusion.candidates {candidates} (hybrid reads each list that deep)"
-        if len(queries) * depth > c.max_hits_per_request:
-            raise ApiError(413, f"{len(queries)} queries x {what} = {len(queries) * depth} hits; at most "
-                           f"{c.max_hits_per_request} per request (send fewer queries per request or a smaller "
-                           "top_k)", param="top_k", code="too_many_hits")
-        if body.filter:
-            try:  # a bad filter is refused before the model runs
-                s.index.check_filter(body.filter)
-            except ConfigError as exc:
-                raise ApiError(400, str(exc), param="filter") from None
-        headers = None
-        vectors = None
-        if body.mode != "lexical":
-            ids = await s.tokenize(queries, "query", "query")
-            result = await s.embed(ids, request)
-            vectors, headers = result.vectors, _timing(result)
-            s.metrics.embedded("query", len(ids), sum(map(len, ids)))
-        fetched = max(body.top_k, c.rerank_candidates) if body.rerank else body.top_k
-        try:
-            hits = await s.searching(functools.partial(s.index.search_encoded, queries, vectors, fetched,
-                                                         body.filter or None, mode=body.mode, fusion=body.fusion))
-        except ConfigError as exc:
-            raise ApiError(400, str(exc), param="filter") from None
-        except DataError as exc:  # the index on disk cannot be served (rebuilt with another model, damaged)
-            raise ApiError(503, f"the index cannot be served: {exc}", code="index_unavailable") from None
-        found = [[hit.to_dict() for hit in row] for row in hits]
-        if body.rerank:  # second stage: the reranker's order of each query's candidates, its score beside the first
-            for query, row in zip(queries, found):
-                scores = await s.rerank_scores(query, [encoding_text(h["title"], h["text"]) for h in row], request)
-                for hit, score in zip(row, scores):
-                    hit["rerank_score"] = float(score)
-                row.sort(key=lambda h: -h["rerank_score"])  # stable: ties keep the first stage's order
-                del row[body.top_k:]
-        rows, size = [], 0
-        for row in found:  # serialised query by query: an answer over the limit is refused before it is all built
-            text = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
-            size += len(text)
-            if size > c.max_response_bytes:
-                raise ApiError(413, f"the answer would be over {c.max_response_bytes} bytes (--max-response-bytes): "
-                               "send fewer queries per request or a smaller top_k", param="top_k",
-                               code="response_too_large")
-            rows.append(text)
-        payload = rows[0] if body.single else "[" + ",".join(rows) + "]"
-        return Response('{"hits":' + payload + "}", media_type="application/json", headers=headers)
-
-    @router.post("/v1/rerank", dependencies=keyed, tags=["rerank"])
-    async def rerank(body: rerank_request, request: Request):  # type: ignore[valid-type]
-        """Order ``documents`` by relevance to ``query`` (Infinity's and Cohere's shape): the cross-encoder of
-        --rerank-model, else the served embedding model's cosine."""
-        s = _server(request)
-        s.check_model(body.model, s.reranker_name, s.config.rerank_model)  # the reranker's name, or the embedder's
-        scores = await s.rerank_scores(body.query, list(body.documents), request)
-        order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:body.top_n]
-        results = [{"relevance_score": float(scores[i]), "index": i,
-                    **({"document": body.documents[i]} if body.return_documents else {})} for i in order]
-        return _answer({"object": "rerank", "results": results, "model": s.reranker_name or s.name})
-
-    @router.post("/documents", dependencies=keyed, tags=["documents"])
-    async def add_documents(body: documents_request, request: Request):  # type: ignore[valid-type]
-        """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
-        ``/search`` finds them on its next query."""
-        from .ingest import DocumentError, StorageFailure, upsert_documents
-        from .jobs import UnfinishedJob
-
-        s = _writable_index(request)
-        c = s.config
-        for i, document in enumerate(body.documents):
-            _check_document(document, i, c.max_chars_per_input)
-        _check_field_count(body.documents)
-        async with s.write_lock:
-            try:
-                report = await s.batcher.run(upsert_documents, s.index.store, s.encoder, body.documents)
-            except DocumentError as exc:
-                raise ApiError(400, str(exc), param=exc.param) from None
-            except UnfinishedJob as exc:  # a killed CLI job's record: never erased, named with its fix
-                raise ApiError(409, str(exc), code="unfinished_job") from None
-            except ConfigError as exc:  # another process holds the index's writer lock
-                raise ApiError(409, str(exc), code="index_busy") from None
-            except StorageFailure as exc:  # a full disk: the cause, and the next write finishes what this began
-                raise ApiError(exc.status, f"{exc} (an upsert stopped half-way is finished by the server's next "
-                               "write; sending the same request again is safe)",
-                               kind="server_error", code="insufficient_storage" if exc.status == 507
-                               else "storage_error") from None
-        return _answer({"object": "documents", "upserted": report.added, "documents": report.documents})
-
-    @router.delete("/documents", dependencies=keyed, tags=["documents"])
-    async def delete_documents_route(body: delete_request, request: Request):  # type: ignore[valid-type]
-        """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
-        from .ingest import StorageFailure, delete_documents
-        from .jobs import UnfinishedJob
-
-        s = _writable_index(request)
-        if body.filter:
-            try:
-                s.index.check_filter(body.filter)
-            except ConfigError as exc:
-                raise ApiError(400, str(exc), param="filter") from None
-        async with s.write_lock:
-            try:
-                report = await s.searching(delete_documents, s.index.store, body.ids, body.filter,
-                                             s.config.max_inputs_per_request, s.encoder)
-            except DataError as exc:  # an id not in the index: nothing deleted
-                raise ApiError(404, exc.problem + (f" ({exc.fix})" if exc.fix else ""), param="ids",
-                               code="document_not_found") from None
-            except UnfinishedJob as exc:  # a killed CLI job's record: never erased, named with its fix
-                raise ApiError(409, str(exc), code="unfinished_job") from None
-            except StorageFailure as exc:
-                raise ApiError(exc.status, str(exc), kind="server_error",
-                               code="insufficient_storage" if exc.status == 507 else "storage_error") from None
-            except ConfigError as exc:
-                busy = "being changed by another process" in str(exc)
-                raise ApiError(409 if busy else 400, str(exc), param=None if busy else "filter",
-                               code="index_busy" if busy else None) from None
-        return _answer({"object": "documents", "deleted": report.deleted, "documents": report.documents})
-
-    @router.get("/documents/{document_id:path}", dependencies=keyed, tags=["documents"])
-    async def get_document(document_id: str, request: Request):
-        """The document with this id (an id may hold ``/``: ``GET /documents/a/b`` is the document ``a/b``)."""
-        s = _server(request)
-        if s.index is None:
-            raise ApiError(404, "this server has no index: start it with --index IDX", code="no_index")
-        if "\x00" in document_id or _surrogate(document_id):
-            raise ApiError(400, f"document id {document_id[:40]!r} holds a NUL character or is not valid Unicode; no "
-                           "document id can (the index refuses such ids when they are written)",
-                           param="document_id", code="invalid_document_id")
-        found = await s.searching(s.index.get, [document_id])
-        if not found:
-            raise ApiError(404, f"no document with id {document_id!r} in the index", param="document_id",
-                           code="document_not_found")
-        hit = found[0].to_dict()
-        hit.pop("score", None)
-        return _answer(hit)
-
-    return router
-
-
-def _writable_index(request: Request) -> "Server":
-    s = _server(request)
-    if s.index is None:
-        raise ApiError(404, "this server has no index: start it with --index IDX (built by robustir index)",
-                       code="no_index")
-    return s
-
-
-def _check_document(document: dict, i: int, max_chars: int) -> None:
-    """What the index's reader would refuse about a request's document, named as ``documents[i]`` (the reader checks
-    the rest -- finite numbers, NUL in ids -- and is answered the same way)."""
-    where = f"documents[{i}]"
-    ids = [key for key in ("_id", "id") if key in document]
-    if not ids or not isinstance(document[ids[0]], str) or not document[ids[0]].strip():
-        raise ApiError(400, f"'{where}' needs an id: \"_id\" (or \"id\") as a non-empty string", param=where)
-    for key in ("title", "text"):
-        value = document.get(key, "")
-        if not isinstance(value, str):
-            raise ApiError(400, f"'{where}.{key}' must be a string, got {_type(value)}", param=f"{where}.{key}")
-        if len(value) > max_chars:
-            raise ApiError(400, f"'{where}.{key}' has {len(value)} characters; at most {max_chars} per text (split it "
-                           "into passages)", param=f"{where}.{key}", code="input_too_long")
-    if not str(document.get("text", "")).strip() and not str(document.get("title", "")).strip():
-        raise ApiError(400, f"'{where}' has neither text nor title", param=where)
-    bad = _surrogate(document, where)
-    if bad:  # JSON's \ud8xx escapes decode to a lone surrogate, which no UTF-8 file (the upsert's spool) can hold
-        raise ApiError(400, f"'{bad}' is not valid Unicode (a lone surrogate: in JSON a \\ud8xx escape must be "
-                       "followed by its \\udcxx pair; send text encoded as UTF-8)", param=bad, code="invalid_unicode")
-
-
-def _surrogate(value: Any, where: str = "") -> str | None:
-    """Where in ``value`` (a JSON value: keys and strings at any depth) a lone surrogate is, else None."""
-    if isinstance(value, str):
-        return where or "value" if any("\ud800" <= ch <= "\udfff" for ch in value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if _surrogate(key):
-                return f"{where} (a field name)"
-            found = _surrogate(item, f"{where}.{key}")
-            if found:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _surrogate(item, f"{where}[{i}]")
-            if found:
-                return found
-    return None
-
-
-def _check_field_count(documents: list[dict]) -> None:
-    """A request may bring at most :data:`~robustir.serving.known_fields.MAX_FIELDS` distinct top-level field names
-    (an index remembers each, and every filtered search reads them): more is a 413, before anything is written."""
-    from .known_fields import MAX_FIELDS
-
-    names: set[str] = set()
-    for i, document in enumerate(documents):
-        names.update(key for key in document if key not in ("_id", "id", "title", "text"))
-        if len(names) > MAX_FIELDS:
-            raise ApiError(413, f"'documents' hold more than {MAX_FIELDS} distinct field names (reached at "
-                           f"documents[{i}]); an index keeps at most {MAX_FIELDS}: put open-ended data under one "
-                           "nested field (e.g. \"meta\": {...}) or send fewer kinds of fields", param="documents",
-                           code="too_many_fields")
-
-
-# ------------------------------------------------------------------------------------------------ errors
-
-_PYDANTIC_WORDING = (("Input should be ", "must be "), ("Value should have", "must have"),
-                     ("a valid dictionary", "a JSON object"), ("a valid list", "a JSON list"))
-
-
-def _param(loc: tuple, body: Any) -> str | None:
-    parts = [p for p in loc[1:] if p != "body"] if loc and loc[0] == "body" else list(loc)
-    if not parts:
-        return None
-    out = str(parts[0])
-    for p in parts[1:]:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    field_value = body.get(parts[0]) if isinstance(body, dict) else None
-    if isinstance(field_value, str) and len(parts) > 1 and parts[1] == 0:  # a single string was read as a list
-        out = str(parts[0]) + out[len(f"{parts[0]}[0]"):]
-    return out
-
-
-def _validation_error(exc: RequestValidationError, fields: tuple[str, ...]) -> ApiError:
-    """pydantic's first error as one OpenAI-shaped 400 naming the field (``input[3]``, ``fusion.rrf_k``)."""
-    errors = exc.errors()
-    first = errors[0]
-    kind, loc, ctx = first.get("type", ""), tuple(first.get("loc", ())), first.get("ctx") or {}
-    body = exc.body
-    param = _param(loc, body)
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    if kind == "json_invalid":
-        return ApiError(400, f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at character "
-                        f"{loc[-1] if loc else '?'})")
-    if kind == "model_attributes_type" or (param is None and kind.endswith("_type")):
-        return ApiError(400, f"the request body must be a JSON object, got {_type(first.get('input'))}")
-    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        takes = f"; this endpoint takes {', '.join(fields)}" if "." not in (param or "") else ""
-        return ApiError(400, f"unrecognized request argument '{param}'{takes}", param=param)
-    if kind == "missing":
-        return ApiError(400, f"'{param}' is required{more}", param=param)
-    if kind == "ids_or_filter":
-        return ApiError(400, first["msg"])
-    if kind == "token_ids_not_supported":
-        where = f"{param}[{ctx.get('index', 0)}]"
-        return ApiError(400, f"'{where}' {first['msg']}", param=where, code=kind)
-    if kind == "too_long" and param in ("input", "query"):
-        return ApiError(400, f"'{param}' holds {ctx.get('actual_length')} items; at most {ctx.get('max_length')} per "
-                        "request (split it into several requests)", param=param, code="too_many_inputs")
-    if kind == "too_short" and param in ("input", "query"):
-        return ApiError(400, f"'{param}' is an empty list; send at least one string", param=param)
-    if kind == "string_too_long" and param and param.split("[")[0] in ("input", "query"):
-        return ApiError(400, f"'{param}' has {len(first.get('input') or '')} characters; at most "
-                        f"{ctx.get('max_length')} per text (split it into passages)", param=param,
-                        code="input_too_long")
-    if kind == "string_unicode":
-        return ApiError(400, f"'{param}' is not valid Unicode (a lone surrogate: in JSON a \\ud8xx escape must be "
-                        "followed by its \\udcxx pair; send text encoded as UTF-8)", param=param, code="invalid_unicode")
-    message = re.sub(r"a dictionary or an instance of \w+", "a JSON object", first.get("msg", "is not valid"))
-    for old, new in _PYDANTIC_WORDING:
-        message = message.replace(old, new)
-    if kind in ("empty_text", "invalid_unicode"):
-        return ApiError(400, f"'{param}' {message}", param=param, code=kind)
-    given = first.get("input")
-    shown = f", got {_type(given)}" if isinstance(given, (dict, list)) else f", got {_show(given)}"
-    return ApiError(400, f"'{param}' {message[0].lower() + message[1:]}{shown}{more}", param=param)
-
-
-def _show(value: Any) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _type(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number", bytes: "non-JSON bytes"}.get(type(value), type(value).__name__)
-
-
-def _parse_failure(exc: BaseException | None) -> str:
-    if isinstance(exc, RecursionError):
-        return "it is nested too deeply"
-    if isinstance(exc, UnicodeDecodeError):
-        return "it is not UTF-8"
-    return f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
-
-
-ROUTES = ("POST /v1/embeddings, POST /search, POST /v1/rerank, POST|DELETE /documents, GET /documents/{id}, "
-          "GET /v1/models, GET /info, GET /health, GET /metrics")
-
-
-async def _error_response(request: Request, exc: Exception) -> JSONResponse:
-    """The one exception handler: every error the app raises becomes OpenAI's ``{"error": {...}}``."""
-    if isinstance(exc, RequestValidationError):
-        route = request.scope.get("route")
-        body_field = getattr(getattr(route, "body_field", None), "field_info", None)
-        model = getattr(body_field, "annotation", None)
-        fields = tuple(getattr(model, "model_fields", {}) or ())
-        exc = _validation_error(exc, fields)
-        _server(request).metrics.reject("invalid")
-    elif isinstance(exc, StarletteHTTPException):
-        status = exc.status_code
-        if status == 404:
-            exc = ApiError(404, f"{request.method} {request.url.path}: robustir serve (an embeddings and search "
-                           f"server) has no such route; routes: {ROUTES}", code="route_not_found")
-        elif status == 405:
-            exc = ApiError(405, f"{request.method} {request.url.path}: method not allowed; routes: {ROUTES}",
-                           code="method_not_allowed")
-        elif status == 400:
-            exc = ApiError(400, f"the request body could not be read: {_parse_failure(exc.__cause__)}")
-        elif status == 413:
-            exc = ApiError(413, BODY_TOO_LARGE.format(limit=_server(request).config.max_body_bytes),
-                           code="request_too_large")
-        else:
-            exc = ApiError(status, f"{request.method} {request.url.path}: {exc.detail}")
-    elif not isinstance(exc, ApiError):
-        request_id = getattr(request.state, "request_id", "?")
-        logger.error("request %s: %s %s failed", request_id, request.method, request.url.path,
-                     exc_info=(type(exc), exc, exc.__traceback__))
-        exc = ApiError(500, f"internal server error ({type(exc).__name__}); request id {request_id}",
-                       kind="server_error", code="internal_error")
-        exc.headers = {"X-Request-ID": request_id}  # answered outside the request-id middleware
-    headers = dict(exc.headers or {})
-    if exc.status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
-
-
-# ------------------------------------------------------------------------------------------------ the app
 
 def create_app(model: Any = None, index: Any = None, config: ServeConfig | None = None, *,
                encoder_options: dict | None = None, storage_options: dict | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (a folder, hub id or :class:`~robustir.models.encoder.Encoder`; default: the
     index's model, else the bundled MiniLM) and, optionally, ``index`` (a folder or an open
-    :class:`~robustir.serving.index.SearchIndex`, checked to be built with ``model``).
+    :class:`~robustir.index.store.SearchIndex`, checked to be built with ``model``).
 
     The model loads here, so a bad model, index or setting fails before any port is opened.
     """
     import concurrent.futures
 
-    from .. import __version__
     from ..device import resolve_device
-    from ..models.encoder import Encoder
+    from ..index.store.records import _model_label
     from ..precision import resolve_precision
-    from .index import SearchIndex, _model_label
     from .metrics import ServerMetrics
 
     config = (config or ServeConfig()).validate()
-    api_key = config.resolved_api_key()
+    api_key, read_key = config.resolved_api_key(), config.resolved_read_api_key()
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     workers, encode_batch = _workers(config, device, precision)
     options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
 
-    search_index: SearchIndex | None = None
-    if index is not None:
-        if options:
-            raise ConfigError(f"encoder options ({', '.join(sorted(options))}) come from the index's manifest when an "
-                              "index is served: leave them out")
-        if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
-            from .ingest import finish_incoming
-            from .storage import open_store
-
-            index = open_store(index, storage_options)  # a folder, or s3://... (robustir.serving.storage)
-            finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))
-        search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index,
-                                                                                      refresh_s=config.index_refresh_s)
-        try:
-            if isinstance(model, Encoder):
-                search_index.use_model(model.to(device))
-                given = model.source or search_index.model_path
-            else:
-                given = str(model) if model is not None else search_index.model_path
-                search_index.use_model(given, device=str(device))  # refused unless it is the index's model
-        except BaseException:
-            if search_index is not index:
-                search_index.close()
-            raise
-        encoder = search_index.encoder
+    search_index, encoder, given = _load_model(model, index, config, options, device, storage_options)
+    if search_index is not None:
         precision = _query_precision(search_index, config, device, precision)
         workers, encode_batch = _workers(config, device, precision)
-    elif isinstance(model, Encoder):
-        encoder = model.to(device)
-        given = model.source or "model"
-    else:
-        from ..resources import default_model_path
-
-        given = str(model) if model is not None else default_model_path()
-        encoder = Encoder.from_pretrained(given, device=device, **options)
-        encoder.source = given
     encoder.eval()
     name = config.served_model_name or (search_index.model_name if search_index is not None else _model_label(given))
     aliases = {name, given, str(Path(given).expanduser().resolve()) if Path(given).expanduser().exists() else given}
     dim = encoder.dim
     # builds the bf16/fp16 copy once, before the workers start
     encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)
+    encode = _batch_encoder(encoder, workers, encode_batch, precision, config)
+    metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
+    batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
+                           workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
+    reranker, reranker_name = _reranker(config, batcher, encode_batch, precision, device)
+    _ingest(batcher, encode, config, device, encode_batch)
+    server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
+                    allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
+                    api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
+                    workers=workers, encode_batch=encode_batch,
+                    _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
+                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
+                    _search_pool=concurrent.futures.ThreadPoolExecutor(_search_threads(),
+                                                                       thread_name_prefix="robustir-search"),
+                    _write_pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-write"),
+                    _write_tokenizer=copy.deepcopy(encoder.tokenizer),
+                    reranker=reranker, reranker_name=reranker_name, read_key=read_key)
+    # once, with what is served (the first _workers call above may have been for another precision than the index's)
+    logger.info("robustir serve: %s", server.describe())
+    return _wire(server, batcher, metrics, config)
+
+
+def _load_model(model: Any, index: Any, config: ServeConfig, options: dict, device: Any,
+                storage_options: dict | None) -> tuple[Any, Any, str]:
+    """(the open index or None, the encoder, the name it was given as): the index's own model when an index is
+    served (another one is refused; an HTTP upsert a killed server left is finished first), else ``model``."""
+    from ..index.store import SearchIndex
+    from ..models.encoder import Encoder
+
+    if index is None:
+        if isinstance(model, Encoder):
+            return None, model.to(device), model.source or "model"
+        from ..resources import default_model_path
+
+        given = str(model) if model is not None else default_model_path()
+        encoder = Encoder.from_pretrained(given, device=device, **options)
+        encoder.source = given
+        return None, encoder, given
+    if options:
+        raise ConfigError(f"encoder options ({', '.join(sorted(options))}) come from the index's manifest when an "
+                          "index is served: leave them out")
+    if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
+        from ..index.store.spool import finish_incoming
+        from ..index.store.storage import open_store
+
+        index = open_store(index, storage_options)  # a folder, or s3://... (robustir.index.store.storage)
+        finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))
+    search_index = index if isinstance(index, SearchIndex) else SearchIndex.open(index,
+                                                                                  refresh_s=config.index_refresh_s)
+    try:
+        if isinstance(model, Encoder):
+            search_index.use_model(model.to(device))
+            given = model.source or search_index.model_path
+        else:
+            given = str(model) if model is not None else search_index.model_path
+            search_index.use_model(given, device=str(device))  # refused unless it is the index's model
+    except BaseException:
+        if search_index is not index:
+            search_index.close()
+        raise
+    return search_index, search_index.encoder, given
+
+
+def _batch_encoder(encoder: Any, workers: int, encode_batch: int, precision: str, config: ServeConfig) -> Any:
+    """What the batcher runs on a micro-batch of token ids, on each worker thread with its own view of the model."""
     local = threading.local()
 
-    def worker_encoder() -> Encoder:
+    def worker_encoder() -> Any:
         """This worker thread's view of the model: the same weights, its own tokenizer (a fast tokenizer must not be
         called from two threads at once)."""
         mine = getattr(local, "encoder", None)
@@ -796,37 +197,17 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
             local.encoder = mine
         return mine
 
-    def encode(ids: list[list[int]]) -> np.ndarray:
-        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=precision,
-                                           pad_to_multiple_of=config.pad_to_multiple_of if config.pad_to_multiple_of > 1 else None)
+    def encode(ids: list[list[int]], at: str = precision) -> np.ndarray:
+        pad = config.pad_to_multiple_of if config.pad_to_multiple_of > 1 else None
+        return worker_encoder().encode_ids(ids, batch_size=encode_batch, precision=at, pad_to_multiple_of=pad)
 
-    metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
-    batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
-                           workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
-    reranker, reranker_name = None, None
-    if config.rerank_model:  # loaded here: a bad folder fails before any port opens
-        from ..models.cross_encoder import CrossEncoder
+    return encode
 
-        reranker = CrossEncoder(config.rerank_model, batch_size=encode_batch, precision=precision, device=str(device),
-                                what="--rerank-model")
-        reranker_name = reranker.name
-        scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
 
-        def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
-            with scoring:
-                return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
-
-        # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
-        batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
-    server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
-                    allowed_dims=sorted({dim, *[d for d in config.matryoshka_dims or [] if d <= dim]}),
-                    api_key=api_key, batcher=batcher, metrics=metrics, device=str(device), precision=precision,
-                    workers=workers, encode_batch=encode_batch,
-                    _loop_tokenizer=copy.deepcopy(encoder.tokenizer), _pool_tokenizer=copy.deepcopy(encoder.tokenizer),
-                    _pool=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="robustir-tokenize"),
-                    _search_pool=concurrent.futures.ThreadPoolExecutor(_search_threads(),
-                                                                       thread_name_prefix="robustir-search"),
-                    reranker=reranker, reranker_name=reranker_name)
+def _wire(server: Server, batcher: MicroBatcher, metrics: Any, config: ServeConfig) -> FastAPI:
+    """The FastAPI app around ``server``: its lifespan (the batcher), the routes, the error handler, the metrics,
+    CORS and the request middleware."""
+    from .. import __version__
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -840,77 +221,56 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     handlers = {cls: _error_response for cls in (ApiError, RequestValidationError, StarletteHTTPException, Exception)}
     app = FastAPI(title="robustir serve", version=__version__, lifespan=lifespan, exception_handlers=handlers,
                   description="OpenAI-compatible embeddings and search with a robustir retriever")
-    models = request_models(Limits.of(config))
-    app.include_router(_router(*models, config.max_body_bytes))
+    app.include_router(_router(*request_models(Limits.of(config)), config.max_body_bytes))
     app.state.server = server
     metrics.instrument(app)
+    if server.index is not None:
+        metrics.watch_index(lambda: server.index.untyped_fields)
     if config.cors_allow_origin:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_allow_origin, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_allow_origin,
+                           allow_methods=["GET", "POST", "DELETE"],  # every method the API has
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
                            expose_headers=["X-Request-ID", "X-Total-Time", "X-Queue-Time", "X-Inference-Time"])
     app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
     return app
 
 
-def _search_threads() -> int:
-    """Threads for index work: one per CPU this process may use (LanceDB's own readers are native threads; these only
-    wait on them), at least 2 so a long filtered search does not hold up a lookup."""
-    import os
+def _reranker(config: ServeConfig, batcher: MicroBatcher, encode_batch: int, precision: str,
+              device: Any) -> tuple[Any, str | None]:
+    """The cross-encoder of ``--rerank-model`` and its name, loaded here (a bad folder fails before any port opens)
+    and added to the batcher as a second model; (None, None) without one."""
+    if not config.rerank_model:
+        return None, None
+    from ..models.cross_encoder import CrossEncoder
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(2, cpus)
+    reranker = CrossEncoder(config.rerank_model, batch_size=encode_batch, precision=precision, device=str(device),
+                            what="--rerank-model")
+    reranker_name = reranker.name
+    scoring = threading.Lock()  # its fast tokenizer must not be called from two worker threads at once
 
+    def rerank(pairs: list[tuple[str, str]]) -> np.ndarray:
+        with scoring:
+            return reranker.score([query for query, _ in pairs], [document for _, document in pairs])
 
-def _query_precision(index: Any, config: ServeConfig, device: Any, precision: str) -> str:
-    """The precision queries are encoded in when an index is served: the one its documents were encoded in (recorded
-    in its manifest), so ``/search`` finds the exact top-k -- unless ``--precision`` says otherwise (then a warning
-    says what that costs) or the device lacks native support for it (bf16 emulated on a CPU is ~10x slower; fp32
-    then, with a warning)."""
-    from ..precision import resolve_precision
-
-    recorded = index.manifest.get("precision")
-    if not recorded or recorded == precision:
-        if not recorded:
-            logger.info("index %s does not record the precision of its documents (built by an older robustir): "
-                        "queries are encoded in %s", index.path, precision)
-        return precision
-    if str(config.precision).lower() != "auto":
-        logger.warning("index %s was encoded in %s; queries are encoded in %s (--precision %s): the top-k may "
-                       "differ slightly from an exact search; leave --precision out to use %s", index.path, recorded,
-                       precision, config.precision, recorded)
-        return precision
-    native = resolve_precision("auto", device)
-    if recorded != "fp32" and recorded != native:
-        logger.warning("index %s was encoded in %s, which %s does not compute natively: queries are encoded in %s, "
-                       "so the top-k may differ slightly from an exact search", index.path, recorded, device, precision)
-        return precision
-    logger.info("index %s was encoded in %s: queries are encoded in %s too", index.path, recorded, recorded)
-    return recorded
+    # one forward pass per micro-batch: an embedding waits behind at most one of them per worker
+    batcher.add_model(RERANK, rerank, batch_size=encode_batch, unit="pair")
+    return reranker, reranker_name
 
 
-def _workers(config: ServeConfig, device, precision: str = "fp32") -> tuple[int, int]:
-    """``(workers, texts per forward pass)``. A GPU: one worker, whole batches. The CPU: ``cpus`` =
-    :func:`robustir.hardware.available_cpus` (affinity and cgroup quota, not the host's cores); in fp32 one worker
-    with ``cpus`` torch threads, in bf16/fp16 one worker per CPU with one thread each (``--workers`` overrides; the
-    threads are then ``cpus // workers``, set here for the whole process), and forward passes of 16 length-sorted
-    texts.
+def _ingest(batcher: MicroBatcher, encode: Any, config: ServeConfig, device: Any, encode_batch: int) -> None:
+    """An HTTP upsert's documents as the batcher's background model (:data:`~robustir.serving.service.INGEST`):
+    micro-batches of ``--ingest-batch-size`` that run when no search, embedding or rerank waits. Small on a CPU with
+    one worker: a search that arrives waits for at most one of them (bench/upsert_search.py, fp32: 16 documents a
+    micro-batch kept a search's p99 at 11.5x its idle p99, 4 at 0.94x, the upsert no slower). With several workers a
+    search always finds one free, so the micro-batches are a whole forward pass (bf16, two workers: 4 documents made
+    the upsert 1.2-1.3x slower for the same search latency)."""
 
-    Measured on 2 quiet cores with MiniLM (docs/benchmarks.md, "Serving: workers x threads", 3 repeats): in fp32 one
-    2-thread worker gave 1.14-1.18x the throughput of two 1-thread workers at 8 clients with 0.64-0.76x the p99, and
-    0.92-0.94x the throughput at 32 clients with 0.73-0.89x the p99; in bf16 two 1-thread workers gave 1.19-1.27x
-    the throughput at 32 clients and tied at 8 (a bf16 forward pass is ~2.5x cheaper, so intra-op threads mostly wait
-    on each other); at 1 client all settings tied."""
-    if device.type == "cuda":
-        return config.workers or 1, config.encode_batch_size or config.max_batch_size
-    from ..hardware import available_cpus
+    def encode_documents(rows: list[tuple[list[int], str]]) -> np.ndarray:
+        """(token ids, the index's precision) rows of one job (writes are one at a time: one precision)."""
+        return encode([ids for ids, _ in rows], rows[0][1])
 
-    cores = available_cpus()
-    workers = config.workers or (1 if precision == "fp32" else cores)
-    threads = max(1, cores // workers)
-    if torch.get_num_threads() != threads:
-        logger.info("robustir serve: %d model worker(s) with %d torch thread(s) each on %d CPUs (%s)", workers,
-                    threads, cores, precision)
-        torch.set_num_threads(threads)
-    return workers, min(config.encode_batch_size or 16, config.max_batch_size)
+    alone = device.type != "cuda" and batcher.workers == 1  # a search would wait for the micro-batch under way
+    size = config.ingest_batch_size or (min(4, encode_batch) if alone else encode_batch)
+    batcher.add_model(INGEST, encode_documents, batch_size=size, unit="document", background=True)

@@ -30,8 +30,15 @@ Isolation and bounds:
 * a cancelled request (its client went away) takes its waiting micro-batches off the queue at once.
 
 ``workers``: how many batches run at once. One on a GPU (a batch fills it); on a CPU see
-:func:`robustir.serving.app._workers`. Work that is not a model's batch (an HTTP upsert's encoding) goes through
-:meth:`run` on the same threads; index searches have their own threads (:meth:`robustir.serving.app.Server.searching`).
+:func:`robustir.serving.service._workers`. Index searches have their own threads
+(:meth:`robustir.serving.service.Server.searching`).
+
+**Background work** (``add_model(..., background=True)``: an HTTP upsert's documents, issue 55): its micro-batches
+run only when no other model's work waits, and on at most ``workers - 1`` workers at once (one when there is one), so
+a search or an embedding that arrives during a 1,000-document upsert waits for at most the one upsert micro-batch
+under way on a single worker, and on several workers finds one free. It is admitted by the same queue limit as any
+request (:meth:`admit`) and its waiting micro-batches count in ``queued``; once admitted, a job's later micro-batches
+are not refused (``admitted=True``): a half-written upsert is not stopped by a burst of searches.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class _Model:
     fn: Callable[[list[Any]], np.ndarray] | None  # None: the batcher's ``encode`` (read when a batch runs)
     batch_size: int
     unit: str  # what a row is, for messages: "text", "pair"
+    background: bool = False  # runs only when no other model's work waits, on at most workers - 1 workers
     waiting: deque = field(default_factory=deque)  # its micro-batches, first come first served
 
 
@@ -149,6 +157,7 @@ class MicroBatcher:
         self.stats = BatchStats()
         self.queued = 0  # rows waiting, of every model, not yet in a batch
         self._models: dict[str, _Model] = {self.EMBED: _Model(None, max_batch_size, "text")}
+        self._background_running = 0  # background batches on a worker now
         self._turn = 0  # the models take turns: index (in self._models) of the model whose batch goes next
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -157,16 +166,33 @@ class MicroBatcher:
         self._rate = 0.0  # rows per second of recent batches (for Retry-After)
 
     def add_model(self, kind: str, fn: Callable[[list[Any]], np.ndarray], *, batch_size: int | None = None,
-                  unit: str = "row") -> None:
+                  unit: str = "row", background: bool = False) -> None:
         """Run ``fn(rows) -> one result per row`` (a numpy array whose first axis is the rows) for :meth:`submit`
         calls of ``kind``, in micro-batches of at most ``batch_size`` rows (default ``max_batch_size``), under the
-        same queue, limits and workers as the embeddings. ``unit`` names a row in messages."""
+        same queue, limits and workers as the embeddings. ``unit`` names a row in messages. ``background``: its
+        batches run only when no other model's work waits, on at most ``workers - 1`` workers (one if there is one)."""
         if kind in self._models:
             raise ValueError(f"a model {kind!r} is already served")
         size = batch_size or self.max_batch_size
         if size < 1:
             raise ValueError(f"batch_size must be >= 1, got {size}")
-        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit)
+        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit, background)
+
+    def _slots(self, model: _Model) -> int:
+        """How many of ``model``'s micro-batches may run (and so wait, per request) at once."""
+        return max(1, self.workers - 1) if model.background else self.workers
+
+    def admit(self, kind: str, rows: int) -> None:
+        """Raise :class:`Overloaded` when a request of ``rows`` rows for ``kind`` is not let in now: what it would put
+        on the queue at once (its first micro-batches) would take the queue over ``max_queued`` -- unless nothing
+        waits, so any request within the per-request limits is served on an idle server."""
+        model = self._models.get(kind)
+        if model is None:
+            raise ValueError(f"no model {kind!r} is served (add_model)")
+        ahead = min(rows, model.batch_size * self._slots(model))
+        if self.queued and self.queued + ahead > self.max_queued:
+            self.stats.overloaded += 1
+            raise Overloaded(self.queued, self.max_queued, self.retry_after(self.queued + rows))
 
     async def start(self) -> None:
         self._arrived = asyncio.Event()
@@ -201,30 +227,28 @@ class MicroBatcher:
         """The vectors of ``rows`` (token-id lists): :meth:`submit` to the embedding model."""
         return await self.submit(self.EMBED, rows, timeout=timeout)
 
-    async def submit(self, kind: str, rows: Sequence[Any], *, timeout: float | None = None) -> Embedded:
+    async def submit(self, kind: str, rows: Sequence[Any], *, timeout: float | None = None,
+                     admitted: bool = False) -> Embedded:
         """Model ``kind``'s results for ``rows``, batched with other callers' (in micro-batches of at most its batch
-        size). Raises :class:`Overloaded` at once when the queue is full, :class:`asyncio.TimeoutError` when a
-        micro-batch waited ``timeout`` seconds for a worker (encoding time does not count), :class:`EncodeFailed`
-        when the model fails on these rows. Cancelling the call takes its micro-batches that have not started off
-        the queue."""
+        size). Raises :class:`Overloaded` at once when the queue is full (:meth:`admit`; not with ``admitted``: the
+        caller was let in before, e.g. a job's later chunk), :class:`asyncio.TimeoutError` when a micro-batch waited
+        ``timeout`` seconds for a worker (encoding time does not count), :class:`EncodeFailed` when the model fails
+        on these rows. Cancelling the call takes its micro-batches that have not started off the queue."""
         if not self.running:
             raise RuntimeError("the batcher is not running (start() it inside the serving event loop)")
-        model = self._models.get(kind)
-        if model is None:
-            raise ValueError(f"no model {kind!r} is served (add_model)")
+        if not admitted:
+            self.admit(kind, len(rows))
+        model = self._models[kind]
         rows = list(rows)
         size = model.batch_size
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)] or [rows]
-        ahead = min(len(rows), size * self.workers)  # what the request puts on the queue at once
-        if self.queued and self.queued + ahead > self.max_queued:
-            self.stats.overloaded += 1
-            raise Overloaded(self.queued, self.max_queued, self.retry_after(self.queued + len(rows)))
+        slots = self._slots(model)  # its micro-batches on the queue or a worker at once
         pending: deque[_Item] = deque()
         parts: list[Embedded] = []
         try:
             following = 0
             while following < len(chunks) or pending:
-                while following < len(chunks) and len(pending) < self.workers:
+                while following < len(chunks) and len(pending) < slots:
                     pending.append(self._put(kind, chunks[following]))
                     following += 1
                 item = pending[0]
@@ -283,12 +307,17 @@ class MicroBatcher:
         return model.waiting[0] if model.waiting else None
 
     def _next_model(self) -> _Model | None:
-        """The model whose batch goes next: the next one in turn that has work waiting (round robin)."""
+        """The model whose batch goes next: the next one in turn that has work waiting (round robin); a background
+        model only when no other has work waiting and it has a free slot (:meth:`_slots`)."""
         kinds = list(self._models)
-        for step in range(len(kinds)):
-            index = (self._turn + step) % len(kinds)
-            model = self._models[kinds[index]]
-            if self._live_head(model) is not None:
+        for background in (False, True):
+            for step in range(len(kinds)):
+                index = (self._turn + step) % len(kinds)
+                model = self._models[kinds[index]]
+                if model.background != background or self._live_head(model) is None:
+                    continue
+                if background and self._background_running >= self._slots(model):
+                    continue
                 self._turn = (index + 1) % len(kinds)
                 return model
         return None
@@ -328,12 +357,20 @@ class MicroBatcher:
                 batch = []
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
+                if model.background:
+                    self._background_running += 1
+                    task.add_done_callback(self._background_done)
                 task.add_done_callback(lambda _: free.release())
         except asyncio.CancelledError:  # stopping: requests taken off the queue but not started get an answer too
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("the server is shutting down"))
             raise
+
+    def _background_done(self, _task: asyncio.Task) -> None:
+        self._background_running -= 1
+        if self._arrived is not None:
+            self._arrived.set()  # background work may be waiting for this slot
 
     async def _run_batch(self, model: _Model, batch: list[_Item]) -> None:
         live = [item for item in batch if not item.future.done()]  # a client that went away cancelled its future

@@ -29,7 +29,10 @@ class ServeConfig:
     port: Annotated[int, Range(ge=0, le=65535)] = DEFAULT_PORT
     """TCP port."""
     api_key: str | None = None
-    """Required as "Authorization: Bearer KEY" when set (or env ROBUSTIR_API_KEY)"""
+    """Required as "Authorization: Bearer KEY" when set (or env ROBUSTIR_API_KEY); it may read and write"""
+    read_api_key: str | None = None
+    """A key that may only read: search, embeddings, rerank, models, info, GET /documents (or env
+    ROBUSTIR_READ_API_KEY); POST/DELETE /documents answer it 403. With it alone the server takes no writes"""
     served_model_name: str | None = None
     """The model name clients send; default: the model folder's name."""
     default_input_type: Literal["document", "query"] = "document"
@@ -50,6 +53,9 @@ class ServeConfig:
     """Batches encoded at once; default: 1 on a GPU; CPU: 1 in fp32, one per CPU in bf16."""
     encode_batch_size: PositiveInt | None = None
     """Texts per forward pass (length-sorted); default: 16 CPU, batch GPU."""
+    ingest_batch_size: PositiveInt | None = None
+    """Documents of an HTTP upsert encoded per micro-batch; they run when no search or embedding waits, so a search
+    during an upsert waits at most for one of them; default: 4 on a CPU with one worker, else encode_batch_size"""
     max_inputs_per_request: PositiveInt = 2048
     """Texts in one request (embeddings input or search queries)"""
     max_chars_per_input: PositiveInt = 32768
@@ -104,11 +110,17 @@ class ServeConfig:
         for dim in self.matryoshka_dims or []:
             if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
                 raise ConfigError(f"matryoshka_dims: {dim!r} is not a dimension (an integer >= 1)")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("api_key is empty (was it given as --api-key \"$KEY\" with KEY unset?): every request "
-                              "would be refused. Fix: set the key, or leave --api-key out for a server without one")
-        if self.api_key is not None and self.api_key != self.api_key.strip():
-            raise ConfigError("api_key starts or ends with whitespace; clients would have to send it too. Fix: strip it")
+        for name, key in (("api_key", self.api_key), ("read_api_key", self.read_api_key)):
+            flag = "--" + name.replace("_", "-")
+            if key is not None and not key.strip():
+                raise ConfigError(f"{name} is empty (was it given as {flag} \"$KEY\" with KEY unset?): every request "
+                                  f"would be refused. Fix: set the key, or leave {flag} out")
+            if key is not None and key != key.strip():
+                raise ConfigError(f"{name} starts or ends with whitespace; clients would have to send it too. Fix: "
+                                  "strip it")
+        if self.api_key is not None and self.api_key == self.read_api_key:
+            raise ConfigError("read_api_key is the same as api_key, so it could write too. Fix: give the read-only "
+                              "key a value of its own")
         for origin in self.cors_allow_origin or []:
             if origin != "*" and not _ORIGIN.fullmatch(origin):
                 # a browser sends exactly scheme://host[:port]: a path, a trailing slash or a wildcard never matches
@@ -120,14 +132,27 @@ class ServeConfig:
     def resolved_api_key(self, environ: dict | None = None) -> str | None:
         """The key requests must carry: ``api_key``, else the environment's ``ROBUSTIR_API_KEY``; an empty or blank
         ``ROBUSTIR_API_KEY`` is an error (a server that would refuse everyone), not "no key"."""
-        import os
+        return _resolved(self.api_key, "ROBUSTIR_API_KEY", environ)
 
-        if self.api_key is not None:
-            return self.api_key
-        env = (environ if environ is not None else os.environ).get("ROBUSTIR_API_KEY")
-        if env is None:
-            return None
-        if not env.strip() or env != env.strip():
-            raise ConfigError("ROBUSTIR_API_KEY is set but empty or padded with whitespace. Fix: export the key itself, "
-                              "or unset ROBUSTIR_API_KEY for a server without one")
-        return env
+    def resolved_read_api_key(self, environ: dict | None = None) -> str | None:
+        """The read-only key: ``read_api_key``, else the environment's ``ROBUSTIR_READ_API_KEY`` (checked the same
+        way); never the same as the read-write key."""
+        key = _resolved(self.read_api_key, "ROBUSTIR_READ_API_KEY", environ)
+        if key is not None and key == self.resolved_api_key(environ):
+            raise ConfigError("the read-only key is the same as the read-write key (--api-key / ROBUSTIR_API_KEY), so "
+                              "it could write too. Fix: give the read-only key a value of its own")
+        return key
+
+
+def _resolved(given: str | None, variable: str, environ: dict | None) -> str | None:
+    import os
+
+    if given is not None:
+        return given
+    env = (environ if environ is not None else os.environ).get(variable)
+    if env is None:
+        return None
+    if not env.strip() or env != env.strip():
+        raise ConfigError(f"{variable} is set but empty or padded with whitespace. Fix: export the key itself, "
+                          f"or unset {variable}")
+    return env

@@ -16,6 +16,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["ServerMetrics"]
 
+
+class _UntypedFields:
+    """A collector: the served index's fields without their typed column, read when /metrics is scraped."""
+
+    def __init__(self, untyped: Callable[[], dict[str, str]]) -> None:
+        self.untyped = untyped
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily("robustir_index_untyped_fields", "Fields of the index that lost their typed "
+                                   "column (filters read the JSON column, slower)", labels=["field", "kind"])
+        try:
+            fields = self.untyped()
+        except Exception:  # noqa: BLE001 - an index that cannot be read is /health's to report, not the scrape's
+            fields = {}
+        for name, kind in sorted(fields.items()):
+            family.add_metric([name, kind], 1)
+        yield family
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -39,6 +59,36 @@ class ServerMetrics:
                             registry=r)
         self.queued.set_function(queued)
         Gauge("robustir_model_workers", "Model worker threads", registry=r).set(workers)
+        # per route, what it did (the instrumentator's HTTP metrics count requests, not queries, documents or pairs)
+        self.search_seconds = Histogram("robustir_search_seconds", "Seconds a /search took, by mode", ["mode"],
+                                        buckets=_SECONDS, registry=r)
+        self.search_queries = Counter("robustir_search_queries", "Queries searched, by mode and by what (text or "
+                                      "vector)", ["mode", "by"], registry=r)
+        self.ingest_seconds = Histogram("robustir_ingest_seconds", "Seconds an HTTP write of /documents took",
+                                        ["action"], buckets=_SECONDS, registry=r)
+        self.ingest_documents = Counter("robustir_ingest_documents", "Documents upserted or deleted over HTTP",
+                                        ["action"], registry=r)
+        self.rerank_seconds = Histogram("robustir_rerank_seconds", "Seconds a rerank took (/v1/rerank, or one "
+                                        "query of /search with rerank)", buckets=_SECONDS, registry=r)
+        self.rerank_pairs = Counter("robustir_rerank_pairs", "(query, document) pairs reranked", registry=r)
+
+    def searched(self, mode: str, by: str, queries: int, seconds: float) -> None:
+        self.search_seconds.labels(mode=mode).observe(seconds)
+        self.search_queries.labels(mode=mode, by=by).inc(queries)
+
+    def ingested(self, action: str, documents: int, seconds: float) -> None:
+        self.ingest_seconds.labels(action=action).observe(seconds)
+        self.ingest_documents.labels(action=action).inc(documents)
+
+    def reranked(self, pairs: int, seconds: float) -> None:
+        self.rerank_seconds.observe(seconds)
+        self.rerank_pairs.inc(pairs)
+
+    def watch_index(self, untyped: Callable[[], dict[str, str]]) -> None:
+        """``robustir_index_untyped_fields{field, kind}`` = 1 for each field of the served index that lost its typed
+        column (``untyped()``: :attr:`robustir.index.store.SearchIndex.untyped_fields`, read at scrape time): its
+        filters read the JSON column, slower; the index logs a warning when it happens."""
+        self.registry.register(_UntypedFields(untyped))
 
     def on_batch(self, texts: int, requests: int, seconds: float, waits: Sequence[float]) -> None:
         self.batch_texts.observe(texts)

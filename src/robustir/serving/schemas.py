@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictInt,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat, StrictInt,
                       StrictStr, ValidationInfo, WithJsonSchema, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
@@ -70,6 +70,13 @@ def _as_list(value: Any) -> Any:
     return value
 
 
+def _as_rows(value: Any) -> Any:
+    """One vector (a list of numbers) becomes a one-row list."""
+    if isinstance(value, list) and value and not isinstance(value[0], list):
+        return [value]
+    return value
+
+
 def _texts(limits: Limits, what: str, most: int | None = None) -> Any:
     """A string or a list of at most ``most`` (default: the texts per request) strings."""
     most = most or limits.inputs
@@ -107,12 +114,16 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
                               "--default-input-type (document unless set)")
 
     class SearchRequest(_Request):
-        """A search over the served index."""
+        """A search over the served index: by ``query`` (texts), or by ``vector`` (dense mode only)."""
 
-        query: _texts(limits, "The queries")  # type: ignore[valid-type]
+        query: _texts(limits, "The queries") | None = None  # type: ignore[valid-type]
+        vector: Annotated[list[list[StrictFloat]], Field(min_length=1, max_length=limits.inputs),
+                          BeforeValidator(_as_rows)] | None = Field(
+            None, description="Search by vector instead of query (dense mode): one vector (a list of finite numbers, "
+                              "the index's dimension: GET /info) or a list of them; scores are inner products")
         top_k: StrictInt = Field(10, ge=1, le=limits.top_k, description="Hits per query.")
         filter: dict[str, Any] | None = Field(None, description='Metadata filter, e.g. {"year": {"$gte": 2020}} '
-                                                                '(robustir.serving.filters)')
+                                                                '(robustir.index.store.filters)')
         mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense (the model), lexical (BM25) "
                                                                                  "or hybrid (both, fused by RRF)")
         fusion: FusionConfig | None = Field(None, description="How hybrid fuses the two lists (only with hybrid).")
@@ -125,8 +136,17 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
         def _remember_shape(cls, data: Any, handler: Any) -> Any:
             """A string query is answered with one list of hits, a list of queries with a list of lists."""
             request = handler(data)
-            request._single = isinstance(data, dict) and isinstance(data.get("query"), str)
+            given = data.get("vector") if isinstance(data, dict) else None
+            request._single = isinstance(data, dict) and (isinstance(data.get("query"), str) or (
+                isinstance(given, list) and bool(given) and not isinstance(given[0], list)))
             return request
+
+        @model_validator(mode="after")
+        def _query_or_vector(self) -> "SearchRequest":
+            if (self.query is None) == (self.vector is None):
+                raise PydanticCustomError("query_or_vector", "give exactly one of 'query' (texts) or 'vector' (a "
+                                                             "list of numbers, or a list of such lists)")
+            return self
 
         @field_validator("rerank")
         @classmethod

@@ -19,7 +19,7 @@ first batch) and runs only when a removed document held a name the job did not w
 column read); its cost grows with the index, so a delete of documents with rare fields costs a read of ``fields``.
 A job killed between its commit and the drop leaves those names known (a filter on one matches nothing instead of
 being refused) until a later job that removes documents looks again; never the other way round.
-The typed columns (at most 32, :data:`robustir.serving.index.MAX_TYPED_COLUMNS`) stay: the Lance table keeps its
+The typed columns (at most 32, :data:`robustir.index.store.table.MAX_TYPED_COLUMNS`) stay: the Lance table keeps its
 column, and a later document with that field fills it again.
 """
 
@@ -49,7 +49,7 @@ def top_level_names(rows: Iterable[Any]) -> set[str]:
 
 def check_bound(known: Iterable[str], incoming: Iterable[str], where: Any) -> None:
     """Refuse an input whose new top-level field names would make the index know more than :data:`MAX_FIELDS`."""
-    from ..errors import DataError
+    from ...errors import DataError
 
     known = set(known)
     new = set(incoming) - known

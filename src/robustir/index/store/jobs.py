@@ -5,7 +5,7 @@ A job's record is what makes its partial writes resumable: it names the input an
 So no other writer ever erases it -- a ``delete`` or ``compact`` beside an unfinished ``add`` / ``upsert`` / ``build``
 is refused with :class:`UnfinishedJob` (naming the job, and the two ways out: finish it or drop it), and another job
 is refused the same way; an HTTP write finishes its own server's unfinished upsert first
-(:func:`robustir.serving.ingest.finish_pending`). The input is recorded by its absolute path, so the job is found
+(:func:`robustir.index.store.spool.finish_pending`). The input is recorded by its absolute path, so the job is found
 and finished from any working folder (a restart from elsewhere after ``kill -9``).
 
 Why a record in our manifest and not Lance's own versions: Lance knows the commits, not which input records they came
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError, DataError
+from ...errors import ConfigError, DataError
 
 __all__ = ["Job", "ATOMIC", "UnfinishedJob", "job_input", "same_input", "unfinished", "storage_errors"]
 

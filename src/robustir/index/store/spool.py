@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..errors import ConfigError
-from ..io import atomic_write
+from ...errors import ConfigError
+from ...io import atomic_write
 
 __all__ = ["INCOMING", "DocumentError", "StorageFailure", "finish_incoming", "finish_pending", "upsert_documents",
            "delete_documents"]
@@ -65,7 +65,8 @@ _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 def storage_failure(exc: BaseException, what: str) -> StorageFailure | None:
     """``exc`` as a :class:`StorageFailure` when the storage refused a write (an :class:`OSError`: the index raises
-    Lance's IO errors as the ones they are, :func:`robustir.serving.jobs.storage_errors`); None for anything else."""
+    Lance's IO errors as the ones they are, :func:`~robustir.index.store.jobs.storage_errors`); None for anything
+    else."""
     if not isinstance(exc, OSError):
         return None
     cause = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
@@ -90,7 +91,7 @@ def storage_failures(writer: Any, what: str) -> Iterator[None]:
 
 
 def _incoming(index: Any) -> Path:
-    """The local folder of the index's HTTP upsert files (:meth:`~robustir.serving.storage.IndexStore.incoming_dir`:
+    """The local folder of the index's HTTP upsert files (:meth:`~robustir.index.store.storage.IndexStore.incoming_dir`:
     inside a local index, in this machine's cache for one on an object store)."""
     from .storage import open_store
 
@@ -111,8 +112,10 @@ def write_incoming(index: Any, documents: Iterable[dict]) -> Path:
 def finish_incoming(index: Any, encoder: Any = None, device: str | None = None) -> int:
     """Before serving: finish an upsert of an ``incoming/`` file that a killed server left (a resume of that job),
     and remove incoming files no job is working on (never acknowledged). Returns the number of jobs finished.
-    ``index``: a folder or an :class:`~robustir.serving.storage.IndexStore`."""
-    from .index import MANIFEST, SearchIndex, _read_manifest
+    ``index``: a folder or an :class:`~robustir.index.store.storage.IndexStore`."""
+    from .config import MANIFEST
+    from .index import SearchIndex
+    from .manifest import _read_manifest
     from .storage import open_store
 
     store = open_store(index)
@@ -140,7 +143,7 @@ def finish_incoming(index: Any, encoder: Any = None, device: str | None = None) 
 
 
 def _quiet() -> Any:
-    from .index import IndexConfig
+    from .config import IndexConfig
 
     return IndexConfig(show_progress=False)
 
@@ -148,7 +151,7 @@ def _quiet() -> Any:
 def pending_upsert(index: Any) -> Path | None:
     """The file of an unfinished HTTP upsert of this index (a request the storage stopped half-way, or a killed
     server's), when it is still there: what :func:`finish_pending` finishes."""
-    from .index import _usable_manifest
+    from .manifest import _usable_manifest
     from .storage import open_store
 
     store = open_store(index)
@@ -162,7 +165,7 @@ def pending_upsert(index: Any) -> Path | None:
 def finish_pending(writer: Any, encoder: Any = None) -> None:
     """Before an HTTP write on ``writer`` (a writable index): finish the unfinished HTTP upsert it holds, if any (its
     file is in ``incoming/``: a resume, as at start-up); an unfinished job of another command is refused
-    (:class:`~robustir.serving.jobs.UnfinishedJob`, naming it and its fix) by the write itself, never erased."""
+    (:class:`~robustir.index.store.jobs.UnfinishedJob`, naming it and its fix) by the write itself, never erased."""
     pending = pending_upsert(writer.store)
     if pending is None:
         return
@@ -174,24 +177,28 @@ def finish_pending(writer: Any, encoder: Any = None) -> None:
     pending.unlink(missing_ok=True)
 
 
-def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any:
+def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict], pool: Any = None) -> Any:
     """Insert ``documents`` (``robustir index`` corpus records: ``_id``, ``title``, ``text``, other fields), replacing
-    those whose id exists, as one ``--upsert`` job; returns its :class:`~robustir.serving.index.IndexReport`. Raises
+    those whose id exists, as one ``--upsert`` job; returns its :class:`~robustir.index.store.IndexReport`. ``pool``
+    (an :class:`~robustir.index.store.config.EncoderPool`, e.g. ``robustir serve``'s batcher): what encodes the
+    documents, else ``encoder``. Raises
     :class:`ConfigError` when another process holds the index's writer lock or an unfinished job of another command
     is in the way, :class:`~robustir.errors.DataError` (naming ``documents[i]``) for a record the index refuses,
     :class:`StorageFailure` when the storage refused a write (an unfinished upsert this leaves is finished by the
     next write)."""
-    from ..errors import DataError
+    from ...errors import DataError
     from .index import SearchIndex
 
-    writer = SearchIndex.open(index, writable=True, model=encoder)  # the lock: a CLI job running -> ConfigError
+    # the lock (a CLI job running -> ConfigError); every data file's size is checked, not re-hashed: the server
+    # hashed them at start-up and this job hashes what it writes (SearchIndex.open)
+    writer = SearchIndex.open(index, writable=True, model=encoder, digests=False)
     path = None
     try:
         with storage_failures(writer, "the upsert"):
             finish_pending(writer)
             path = write_incoming(index, documents)
             try:
-                return writer.upsert(path, config=_quiet())
+                return writer.upsert(path, config=_quiet(), pool=pool)
             except DataError as exc:  # the file's line N is the request's documents[N-1]
                 where = f"documents[{exc.line - 1}]" if isinstance(exc.line, int) else "documents"
                 field = f".{exc.field}" if exc.field else ""
@@ -205,7 +212,7 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict]) -> Any
 
 def _job_of(index: Any, path: Path) -> bool:
     """Whether the index's manifest still has an unfinished job reading ``path``."""
-    from .index import _usable_manifest
+    from .manifest import _usable_manifest
     from .storage import open_store
 
     manifest = _usable_manifest(open_store(index)) or {}
@@ -219,7 +226,7 @@ def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict 
     it). An id not in the index is an error naming it (nothing deleted)."""
     from .index import SearchIndex
 
-    writer = SearchIndex.open(index, writable=True)
+    writer = SearchIndex.open(index, writable=True, digests=False)
     try:
         with storage_failures(writer, "the delete"):
             finish_pending(writer, encoder)  # rare: the model loads only then
@@ -236,7 +243,7 @@ def _delete(writer: Any, ids: Sequence[str] | None, filter: dict | None, limit: 
             raise ConfigError(f"the filter matches more than {limit} documents; delete them in smaller groups "
                               "(a narrower filter) or with robustir index --delete")
         if not matched:
-            from .index import IndexReport
+            from .config import IndexReport
 
             return IndexReport("delete", documents=writer.count, deleted=0)
         ids = matched
