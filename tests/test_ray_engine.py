@@ -77,7 +77,7 @@ def test_a_worker_killed_mid_job_leaves_every_passage_exactly_once(tmp_path, tin
     corpus = _corpus(tmp_path / "corpus.jsonl", 50)
     marker = tmp_path / "killed-once"
 
-    def kill_once(call: int) -> None:  # runs in an actor: the first actor to reach its 2nd batch dies (kill -9)
+    def kill_once(call: int, ids: list[str]) -> None:  # in an actor: the first to reach its 2nd batch dies (kill -9)
         if call == 2 and not marker.exists():
             marker.write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -89,32 +89,103 @@ def test_a_worker_killed_mid_job_leaves_every_passage_exactly_once(tmp_path, tin
     assert vectors.shape == (50, 32) and np.isfinite(vectors).all()
 
 
-def test_a_stopped_driver_resumes_without_encoding_committed_parts_again(tmp_path, tiny_model_dir):
+class Stop(Exception):
+    pass
+
+
+def _stop_after_first(part: int) -> None:
+    raise Stop
+
+
+def _fragment_files(out: Path) -> dict:
     import lance
 
+    return {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
+
+
+def test_a_stopped_driver_resumes_by_id_whatever_the_part_size(tmp_path, tiny_model_dir):
+    """Stopped after its first commit, the job resumes with other --part-rows and --batch-rows (documented as
+    operational): the committed rows are kept (their files untouched), the others encoded, none twice."""
     corpus = _corpus(tmp_path / "corpus.jsonl", 50)
     out = tmp_path / "v.lance"
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_first(part: int) -> None:
-        raise Stop
-
     with pytest.raises(Stop):
-        encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=stop_after_first)
-    first = {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
-    assert sorted(read_vectors(out)[0]) == [f"d{i:03d}" for i in range(20)]  # part 0 committed whole
-    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config())
-    assert (report.parts, report.parts_resumed) == (3, 1)
-    after = {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
-    assert all(after[k] == v for k, v in first.items())  # part 0's files kept, not written again
-    assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(50)]
+        encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=_stop_after_first)
+    first = _fragment_files(out)
+    committed = read_vectors(out)[0]
+    assert 20 <= len(committed) < 50 and len(set(committed)) == len(committed)
+    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config(part_rows=7, batch_rows=3))
+    assert (report.rows, report.resumed) == (50, len(committed)) and report.parts >= 2
+    after = _fragment_files(out)
+    assert all(after[k] == v for k, v in first.items())  # the first run's files kept, not written again
+    ids = read_vectors(out)[0]
+    assert len(ids) == len(set(ids)) == 50 and ids == [f"d{i:03d}" for i in range(50)]  # count == distinct
     again = encode_with_ray(corpus, tiny_model_dir, out, config=_config(concurrency=1))  # operational: reused
     assert again.nothing_to_do
     with pytest.raises(ConfigError, match="other settings or inputs than this run"):
         encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"))
-    assert encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"), overwrite=True).parts == 3
+    redone = encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"), overwrite=True)
+    assert (redone.rows, redone.resumed) == (50, 0) and len(read_vectors(out)[0]) == 50
+
+
+def test_a_second_driver_on_the_same_output_is_refused_naming_the_first(tmp_path, tiny_model_dir):
+    """Two drivers on one output: the second is refused with the holder named (pid, host), before it encodes or
+    writes anything; the first's output holds every row once. The lock goes with the holder's process."""
+    import threading
+
+    from robustir.scale.job import OutputJob
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 30)
+    out = tmp_path / "v.lance"
+    refused: list[Exception] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def second_driver(part: int) -> None:  # in the first driver, after its first commit: a second one starts
+        if part == 0:
+            try:
+                encode_with_ray(corpus, tiny_model_dir, out, config=_config())
+            except ConfigError as exc:
+                refused.append(exc)
+
+    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=second_driver)
+    assert report.rows == 30 and len(refused) == 1
+    assert f"being written by another driver (pid {os.getpid()} on " in str(refused[0])
+    ids = read_vectors(out)[0]
+    assert len(ids) == len(set(ids)) == 30
+
+    def hold() -> None:
+        with OutputJob(out).lock():
+            entered.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    try:
+        with pytest.raises(ConfigError, match="being written by another driver"):
+            encode_with_ray(corpus, tiny_model_dir, out, config=_config(), overwrite=True)
+    finally:
+        release.set()
+        holder.join()
+    assert encode_with_ray(corpus, tiny_model_dir, out, config=_config()).nothing_to_do  # released: free again
+
+
+def test_a_batch_that_kills_its_actor_every_time_ends_in_an_error_naming_it(tmp_path, tiny_model_dir):
+    """A poison batch (its actor dies with kill -9 whenever it meets d013): after max_retries restarts the job stops
+    with the batch's ids named, not an endless restart loop; the commits before it are kept."""
+    corpus = _corpus(tmp_path / "corpus.jsonl", 30)
+    tries = tmp_path / "tries"
+    tries.mkdir()
+
+    def poison(call: int, ids: list[str]) -> None:
+        if "d013" in ids:
+            (tries / f"{os.getpid()}-{call}").write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    with pytest.raises(ConfigError, match=r"the batch d010 \.\. d019 \(10 rows\) killed its encoder actor 3 times "
+                                          r"\(max_retries 2"):
+        encode_with_ray(corpus, tiny_model_dir, tmp_path / "v.lance", config=_config(max_retries=2),
+                        on_batch=poison)
+    assert len(list(tries.iterdir())) == 3  # the first try and two retries, no more
 
 
 def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_model_dir, capsys):
