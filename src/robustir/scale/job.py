@@ -122,6 +122,20 @@ class _DatasetPath(str):
     is_dir = exists
 
 
+class _RecordPath(str):
+    """The object ``run.json`` of a store where :class:`~robustir.runs.Artifact` expects its record's path."""
+
+    name = "run.json"
+
+    def __new__(cls, store: Any) -> "_RecordPath":
+        made = super().__new__(cls, str(store.where("run.json")))
+        made.store = store
+        return made
+
+    def exists(self) -> bool:
+        return self.store.exists("run.json")
+
+
 class _ObjectRecord(Artifact):
     """An :class:`~robustir.runs.Artifact` whose record is the object ``run.json`` of a store (S3)."""
 
@@ -132,7 +146,7 @@ class _ObjectRecord(Artifact):
 
     @property
     def record_path(self) -> Any:
-        return self.store.where("run.json")
+        return _RecordPath(self.store)
 
     def record(self) -> dict | None:
         text = self.store.read_text("run.json")

@@ -455,11 +455,12 @@ def _ask(ledger: Any, method: str) -> Any:
 
 def read_vectors(output: str | os.PathLike, storage_options: Mapping[str, Any] | None = None,
                  ) -> tuple[list[str], np.ndarray]:
-    """The ids and vectors (float32, ``(n, d)``) of a Ray-encoded Lance dataset, sorted by id."""
+    """The ids and vectors (float32, ``(n, d)``) of a Ray-encoded Lance dataset (a path, or ``s3://`` with the
+    ``storage_options`` it was written with), sorted by id."""
     import lance
 
-    table = lance.dataset(str(output), storage_options=dict(storage_options) if storage_options else None) \
-        .to_table(columns=["id", "vector"]).sort_by("id")
+    job = OutputJob(output, storage_options)
+    table = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id", "vector"]).sort_by("id")
     vectors = table.column("vector").combine_chunks()
     dim = vectors.type.list_size
     return table.column("id").to_pylist(), np.asarray(vectors.flatten()).reshape(-1, dim)
