@@ -94,3 +94,71 @@ def test_an_s3_output_is_written_read_back_resumed_and_locked(tmp_path, tiny_mod
     assert "--storage-option goes with an s3:// output" in capsys.readouterr().err
     assert main([*args[:-len(flags) - 1], f"s3://{BUCKET}/x.lance", *flags]) == 2
     assert "s3://BUCKET/PREFIX/NAME.lance" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def two_nodes(tmp_path):
+    """A simulated two-node Ray cluster (one CPU each) whose workers start in another folder than the driver's:
+    the job's ``runtime_env`` working_dir, as on a real cluster."""
+    from ray.cluster_utils import Cluster
+
+    elsewhere = tmp_path / "cluster-working-dir"
+    elsewhere.mkdir()
+    (elsewhere / "README").write_text("the actors' working folder\n")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    import robustir
+
+    source = str(Path(robustir.__file__).resolve().parents[1])  # this checkout's robustir, from any folder
+    ray.init(address=cluster.address, log_to_driver=False,
+             runtime_env={"working_dir": str(elsewhere), "env_vars": {"PYTHONPATH": source}})
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_relative_paths_land_where_the_driver_meant_on_a_two_node_cluster(tmp_path, tiny_model_dir, two_nodes,
+                                                                          monkeypatch):
+    """Relative --input, --model and --output, from a driver whose folder is not the actors': the actors (one per
+    node, in the runtime_env's working folder) read the input and model and write the data files under the driver's
+    folder, where the commit and the record are (before issue 53 the data files went to the actors' folder and the
+    dataset read back "Not found"); the index's encoder pool takes a relative model too; a path no node sees is
+    refused naming the node and the path."""
+    import shutil
+
+    from robustir.models.encoder import Encoder
+    from robustir.scale.job import check_cluster_sees
+    from robustir.scale.ray_encode import RayEncoderPool
+
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    shutil.copytree(tiny_model_dir, driver / "model")
+    _corpus(driver / "corpus.jsonl", 30)
+    monkeypatch.chdir(driver)
+    nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    assert len(nodes) == 2
+
+    report = encode_with_ray("corpus.jsonl", "model", "out/v.lance", config=_config(concurrency=2))
+    assert report.rows == 30
+    ids, vectors = read_vectors(driver / "out" / "v.lance")
+    assert ids == [f"d{i:03d}" for i in range(30)] and vectors.shape == (30, 32)
+    record = json.loads((driver / "out" / "v.lance.run.json").read_text())
+    assert str(driver / "corpus.jsonl") in json.dumps(record["fingerprint"])  # recorded absolute
+    session_dirs = Path(ray._private.worker._global_node.get_session_dir_path())
+    assert not list(session_dirs.rglob("*.lance"))  # nothing written in the actors' working folders
+
+    texts = [f"passage {i} about topic {i % 5}" for i in range(12)]
+    encoder = Encoder.from_pretrained("model")
+    pool = RayEncoderPool(encoder, actors=2)
+    try:
+        got = pool.encode(texts, "passage", batch_size=4, precision="fp32")
+    finally:
+        pool.close()
+    np.testing.assert_allclose(got, encoder.encode(texts, "passage", batch_size=4, precision="fp32"), atol=1e-5)
+
+    # what the driver sees but the actors do not (here: paths relative to the driver's folder) is refused
+    with pytest.raises(ConfigError, match=r"node [\d.]+ does not see the input corpus\.jsonl, the output folder "
+                                          r"out; node [\d.]+ does not see .* put them on storage every node mounts"):
+        check_cluster_sees({"input": "corpus.jsonl"}, "out/w.lance")
+    with pytest.raises(ConfigError, match=r"does not see the model folder /nowhere/model"):
+        check_cluster_sees({"model folder": "/nowhere/model"})
