@@ -367,3 +367,117 @@ def test_mining_with_the_corpus_split_among_search_actors_gives_the_same_negativ
         MiningConfig(method="dense", ray_search_shards=2).validate()
     with pytest.raises(ConfigError, match="flat index"):
         MiningConfig(method="dense", engine="ray", ray_search_shards=2, corpus_chunk=100).validate()
+
+
+def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(tmp_path, tiny_model_dir):
+    """Dense mining's Ray path (``encode_documents_with_ray``) on a cache folder a job array shares: while another
+    process holds the dataset's lock the miner waits (no "Dataset already exists"), then encodes once; the next
+    finds the dataset complete and gets the same vectors through ``then`` (written in row order, a batch at a
+    time, as mining's .npy is)."""
+    import logging
+    import threading
+
+    from robustir.index.dense import EmbeddingFile
+    from robustir.models.encoder import Encoder
+    from robustir.scale.job import OutputJob
+    from robustir.scale.ray_encode import encode_documents_with_ray, write_in_row_order
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    texts = [f"passage number {i} about topic {i % 5}" for i in range(23)]
+    out = tmp_path / "cache" / "key.lance"
+    waiting, got = threading.Event(), []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waiting for it" in record.getMessage():
+                waiting.set()
+
+    handler = Seen()
+    logging.getLogger("robustir.scale.job").addHandler(handler)
+    logging.getLogger("robustir.scale.job").setLevel(logging.INFO)
+    try:
+        with OutputJob(out).lock():  # another miner holds it
+            miner = threading.Thread(target=lambda: got.append(encode_documents_with_ray(
+                encoder, lambda: texts, "digest", out, _config(batch_rows=5))))
+            miner.start()
+            assert waiting.wait(timeout=120)
+            assert miner.is_alive() and not got
+        miner.join()
+    finally:
+        logging.getLogger("robustir.scale.job").removeHandler(handler)
+    expected = encoder.encode(texts, "passage", batch_size=8, precision="fp32")
+    np.testing.assert_allclose(got[0], expected, atol=1e-5)
+
+    def to_file(uri: str) -> np.ndarray:
+        file = EmbeddingFile.create(tmp_path / "rows.npy", 23, 32)
+        assert write_in_row_order(uri, file) == 23
+        file.close()
+        return EmbeddingFile(tmp_path / "rows.npy").rows(0, 23)
+
+    again = encode_documents_with_ray(encoder, lambda: texts, "digest", out, _config(), then=to_file)
+    np.testing.assert_allclose(again, expected, atol=1e-5)
+
+
+def test_a_piece_that_kills_the_pool_actor_every_time_ends_in_an_error_naming_it(tmp_path, tiny_model_dir):
+    """The index's encoder pool: retries are bounded (``max_retries``); a piece whose actor dies on every try is
+    named in the error (its place in the chunk and its first text) instead of restarting forever."""
+    from robustir.models.encoder import Encoder
+    from robustir.scale.ray_encode import RayEncoderPool
+
+    tries = tmp_path / "tries"
+    tries.mkdir()
+
+    def always_die(call: int) -> None:
+        (tries / f"{os.getpid()}-{call}").write_text("x")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pool = RayEncoderPool(Encoder.from_pretrained(tiny_model_dir), actors=1, on_call=always_die, max_retries=1)
+    try:
+        with pytest.raises(ConfigError, match=r"texts 0\.\.9 of this chunk of 10 \(the first: 'text 0'\) killed "
+                                              r"their encoder actor 2 times"):
+            pool.encode([f"text {i}" for i in range(10)], "passage")
+    finally:
+        pool.close()
+    assert len(list(tries.iterdir())) == 2
+
+
+def test_the_corpus_streams_from_jsonl_or_parquet_with_robustirs_checks(tmp_path, tiny_model_dir, monkeypatch):
+    """The input is read by Ray tasks (never whole in the driver): a BEIR folder's corpus.jsonl and the same rows
+    as parquet give the same ids and vectors (title and text joined, an empty document skipped, as
+    robustir's reader does); a bad line, a missing text and a repeated id are errors naming the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import robustir.scale.ray_encode as ray_encode
+    from robustir.errors import DataError
+
+    folder = tmp_path / "beir"
+    folder.mkdir()
+    corpus = _corpus(folder / "corpus.jsonl", 24)
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"_id": "empty", "title": "", "text": "  "}) + "\n\n")
+    rows = [json.loads(line) for line in _lines(corpus)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "corpus.parquet")
+    from_jsonl = encode_with_ray(folder, tiny_model_dir, tmp_path / "a.lance", config=_config())
+    from_parquet = encode_with_ray(tmp_path / "corpus.parquet", tiny_model_dir, tmp_path / "b.lance",
+                                   config=_config())
+    assert from_jsonl.rows == from_parquet.rows == 24
+    ids_a, vectors_a = read_vectors(tmp_path / "a.lance")
+    ids_b, vectors_b = read_vectors(tmp_path / "b.lance")
+    assert ids_a == ids_b == [f"d{i:03d}" for i in range(24)]
+    np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(corpus.read_text() + '{"_id": "x1", "title": "no text"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl.*missing field 'text'"):
+        encode_with_ray(bad, tiny_model_dir, tmp_path / "c.lance", config=_config())
+    bad.write_text(corpus.read_text() + '{"_id": "x2", "text": "cut\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl.*not valid JSON"):
+        encode_with_ray(bad, tiny_model_dir, tmp_path / "d.lance", config=_config())
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(corpus.read_text() + json.dumps({"_id": "d003", "text": "again"}) + "\n")
+    with pytest.raises(DataError, match=r"twice\.jsonl.*duplicate ids \('d003'"):
+        encode_with_ray(twice, tiny_model_dir, tmp_path / "e.lance", config=_config())
+    monkeypatch.setattr(ray_encode, "DISTINCT_IN_DRIVER", 0)  # the distributed check, for a large output
+    with pytest.raises(DataError, match=r"twice\.jsonl.*duplicate ids \('d003'"):
+        encode_with_ray(twice, tiny_model_dir, tmp_path / "f.lance", config=_config())

@@ -24,7 +24,8 @@ BUCKET = "robustir-ray"
 
 
 def _corpus(path: Path, n: int) -> Path:
-    rows = [{"_id": f"d{i:03d}", "title": f"Title {i}", "text": f"document {i} about subject {i % 7}"} for i in range(n)]
+    rows = [{"_id": f"d{i:03d}", "title": f"Title {i}", "text": f"document {i} about subject {i % 7}"}
+            for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 

@@ -43,7 +43,7 @@ from ..validation import PositiveInt, Range, config_dataclass
 from .job import OutputJob, absolute, check_cluster_sees
 
 __all__ = ["RayEncodeConfig", "RayEncodeReport", "RayEncoderPool", "encode_documents_with_ray", "encode_with_ray",
-           "read_vectors", "require_scale_extra"]
+           "read_vectors", "require_scale_extra", "write_in_row_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -242,28 +242,123 @@ def _schema(dim: int):
     return pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), dim))])
 
 
-def _read(path: str, kind: str) -> tuple[list[str], list[str]]:
-    if kind == "query":
-        from ..data.beir import load_queries
+def _parse_rows(batch: Any, kind: str, source: str, held: Any = None) -> Any:
+    """A Ray Data task: one block of the input -- JSONL lines (``read_text``'s ``text`` column) or parquet rows --
+    as ``(id, text)`` with robustir's own checks (:mod:`robustir.data.beir`: a string id, ``text`` required,
+    ``title`` optional, title and text joined by :func:`~robustir.data.beir.encoding_text`, empty documents
+    skipped), less the ids in ``held`` (a resumed job's committed rows)."""
+    from ..errors import RobustIRError
 
-        queries, _ = load_queries(path)
-        return list(queries), list(queries.values())
-    from ..data.beir import load_corpus
+    try:
+        return _checked_rows(batch, kind, source, held)
+    except RobustIRError as error:  # robustir's errors do not pickle: their fields cross to the driver
+        import json
 
-    corpus, _ = load_corpus(path)
-    return list(corpus.ids), corpus.texts_for_encoding()
+        fields = {name: getattr(error, name, None) for name in ("path", "problem", "line", "field", "fix")}
+        raise _InputError(str(error), json.dumps(fields)) from None
 
 
-def _held_ids(job: OutputJob) -> set[str]:
-    """The ids the dataset holds (a fragment is committed whole or not at all)."""
+class _InputError(Exception):
+    """A bad input found by a read task: its message, then its :class:`DataError`'s fields as JSON (path, problem,
+    line, field, fix), carried to the driver (Ray pickles a task's error; robustir's do not pickle)."""
+
+
+def _checked_rows(batch: Any, kind: str, source: str, held: Any) -> Any:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from ..data.beir import _as_id, _as_text, encoding_text
+    from ..errors import DataError
+
+    where = Path(source)
+    records = batch.to_pylist()
+    if "text" in batch.column_names and batch.num_columns == 1:  # lines of a JSONL file
+        parsed = []
+        for row in records:
+            line = row["text"]
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(where, f"not valid JSON ({exc.msg}) in the line {line[:80]!r}",
+                                fix="each line must hold one JSON object") from None
+            if not isinstance(obj, dict):
+                raise DataError(where, f"expected a JSON object, got {type(obj).__name__} in {line[:80]!r}",
+                                fix="each line must hold one JSON object")
+            parsed.append(obj)
+        records = parsed
+    ids, texts = [], []
+    for obj in records:
+        doc_id = _as_id(obj.get("_id", obj.get("id")), where, None, "_id")
+        title = _as_text(obj, "title", where, None, required=False) if kind == "passage" else ""
+        text = _as_text(obj, "text", where, None, required=True)
+        if text.strip() or title.strip():
+            ids.append(doc_id)
+            texts.append(encoding_text(title, text))
+    table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string())})
+    if held is not None and len(held) and table.num_rows:
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=held)))
+    return table
+
+
+def _arrow_filesystem(job_options: dict | None) -> Any:
+    """A pyarrow S3 filesystem from Lance's object-store options (``aws_endpoint``, ``aws_region``, keys), for
+    Ray Data's readers; None: pyarrow's own (local paths, or S3 from the AWS environment)."""
+    if not job_options:
+        return None
+    from pyarrow import fs
+
+    get = lambda *names: next((v for k, v in job_options.items() if k.lower() in names), None)  # noqa: E731
+    endpoint = get("aws_endpoint", "endpoint", "aws_endpoint_url", "endpoint_url")
+    scheme = "http" if endpoint and endpoint.startswith("http://") else "https"
+    return fs.S3FileSystem(endpoint_override=endpoint.split("://", 1)[-1] if endpoint else None, scheme=scheme,
+                           region=get("aws_region", "region") or "us-east-1",
+                           access_key=get("aws_access_key_id", "access_key_id"),
+                           secret_key=get("aws_secret_access_key", "secret_access_key"),
+                           session_token=get("aws_session_token", "session_token", "token"))
+
+
+def _stream(input_uri: str, kind: str, options: dict | None) -> Callable[[Any], Any]:
+    """The input as a Ray Data dataset of ``(id, text)`` read by Ray tasks (never whole in the driver): JSONL
+    (``.jsonl``, ``.json``, ``.gz`` of them) line by line, or parquet (a file or a folder of them)."""
+    import ray.data
+
+    filesystem = _arrow_filesystem(options) if "://" in input_uri else None
+    path = input_uri.split("://", 1)[-1] if filesystem is not None else input_uri
+
+    def make(held: Any) -> Any:
+        # reading and parsing ask for no CPU, as the writes: the encoder actors may hold every CPU of the cluster
+        # (measured: a 1-CPU read task waited forever behind two 1-CPU actors on a 2-CPU session)
+        if input_uri.endswith(".parquet") or (os.path.isdir(input_uri) and any(Path(input_uri).glob("*.parquet"))):
+            # Ray 2.60's parquet reader (V2) lists files in a 1-CPU task that waits forever behind actors holding
+            # every CPU (measured: hung on a 2-CPU session); the V1 reader's tasks take num_cpus=0
+            context = ray.data.DataContext.get_current()
+            was, context.use_datasource_v2 = getattr(context, "use_datasource_v2", None), False
+            try:
+                raw = ray.data.read_parquet(path, filesystem=filesystem, num_cpus=0)
+            finally:
+                if was is not None:
+                    context.use_datasource_v2 = was
+        else:
+            raw = ray.data.read_text(path, filesystem=filesystem, drop_empty_lines=True, num_cpus=0)
+        return raw.map_batches(_parse_rows, batch_format="pyarrow", batch_size=None, num_cpus=0,
+                               fn_kwargs={"kind": kind, "source": input_uri, "held": held})
+    return make
+
+
+def _held_ids(job: OutputJob) -> Any:
+    """The ids the dataset holds (a fragment is committed whole or not at all), as one Arrow string array: about
+    20 bytes an id in the driver, on resume only (100M committed ids: ~2 GB -- docs/scale.md)."""
     import lance
+    import pyarrow as pa
 
     if not job.exists():
-        return set()
-    held: set[str] = set()
-    for batch in lance.dataset(job.uri, storage_options=job.options).to_batches(columns=["id"]):
-        held.update(batch.column("id").to_pylist())
-    return held
+        return pa.array([], pa.string())
+    column = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id"]).column("id")
+    return column.combine_chunks()
 
 
 def _init_ray(address: str | None) -> None:
@@ -290,17 +385,26 @@ def encode_with_ray(input_path: str | os.PathLike, model: str, output: str | os.
     job = OutputJob(output, storage_options)
     input_path = absolute(input_path, "--input")
     local_model = absolute(resolve_model_path(model), "--model")
+    beir = os.path.join(input_path, "queries.jsonl" if kind == "query" else "corpus.jsonl")
+    if "://" not in input_path and os.path.isfile(beir):  # a BEIR folder
+        input_path = beir
     inputs = {"input": input_path, "model": local_model}
-    return _encode(lambda: _read(input_path, kind), inputs, local_model, job, kind, config, encoder_options,
-                   overwrite, device, on_batch, on_part, paths={"input": input_path, "model folder": local_model})
+    return _encode(_stream(input_path, kind, job.options), inputs, local_model, job, kind, config,
+                   encoder_options, overwrite, device, on_batch, on_part,
+                   paths={"input": input_path, "model folder": local_model})
 
 
 def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], digest: str, output: Path,
-                              config: RayEncodeConfig, device: str | None = None) -> np.ndarray:
-    """Passage vectors of ``texts()`` (in their order) encoded on Ray with ``encoder``'s model and settings, through
-    the resumable Lance dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``; two
-    miners sharing the cache folder: the second waits for the first and reuses its vectors).
-    ``digest`` stands for the texts' content in the record (they are not a file)."""
+                              config: RayEncodeConfig, device: str | None = None, *,
+                              then: Callable[[str], Any] | None = None) -> Any:
+    """Passage vectors of ``texts()`` encoded on Ray with ``encoder``'s model and settings into the resumable Lance
+    dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are the texts' row
+    numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
+
+    ``then(uri)`` runs while this process still holds the output's lock -- after the encoding, or at once when it
+    was already complete -- and its result is returned: mining writes its ``.npy`` there
+    (:func:`write_in_row_order`), so two miners sharing the cache folder (a job array) encode and write it once:
+    the second waits for the first, then finds it done. Without ``then``: the vectors, ``(n, d)`` in row order."""
     import dataclasses
 
     from ..models.encoder import resolve_model_path
@@ -308,20 +412,51 @@ def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], dige
     local_model = absolute(resolve_model_path(encoder.source), "model")
     options = dataclasses.asdict(encoder.config)
 
-    def rows() -> tuple[list[str], list[str]]:
+    def rows(held: Any) -> Any:  # the texts are the caller's (in memory): blocks of batch_rows, ids in row order
+        import pyarrow as pa
+        import ray.data
+
         values = texts()
-        return [f"{i:012d}" for i in range(len(values))], values  # ids in row order: read back sorted
+        ids = [f"{i:012d}" for i in range(len(values))]
+        return ray.data.from_arrow([_parse_rows(pa.table({"_id": ids[a:a + config.batch_rows],
+                                                          "text": values[a:a + config.batch_rows]}),
+                                                "passage", "the texts to mine", held)
+                                    for a in range(0, len(values), config.batch_rows)])
 
     job = OutputJob(output)
+    result: list[Any] = []
     _encode(rows, {"model": local_model}, local_model, job, "passage", config, options, False, device,
-            None, None, extra={"texts": digest}, paths={"model folder": local_model}, wait=True)
-    return read_vectors(job.uri)[1]
+            None, None, extra={"texts": digest}, paths={"model folder": local_model}, wait=True,
+            then=lambda: result.append(then(job.uri) if then is not None else read_vectors(job.uri)[1]))
+    return result[0]
 
 
-def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model: str, job: OutputJob, kind: str,
+def write_in_row_order(output: str, file: Any) -> int:
+    """Write the vectors of ``output`` (a dataset of :func:`encode_documents_with_ray`: ids are row numbers) into
+    the :class:`~robustir.index.dense.EmbeddingFile` ``file`` at their rows, one Lance batch at a time: the driver
+    holds one batch, never the corpus's vectors. Returns the rows written."""
+    import lance
+
+    written = 0
+    for batch in lance.dataset(output).to_batches(columns=["id", "vector"], batch_size=8192):
+        rows = np.asarray([int(i) for i in batch.column("id").to_pylist()], dtype=np.int64)
+        column = batch.column("vector")
+        vectors = np.asarray(column.flatten()).reshape(len(rows), column.type.list_size)
+        order = np.argsort(rows, kind="stable")
+        rows, vectors = rows[order], vectors[order]
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # runs of consecutive rows: one write each
+        for run_rows, run in zip(np.split(rows, breaks), np.split(vectors, breaks)):
+            file.write(int(run_rows[0]), run)
+        written += len(rows)
+    return written
+
+
+def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJob, kind: str,
             config: RayEncodeConfig, encoder_options: dict | None, overwrite: bool, device: str | None,
             on_batch: Callable[[int, list[str]], None] | None, on_part: Callable[[int], None] | None,
-            extra: dict | None = None, paths: dict | None = None, wait: bool = False) -> RayEncodeReport:
+            extra: dict | None = None, paths: dict | None = None, wait: bool = False,
+            then: Callable[[], Any] | None = None) -> RayEncodeReport:
+    """``source(held)``: the Ray Data dataset of ``(id, text)`` to encode, less the ids ``held`` (an Arrow array)."""
     from transformers import AutoConfig
 
     encoder_options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
@@ -334,6 +469,8 @@ def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model
         decision = record.decide(made, on_change="refuse", overwrite=overwrite,
                                  work=["a Lance dataset"] if job.exists() else [])
         if decision.state == "reuse":
+            if then is not None:
+                then()
             return RayEncodeReport(record.report.get("rows", 0), record.report.get("parts", 0), 0, 0.0,
                                    nothing_to_do=True)
         if decision.state == "fresh":
@@ -341,26 +478,56 @@ def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model
             record.start(made)
         _init_ray(config.address)
         check_cluster_sees(paths or {}, None if job.remote else job.uri)
-        ids, texts = rows()
-        if not ids:
-            raise ConfigError(f"no {kind}s to encode")
-        held = _held_ids(job) if decision.state == "resume" else set()
-        if held:
-            logger.info("%s: %d rows were committed by an earlier run; encoding the other %d", job.uri, len(held),
-                        len(ids) - len(held))
-        todo = [i for i, doc_id in enumerate(ids) if doc_id not in held] if held else range(len(ids))
+        held = _held_ids(job) if decision.state == "resume" else None
+        if held is not None and len(held):
+            logger.info("%s: %d rows were committed by an earlier run; encoding the others", job.uri, len(held))
         dim = int(AutoConfig.from_pretrained(model).hidden_size)  # Encoder.dim, without loading the weights here
-        parts = _run(job, [ids[i] for i in todo], [texts[i] for i in todo], model, kind, dim, config,
-                     encoder_options, device or ("cuda" if config.num_gpus else "cpu"), on_batch, on_part)
-        del ids, texts
-        stored = _count(job)
-        total = len(held) + len(todo)
+        parts, encoded = _run(job, source(held), model, kind, dim, config, encoder_options,
+                              device or ("cuda" if config.num_gpus else "cpu"), on_batch, on_part)
+        resumed = len(held) if held is not None else 0
+        total, stored = resumed + encoded, _count(job)
+        if total == 0:
+            raise ConfigError(f"no {kind}s to encode in {inputs.get('input', 'the input')}")
         if stored != total:  # the lock keeps other writers out: a mismatch is a bug or a hand edit, never kept quiet
             raise ConfigError(f"{job.uri} holds {stored} rows after the job, {total} were expected; run it again "
                               "with --overwrite")
+        _refuse_duplicates(job, inputs.get("input"), total)
         seconds = time.perf_counter() - started
         record.finish({"rows": total, "parts": parts, "dim": dim, "seconds": round(seconds, 1)}, files=[])
-    return RayEncodeReport(total, parts, len(held), seconds)
+        if then is not None:
+            then()
+    return RayEncodeReport(total, parts, resumed, seconds)
+
+
+#: up to this many rows the duplicate-id check reads the id column into the driver (Arrow, ~20 bytes an id: 100 MB
+#: at 5M); above, a Ray Data group-by finds them (measured 7-10 s of fixed cost a job on 2 busy cores, so not for
+#: small jobs)
+DISTINCT_IN_DRIVER = 5_000_000
+
+
+def _refuse_duplicates(job: OutputJob, source: str | None, rows: int) -> None:
+    """Refuse an input that holds an id twice (robustir's readers refuse it line by line; the stream is read by
+    many tasks, so it is checked on the output: in the driver for a small one, else by a Ray Data group-by on the
+    id column, of which only repeated ids reach the driver)."""
+    import lance
+    import pyarrow.compute as pc
+
+    if rows <= DISTINCT_IN_DRIVER:
+        ids = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id"]).column("id")
+        counts = pc.value_counts(ids)
+        repeated = [{"id": v["values"]} for v in counts.filter(pc.greater(counts.field("counts"), 1))
+                    .to_pylist()[:3]]
+    else:
+        import lance_ray
+
+        repeated = lance_ray.read_lance(job.uri, columns=["id"], storage_options=job.options) \
+            .groupby("id").count().filter(lambda row: row["count()"] > 1).take(3)
+    if repeated:
+        from ..errors import DataError
+
+        ids = ", ".join(repr(row["id"]) for row in repeated)
+        raise DataError(source or job.uri, f"duplicate ids ({ids}, ...): the output {job.uri} is not usable",
+                        field="_id", fix="make the ids unique, then run again with --overwrite")
 
 
 def _count(job: OutputJob) -> int:
@@ -369,29 +536,26 @@ def _count(job: OutputJob) -> int:
     return lance.dataset(job.uri, storage_options=job.options).count_rows()
 
 
-def _run(job: OutputJob, ids: list[str], texts: list[str], model: str, kind: str, dim: int,
-         config: RayEncodeConfig, encoder_options: dict, device: str,
-         on_batch: Callable[[int, list[str]], None] | None,
-         on_part: Callable[[int], None] | None) -> int:
+def _run(job: OutputJob, rows: Any, model: str, kind: str, dim: int, config: RayEncodeConfig,
+         encoder_options: dict, device: str, on_batch: Callable[[int, list[str]], None] | None,
+         on_part: Callable[[int], None] | None) -> tuple[int, int]:
     """One Ray Data pipeline for the rows left to encode; the driver commits the fragments' metadata every
-    ``part_rows`` rows. Returns the number of commits."""
+    ``part_rows`` rows. Returns the number of commits and of rows committed."""
     import lance
     import pyarrow as pa
     import ray
     import ray.data
     from lance_ray import LanceFragmentWriter
 
-    if not ids:
-        return 0
-    ray.data.DataContext.get_current().enable_progress_bars = config.show_progress
-    blocks = [pa.table({"id": ids[a:a + config.batch_rows], "text": texts[a:a + config.batch_rows]})
-              for a in range(0, len(ids), config.batch_rows)]
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = config.show_progress
+    context.raise_original_map_exception = True  # a bad input's message, not "UDF failed to process a data block"
     ledger = ray.remote(num_cpus=0)(_Ledger).remote()
     retries = {"max_restarts": config.max_retries, "max_task_retries": config.max_retries}
     # the write tasks ask for no CPU: the encoder actors may hold every CPU of the cluster (Ray Data warns that the
     # job would hang), and writing a fragment is light next to encoding it. A write task takes a few encoded
     # batches (not a whole part: one task buffering a 100k-row part held the actors back-pressured, measured)
-    dataset = ray.data.from_arrow(blocks).map_batches(
+    dataset = rows.map_batches(
         _EncodeBatch, batch_size=config.batch_rows, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=config.concurrency),
         num_gpus=config.num_gpus or None, num_cpus=config.num_cpus,
@@ -402,10 +566,10 @@ def _run(job: OutputJob, ids: list[str], texts: list[str], model: str, kind: str
                                       data_storage_version="stable"),
                   batch_size=min(config.part_rows, 4 * config.batch_rows), batch_format="pyarrow", num_cpus=0)
     pending: list[Any] = []
-    rows = commits = 0
+    rows = commits = total = 0
 
     def commit() -> None:
-        nonlocal pending, rows, commits
+        nonlocal pending, rows, commits, total
         if job.exists():
             current = lance.dataset(job.uri, storage_options=job.options)
             operation, version = lance.LanceOperation.Append(pending), current.version
@@ -414,7 +578,7 @@ def _run(job: OutputJob, ids: list[str], texts: list[str], model: str, kind: str
         lance.LanceDataset.commit(job.uri, operation, read_version=version, storage_options=job.options)
         if on_part is not None:
             on_part(commits)
-        pending, rows, commits = [], 0, commits + 1
+        pending, rows, commits, total = [], 0, commits + 1, total + rows
 
     try:
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
@@ -427,6 +591,9 @@ def _run(job: OutputJob, ids: list[str], texts: list[str], model: str, kind: str
         if pending:
             commit()
     except (ray.exceptions.RayError, RuntimeError) as error:
+        cause = _robustir_error(error)
+        if cause is not None:  # bad input found by a read task: robustir's own message, not Ray's traceback
+            raise cause from None
         worst = _ask(ledger, "worst")
         if worst is not None and worst[1] > config.max_retries:
             raise ConfigError(f"{job.uri}: the batch {worst[0]} killed its encoder actor {worst[1]} times "
@@ -437,7 +604,29 @@ def _run(job: OutputJob, ids: list[str], texts: list[str], model: str, kind: str
     finally:
         _LAST["model_loads"] = _ask(ledger, "model_loads")
         ray.kill(ledger)
-    return commits
+    return commits, total
+
+
+def _robustir_error(error: BaseException) -> BaseException | None:
+    """The bad input (a bad line, a missing field) a read task found, as robustir's :class:`DataError` with the
+    task's message, or None (Ray Data raises the task's own exception: ``raise_original_map_exception``)."""
+    from ..errors import DataError
+
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, _InputError) and isinstance(seen.args[-1], BaseException):
+            seen = seen.args[-1]  # Ray's RayTaskError(_InputError) holds the task's own exception
+            continue
+        if isinstance(seen, _InputError):
+            import json
+
+            fields = json.loads(seen.args[-1])  # the last: Ray Data appends its own text to the first
+            return DataError(fields["path"], fields["problem"] or "bad input", line=fields["line"],
+                             field=fields["field"], fix=fields["fix"])
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return None
 
 
 #: what the last job measured (model loads by its actors): for bench/ray_encode.py and tests
