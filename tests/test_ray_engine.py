@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_ray_gives_the_single_process_vectors_on_a_scifact_slice(tmp_path):
     options = {"passage_max_length": 128}
     report = encode_with_ray(corpus, default_model_path(), tmp_path / "vectors.lance", encoder_options=options,
                              config=_config(batch_rows=40, part_rows=100, batch_size=16))
-    assert (report.rows, report.parts, report.parts_resumed) == (240, 3, 0)
+    assert (report.rows, report.resumed) == (240, 0) and report.parts >= 2
     ids, vectors = read_vectors(tmp_path / "vectors.lance")
     loaded, _ = load_corpus(corpus)
     single = Encoder.from_pretrained(default_model_path(), **options).encode(
@@ -181,10 +182,12 @@ def test_a_batch_that_kills_its_actor_every_time_ends_in_an_error_naming_it(tmp_
             (tries / f"{os.getpid()}-{call}").write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
 
-    with pytest.raises(ConfigError, match=r"the batch d010 \.\. d019 \(10 rows\) killed its encoder actor 3 times "
-                                          r"\(max_retries 2"):
+    with pytest.raises(ConfigError, match=r"the batch d\d{3} \.\. d\d{3} \(\d+ rows\) killed its encoder actor 3 "
+                                          r"times \(max_retries 2") as refused:
         encode_with_ray(corpus, tiny_model_dir, tmp_path / "v.lance", config=_config(max_retries=2),
                         on_batch=poison)
+    first, last = str(refused.value).split("the batch ")[1].split(" (")[0].split(" .. ")
+    assert first <= "d013" <= last  # the batch named is the one that holds the poison row
     assert len(list(tries.iterdir())) == 3  # the first try and two retries, no more
 
 
@@ -196,7 +199,7 @@ def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_m
     args = ["encode", "--engine", "ray", "--model", tiny_model_dir, "--input", str(corpus), "--precision", "fp32",
             "--concurrency", "2", "--part-rows", "20", "--output", str(out)]
     assert main(args) == 0
-    assert "30 rows in 2 parts" in capsys.readouterr().out
+    assert re.search(r"30 rows in \d+ parts", capsys.readouterr().out)
     assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(30)]
     assert main(args) == 0 and "nothing to do" in capsys.readouterr().out
     assert main([*args[:-1], str(tmp_path / "v")]) == 2  # not a .lance name
