@@ -157,7 +157,7 @@ class _EncodeBatch(_PoolActor):
         if self.on_batch is not None:  # progress, or a fault injected by a test
             self.on_batch(self.batches, ids.to_pylist())
         vectors = self.encode(batch.column("text").to_pylist(), self.kind, self.batch_size, self.precision)
-        self.ledger.finished.remote(name)
+        ray.get(self.ledger.finished.remote(name))  # waited for: a kill -9 right after must not lose it
         flat = pa.array(vectors.reshape(-1), type=pa.float32())
         return pa.table({"id": ids, "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
 
@@ -482,8 +482,15 @@ def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJ
         if held is not None and len(held):
             logger.info("%s: %d rows were committed by an earlier run; encoding the others", job.uri, len(held))
         dim = int(AutoConfig.from_pretrained(model).hidden_size)  # Encoder.dim, without loading the weights here
-        parts, encoded = _run(job, source(held), model, kind, dim, config, encoder_options,
-                              device or ("cuda" if config.num_gpus else "cpu"), on_batch, on_part)
+        import ray.data
+
+        context = ray.data.DataContext.get_current()  # copied into each dataset when it is made: set before
+        raised, context.raise_original_map_exception = context.raise_original_map_exception, True
+        try:  # a bad input's own message reaches the driver, not "UDF failed to process a data block"
+            parts, encoded = _run(job, source(held), model, kind, dim, config, encoder_options,
+                                  device or ("cuda" if config.num_gpus else "cpu"), on_batch, on_part)
+        finally:
+            context.raise_original_map_exception = raised  # the driver's other Ray Data jobs as they were
         resumed = len(held) if held is not None else 0
         total, stored = resumed + encoded, _count(job)
         if total == 0:
@@ -549,7 +556,6 @@ def _run(job: OutputJob, rows: Any, model: str, kind: str, dim: int, config: Ray
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = config.show_progress
-    context.raise_original_map_exception = True  # a bad input's message, not "UDF failed to process a data block"
     ledger = ray.remote(num_cpus=0)(_Ledger).remote()
     retries = {"max_restarts": config.max_retries, "max_task_retries": config.max_retries}
     # the write tasks ask for no CPU: the encoder actors may hold every CPU of the cluster (Ray Data warns that the
