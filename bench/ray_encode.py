@@ -10,6 +10,18 @@ Three ways to encode the same passages with the bundled all-MiniLM-L6-v2 (128-to
 Rounds alternate the three (process, ray-local, ray-2nodes, process, ...); the Ray rows include starting the actors
 (one model load each) and the Lance commits, not starting the Ray session. Prints passages/s per round, the median
 and range, and each engine's ratio to `process`.
+
+Driver memory (issue 53): does the driver's peak RSS stay flat in the corpus size, and is the model loaded once per
+actor for the whole job?
+
+    python bench/ray_encode.py --driver-memory 20000,100000 --rounds 2     # ~5 min on 2 cores
+
+Each size runs in a fresh process (its peak RSS, `ru_maxrss`, is its own), alternating `process` (`Encoder.encode`
+of the whole corpus in that process) and `ray` (`encode_with_ray` on a local Ray session of all cores, one 1-CPU
+actor per core, --part-rows 20000: several commits). To run in minutes on 2 cores it uses a tiny random BERT
+(2 layers, 32 wide, MiniLM's tokenizer) and short synthetic passages (12-40 words), so the figures are the
+engine's own overhead and memory, not a real model's speed. Prints per run: seconds, passages/s, the process's
+peak RSS, and for Ray the model loads counted by the job's actors.
 """
 
 from __future__ import annotations
@@ -43,7 +55,108 @@ def corpus_file(rows: int, target: Path) -> Path:
     return target
 
 
+def tiny_model(target: Path) -> str:
+    """A 2-layer, 32-wide random BERT with the bundled MiniLM's tokenizer (as tests/conftest.py makes)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from robustir.resources import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return str(target)
+
+
+def synthetic_corpus(rows: int, target: Path) -> Path:
+    import random
+
+    words = ("protein cell gene study patients results effect analysis expression model data response risk "
+             "treatment clinical level increased disease factor human cancer role function trial").split()
+    rng = random.Random(rows)
+    with target.open("w", encoding="utf-8") as handle:
+        for i in range(rows):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(12, 40)))
+            handle.write(json.dumps({"_id": f"p{i:08d}", "title": f"title {i % 977}", "text": text}) + "\n")
+    return target
+
+
+def one_run(engine: str, corpus: str, model: str, out: str) -> None:
+    """In a fresh process: encode ``corpus`` with ``engine``; print a JSON line of seconds, peak RSS, loads."""
+    import resource
+
+    cores = os.cpu_count() or 2
+    started = time.perf_counter()
+    loads = None
+    if engine == "process":
+        from robustir.data.beir import load_corpus
+        from robustir.models.encoder import Encoder
+
+        loaded, _ = load_corpus(corpus)
+        encoder = Encoder.from_pretrained(model, device="cpu")
+        vectors = encoder.encode(loaded.texts_for_encoding(), "passage", batch_size=64, precision="fp32",
+                                 show_progress=False)
+        rows = len(vectors)
+    else:
+        import ray
+
+        from robustir.scale import ray_encode
+
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+        started = time.perf_counter()  # the session's start is not the engine's
+        config = ray_encode.RayEncodeConfig(precision="fp32", batch_rows=2048, part_rows=20_000, concurrency=cores,
+                                            num_cpus=1, show_progress=False)
+        rows = ray_encode.encode_with_ray(corpus, model, out, config=config).rows
+        loads = ray_encode._LAST.get("model_loads")
+        ray.shutdown()
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"engine": engine, "rows": rows, "seconds": round(seconds, 2), "peak_rss_mib": round(peak),
+                      "model_loads": loads}))
+
+
+def driver_memory(sizes: list[int], rounds: int) -> int:
+    import subprocess
+
+    work = Path(tempfile.mkdtemp(prefix="ray-mem-"))
+    model = tiny_model(work / "tiny-bert")
+    corpora = {n: str(synthetic_corpus(n, work / f"corpus-{n}.jsonl")) for n in sizes}
+    results: dict[tuple[str, int], list[dict]] = {}
+    for round_ in range(rounds):
+        for n in sizes:
+            for engine in ("process", "ray"):
+                out = work / f"v-{n}-{round_}.lance"
+                reply = subprocess.run([sys.executable, __file__, "--one", engine, corpora[n], model, str(out)],
+                                       capture_output=True, text=True, check=True)
+                got = json.loads(reply.stdout.strip().splitlines()[-1])
+                results.setdefault((engine, n), []).append(got)
+                print(f"round {round_ + 1} {engine:8s} {n:7d} passages: {got['seconds']:6.1f} s "
+                      f"({n / got['seconds']:6.0f}/s), driver peak RSS {got['peak_rss_mib']} MiB"
+                      + (f", model loads {got['model_loads']}" if got["model_loads"] is not None else ""), flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+    print(f"\n{os.cpu_count()} cores, {rounds} rounds (median):")
+    for n in sizes:
+        rate = {e: statistics.median(n / r["seconds"] for r in results[(e, n)]) for e in ("process", "ray")}
+        rss = {e: statistics.median(r["peak_rss_mib"] for r in results[(e, n)]) for e in ("process", "ray")}
+        print(f"{n:7d} passages: process {rate['process']:6.0f}/s {rss['process']:5.0f} MiB | ray "
+              f"{rate['ray']:6.0f}/s {rss['ray']:5.0f} MiB, x{rate['ray'] / rate['process']:.2f} of process, "
+              f"model loads {[r['model_loads'] for r in results[('ray', n)]]}")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:
+        one_run(*argv[1:5])
+        return 0
+    if "--driver-memory" in argv:
+        at = argv.index("--driver-memory")
+        rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
+        return driver_memory([int(n) for n in argv[at + 1].split(",")], rounds)
     import ray
     from ray.cluster_utils import Cluster
 

@@ -114,3 +114,29 @@ def gloo_process(rank: int, world: int, init_file: str, out_file: str, body: Cal
             dist.barrier()
         dist.destroy_process_group()
         gc.collect()
+
+
+def moto_s3(bucket: str):
+    """moto's S3 server in a thread on 127.0.0.1 (a free port) with one bucket: a context manager giving its URL.
+    Needs ``moto[server]`` (``robustir[dev]``)."""
+    import contextlib
+    import logging
+
+    import boto3
+    from moto import server as moto_server
+
+    @contextlib.contextmanager
+    def running():
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        try:
+            boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                         region_name="us-east-1").create_bucket(Bucket=bucket)
+            yield url
+        finally:
+            server.stop()
+
+    return running()

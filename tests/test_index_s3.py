@@ -20,7 +20,6 @@ import pytest
 from extras import needs, require  # noqa: E402  (tests/ is on sys.path)
 
 require("boto3", "moto.server", extra="dev")  # moto[server] brings boto3
-from moto import server as moto_server  # noqa: E402
 
 from robustir.errors import ConfigError, DataError  # noqa: E402
 from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
@@ -36,19 +35,10 @@ BUCKET = "robustir-test"
 @pytest.fixture(scope="module")
 def endpoint():
     """moto's S3 server in a thread on 127.0.0.1 (a free port), with one bucket."""
-    import logging
+    from helpers import moto_s3
 
-    import boto3
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    yield url
-    server.stop()
+    with moto_s3(BUCKET) as url:
+        yield url
 
 
 @pytest.fixture()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_ray_gives_the_single_process_vectors_on_a_scifact_slice(tmp_path):
     options = {"passage_max_length": 128}
     report = encode_with_ray(corpus, default_model_path(), tmp_path / "vectors.lance", encoder_options=options,
                              config=_config(batch_rows=40, part_rows=100, batch_size=16))
-    assert (report.rows, report.parts, report.parts_resumed) == (240, 3, 0)
+    assert (report.rows, report.resumed) == (240, 0) and report.parts >= 2
     ids, vectors = read_vectors(tmp_path / "vectors.lance")
     loaded, _ = load_corpus(corpus)
     single = Encoder.from_pretrained(default_model_path(), **options).encode(
@@ -77,7 +78,7 @@ def test_a_worker_killed_mid_job_leaves_every_passage_exactly_once(tmp_path, tin
     corpus = _corpus(tmp_path / "corpus.jsonl", 50)
     marker = tmp_path / "killed-once"
 
-    def kill_once(call: int) -> None:  # runs in an actor: the first actor to reach its 2nd batch dies (kill -9)
+    def kill_once(call: int, ids: list[str]) -> None:  # in an actor: the first to reach its 2nd batch dies (kill -9)
         if call == 2 and not marker.exists():
             marker.write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -89,32 +90,105 @@ def test_a_worker_killed_mid_job_leaves_every_passage_exactly_once(tmp_path, tin
     assert vectors.shape == (50, 32) and np.isfinite(vectors).all()
 
 
-def test_a_stopped_driver_resumes_without_encoding_committed_parts_again(tmp_path, tiny_model_dir):
+class Stop(Exception):
+    pass
+
+
+def _stop_after_first(part: int) -> None:
+    raise Stop
+
+
+def _fragment_files(out: Path) -> dict:
     import lance
 
+    return {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
+
+
+def test_a_stopped_driver_resumes_by_id_whatever_the_part_size(tmp_path, tiny_model_dir):
+    """Stopped after its first commit, the job resumes with other --part-rows and --batch-rows (documented as
+    operational): the committed rows are kept (their files untouched), the others encoded, none twice."""
     corpus = _corpus(tmp_path / "corpus.jsonl", 50)
     out = tmp_path / "v.lance"
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_first(part: int) -> None:
-        raise Stop
-
     with pytest.raises(Stop):
-        encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=stop_after_first)
-    first = {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
-    assert sorted(read_vectors(out)[0]) == [f"d{i:03d}" for i in range(20)]  # part 0 committed whole
-    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config())
-    assert (report.parts, report.parts_resumed) == (3, 1)
-    after = {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(str(out)).get_fragments()}
-    assert all(after[k] == v for k, v in first.items())  # part 0's files kept, not written again
-    assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(50)]
+        encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=_stop_after_first)
+    first = _fragment_files(out)
+    committed = read_vectors(out)[0]
+    assert 20 <= len(committed) < 50 and len(set(committed)) == len(committed)
+    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config(part_rows=7, batch_rows=3))
+    assert (report.rows, report.resumed) == (50, len(committed)) and report.parts >= 2
+    after = _fragment_files(out)
+    assert all(after[k] == v for k, v in first.items())  # the first run's files kept, not written again
+    ids = read_vectors(out)[0]
+    assert len(ids) == len(set(ids)) == 50 and ids == [f"d{i:03d}" for i in range(50)]  # count == distinct
     again = encode_with_ray(corpus, tiny_model_dir, out, config=_config(concurrency=1))  # operational: reused
     assert again.nothing_to_do
     with pytest.raises(ConfigError, match="other settings or inputs than this run"):
         encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"))
-    assert encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"), overwrite=True).parts == 3
+    redone = encode_with_ray(corpus, tiny_model_dir, out, config=_config(precision="bf16"), overwrite=True)
+    assert (redone.rows, redone.resumed) == (50, 0) and len(read_vectors(out)[0]) == 50
+
+
+def test_a_second_driver_on_the_same_output_is_refused_naming_the_first(tmp_path, tiny_model_dir):
+    """Two drivers on one output: the second is refused with the holder named (pid, host), before it encodes or
+    writes anything; the first's output holds every row once. The lock goes with the holder's process."""
+    import threading
+
+    from robustir.scale.job import OutputJob
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 30)
+    out = tmp_path / "v.lance"
+    refused: list[Exception] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def second_driver(part: int) -> None:  # in the first driver, after its first commit: a second one starts
+        if part == 0:
+            try:
+                encode_with_ray(corpus, tiny_model_dir, out, config=_config())
+            except ConfigError as exc:
+                refused.append(exc)
+
+    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=second_driver)
+    assert report.rows == 30 and len(refused) == 1
+    assert f"being written by another driver (pid {os.getpid()} on " in str(refused[0])
+    ids = read_vectors(out)[0]
+    assert len(ids) == len(set(ids)) == 30
+
+    def hold() -> None:
+        with OutputJob(out).lock():
+            entered.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    try:
+        with pytest.raises(ConfigError, match="being written by another driver"):
+            encode_with_ray(corpus, tiny_model_dir, out, config=_config(), overwrite=True)
+    finally:
+        release.set()
+        holder.join()
+    assert encode_with_ray(corpus, tiny_model_dir, out, config=_config()).nothing_to_do  # released: free again
+
+
+def test_a_batch_that_kills_its_actor_every_time_ends_in_an_error_naming_it(tmp_path, tiny_model_dir):
+    """A poison batch (its actor dies with kill -9 whenever it meets d013): after max_retries restarts the job stops
+    with the batch's ids named, not an endless restart loop; the commits before it are kept."""
+    corpus = _corpus(tmp_path / "corpus.jsonl", 30)
+    tries = tmp_path / "tries"
+    tries.mkdir()
+
+    def poison(call: int, ids: list[str]) -> None:
+        if "d013" in ids:
+            (tries / f"{os.getpid()}-{call}").write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    with pytest.raises(ConfigError, match=r"the batch d\d{3} \.\. d\d{3} \(\d+ rows\) killed its encoder actor 3 "
+                                          r"times \(max_retries 2") as refused:
+        encode_with_ray(corpus, tiny_model_dir, tmp_path / "v.lance", config=_config(max_retries=2),
+                        on_batch=poison)
+    first, last = str(refused.value).split("the batch ")[1].split(" (")[0].split(" .. ")
+    assert first <= "d013" <= last  # the batch named is the one that holds the poison row
+    assert len(list(tries.iterdir())) == 3  # the first try and two retries, no more
 
 
 def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_model_dir, capsys):
@@ -125,7 +199,7 @@ def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_m
     args = ["encode", "--engine", "ray", "--model", tiny_model_dir, "--input", str(corpus), "--precision", "fp32",
             "--concurrency", "2", "--part-rows", "20", "--output", str(out)]
     assert main(args) == 0
-    assert "30 rows in 2 parts" in capsys.readouterr().out
+    assert re.search(r"30 rows in \d+ parts", capsys.readouterr().out)
     assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(30)]
     assert main(args) == 0 and "nothing to do" in capsys.readouterr().out
     assert main([*args[:-1], str(tmp_path / "v")]) == 2  # not a .lance name
@@ -299,3 +373,117 @@ def test_mining_with_the_corpus_split_among_search_actors_gives_the_same_negativ
         MiningConfig(method="dense", ray_search_shards=2).validate()
     with pytest.raises(ConfigError, match="flat index"):
         MiningConfig(method="dense", engine="ray", ray_search_shards=2, corpus_chunk=100).validate()
+
+
+def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(tmp_path, tiny_model_dir):
+    """Dense mining's Ray path (``encode_documents_with_ray``) on a cache folder a job array shares: while another
+    process holds the dataset's lock the miner waits (no "Dataset already exists"), then encodes once; the next
+    finds the dataset complete and gets the same vectors through ``then`` (written in row order, a batch at a
+    time, as mining's .npy is)."""
+    import logging
+    import threading
+
+    from robustir.index.dense import EmbeddingFile
+    from robustir.models.encoder import Encoder
+    from robustir.scale.job import OutputJob
+    from robustir.scale.ray_encode import encode_documents_with_ray, write_in_row_order
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    texts = [f"passage number {i} about topic {i % 5}" for i in range(23)]
+    out = tmp_path / "cache" / "key.lance"
+    waiting, got = threading.Event(), []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waiting for it" in record.getMessage():
+                waiting.set()
+
+    handler = Seen()
+    logging.getLogger("robustir.scale.job").addHandler(handler)
+    logging.getLogger("robustir.scale.job").setLevel(logging.INFO)
+    try:
+        with OutputJob(out).lock():  # another miner holds it
+            miner = threading.Thread(target=lambda: got.append(encode_documents_with_ray(
+                encoder, lambda: texts, "digest", out, _config(batch_rows=5))))
+            miner.start()
+            assert waiting.wait(timeout=120)
+            assert miner.is_alive() and not got
+        miner.join()
+    finally:
+        logging.getLogger("robustir.scale.job").removeHandler(handler)
+    expected = encoder.encode(texts, "passage", batch_size=8, precision="fp32")
+    np.testing.assert_allclose(got[0], expected, atol=1e-5)
+
+    def to_file(uri: str) -> np.ndarray:
+        file = EmbeddingFile.create(tmp_path / "rows.npy", 23, 32)
+        assert write_in_row_order(uri, file) == 23
+        file.close()
+        return EmbeddingFile(tmp_path / "rows.npy").rows(0, 23)
+
+    again = encode_documents_with_ray(encoder, lambda: texts, "digest", out, _config(), then=to_file)
+    np.testing.assert_allclose(again, expected, atol=1e-5)
+
+
+def test_a_piece_that_kills_the_pool_actor_every_time_ends_in_an_error_naming_it(tmp_path, tiny_model_dir):
+    """The index's encoder pool: retries are bounded (``max_retries``); a piece whose actor dies on every try is
+    named in the error (its place in the chunk and its first text) instead of restarting forever."""
+    from robustir.models.encoder import Encoder
+    from robustir.scale.ray_encode import RayEncoderPool
+
+    tries = tmp_path / "tries"
+    tries.mkdir()
+
+    def always_die(call: int) -> None:
+        (tries / f"{os.getpid()}-{call}").write_text("x")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pool = RayEncoderPool(Encoder.from_pretrained(tiny_model_dir), actors=1, on_call=always_die, max_retries=1)
+    try:
+        with pytest.raises(ConfigError, match=r"texts 0\.\.9 of this chunk of 10 \(the first: 'text 0'\) killed "
+                                              r"their encoder actor 2 times"):
+            pool.encode([f"text {i}" for i in range(10)], "passage")
+    finally:
+        pool.close()
+    assert len(list(tries.iterdir())) == 2
+
+
+def test_the_corpus_streams_from_jsonl_or_parquet_with_robustirs_checks(tmp_path, tiny_model_dir, monkeypatch):
+    """The input is read by Ray tasks (never whole in the driver): a BEIR folder's corpus.jsonl and the same rows
+    as parquet give the same ids and vectors (title and text joined, an empty document skipped, as
+    robustir's reader does); a bad line, a missing text and a repeated id are errors naming the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import robustir.scale.ray_encode as ray_encode
+    from robustir.errors import DataError
+
+    folder = tmp_path / "beir"
+    folder.mkdir()
+    corpus = _corpus(folder / "corpus.jsonl", 24)
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"_id": "empty", "title": "", "text": "  "}) + "\n\n")
+    rows = [json.loads(line) for line in _lines(corpus)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "corpus.parquet")
+    from_jsonl = encode_with_ray(folder, tiny_model_dir, tmp_path / "a.lance", config=_config())
+    from_parquet = encode_with_ray(tmp_path / "corpus.parquet", tiny_model_dir, tmp_path / "b.lance",
+                                   config=_config())
+    assert from_jsonl.rows == from_parquet.rows == 24
+    ids_a, vectors_a = read_vectors(tmp_path / "a.lance")
+    ids_b, vectors_b = read_vectors(tmp_path / "b.lance")
+    assert ids_a == ids_b == [f"d{i:03d}" for i in range(24)]
+    np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(corpus.read_text() + '{"_id": "x1", "title": "no text"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl.*missing field 'text'"):
+        encode_with_ray(bad, tiny_model_dir, tmp_path / "c.lance", config=_config())
+    bad.write_text(corpus.read_text() + '{"_id": "x2", "text": "cut\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl.*not valid JSON"):
+        encode_with_ray(bad, tiny_model_dir, tmp_path / "d.lance", config=_config())
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(corpus.read_text() + json.dumps({"_id": "d003", "text": "again"}) + "\n")
+    with pytest.raises(DataError, match=r"twice\.jsonl.*duplicate ids \('d003'"):
+        encode_with_ray(twice, tiny_model_dir, tmp_path / "e.lance", config=_config())
+    monkeypatch.setattr(ray_encode, "DISTINCT_IN_DRIVER", 0)  # the distributed check, for a large output
+    with pytest.raises(DataError, match=r"twice\.jsonl.*duplicate ids \('d003'"):
+        encode_with_ray(twice, tiny_model_dir, tmp_path / "f.lance", config=_config())

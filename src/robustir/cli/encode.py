@@ -13,13 +13,15 @@ from ..errors import ConfigError
 from ..io import atomic_write
 from ..models.encoder import Encoder
 from ..outputs import refuse_overwriting_inputs
-from .common import CONFIG, Device, EncoderOverrides, Model, Precision, encoder_options, model_or_default
+from .common import (CONFIG, Device, EncoderOverrides, Model, Precision, StorageOption, encoder_options,
+                     model_or_default, storage_options)
 
 
 def command(*, input: str, output: str, queries: bool = False, model: Model = None, batch_size: int = 64,
             precision: Precision = None, device: Device = None, engine: Literal["process", "ray"] = "process",
             ray_address: str | None = None, concurrency: int | None = None, num_gpus: float | None = None,
-            part_rows: int | None = None, overwrite: bool = False,
+            part_rows: int | None = None, batch_rows: int | None = None, num_cpus: float | None = None,
+            max_retries: int | None = None, storage_option: StorageOption = (), overwrite: bool = False,
             encoder: Annotated[EncoderOverrides | None, CONFIG] = None) -> int:
     """Encode a corpus or queries into an embedding file.
 
@@ -29,7 +31,7 @@ def command(*, input: str, output: str, queries: bool = False, model: Model = No
         corpus.jsonl (passages) or queries.jsonl (with --queries)
     output
         output prefix: writes PREFIX.npy and PREFIX.ids.json (PREFIX.npy given: the same); with --engine ray a Lance
-        dataset folder NAME.lance
+        dataset NAME.lance (a path, made absolute: every Ray node must see it; or s3://bucket/prefix/NAME.lance)
     queries
         encode as queries (query instruction, query length)
     batch_size
@@ -44,12 +46,19 @@ def command(*, input: str, output: str, queries: bool = False, model: Model = No
     num_gpus
         --engine ray: GPUs per actor (default: 0, CPU actors)
     part_rows
-        --engine ray: rows per Lance commit (default: 100000)
+        --engine ray: rows per Lance commit (default: 100000; may change on resume)
+    batch_rows
+        --engine ray: rows per batch handed to an encoder actor (default: 2048)
+    num_cpus
+        --engine ray: CPUs per actor (default: 1)
+    max_retries
+        --engine ray: retries of a batch whose actor died before the job stops naming it (default: 3)
     overwrite
         --engine ray: encode again over an earlier output
     """
     ray = {"ray_address": ray_address, "concurrency": concurrency, "num_gpus": num_gpus, "part_rows": part_rows,
-           "overwrite": overwrite}
+           "batch_rows": batch_rows, "num_cpus": num_cpus, "max_retries": max_retries,
+           "storage_option": storage_option, "overwrite": overwrite}
     if engine == "ray":
         return _run_ray(input, output, queries, model, batch_size, precision, device, **ray)
     ray_only = [f"--{name.replace('_', '-')}" for name, value in ray.items() if value]
@@ -87,16 +96,20 @@ def output_files(prefix: str | Path) -> tuple[Path, Path]:
 
 def _run_ray(input: str, output: str, queries: bool, model: str | None, batch_size: int, precision: str | None,
              device: str | None, *, ray_address: str | None, concurrency: int | None, num_gpus: float | None,
-             part_rows: int | None, overwrite: bool) -> int:
+             part_rows: int | None, batch_rows: int | None, num_cpus: float | None, max_retries: int | None,
+             storage_option: tuple[str, ...], overwrite: bool) -> int:
     from ..scale.ray_encode import RayEncodeConfig, encode_with_ray, require_scale_extra
 
     require_scale_extra("--engine ray")
-    refuse_overwriting_inputs(Path(output), input, stage="encode")
+    if "://" not in output:
+        refuse_overwriting_inputs(Path(output), input, stage="encode")
     given = {"concurrency": concurrency, "num_gpus": num_gpus, "part_rows": part_rows, "address": ray_address,
-             "batch_size": batch_size, "precision": precision}
+             "batch_size": batch_size, "precision": precision, "batch_rows": batch_rows, "num_cpus": num_cpus,
+             "max_retries": max_retries}
     config = RayEncodeConfig(**{k: v for k, v in given.items() if v is not None})
     report = encode_with_ray(input, model_or_default(model), output, kind="query" if queries else "passage",
                              config=config, encoder_options=encoder_options(), overwrite=overwrite,
-                             device=None if device in (None, "auto") else device)
+                             device=None if device in (None, "auto") else device,
+                             storage_options=storage_options(storage_option))
     print(f"robustir encode (ray): {output}: {report.format()}")
     return 0

@@ -487,8 +487,10 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
     """The corpus embeddings encoded by Ray Data actors (:func:`robustir.scale.ray_encode.encode_documents_with_ray`)
     through a resumable Lance dataset, then written in document order to the ``.npy`` the search reads. Kept in
     ``cache_dir`` when it is set (keyed like :meth:`~robustir.models.encoder.Encoder.corpus_cache_file`), so a
-    killed job resumes at its first part not committed; else in the run's work folder."""
-    from ..scale.ray_encode import RayEncodeConfig, encode_documents_with_ray, require_scale_extra
+    killed job resumes with the rows not committed; else in the run's work folder. Miners sharing ``cache_dir``
+    take the dataset's lock in turn: the first encodes and writes the ``.npy``, the next finds it done."""
+    from ..scale.ray_encode import (RayEncodeConfig, encode_documents_with_ray, require_scale_extra,
+                                    write_in_row_order)
 
     require_scale_extra("engine: ray")
     from ..models import encoder as encoder_module
@@ -503,18 +505,30 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
     ray_config = RayEncodeConfig(precision=config.precision, batch_size=config.encode_batch_size,
                                  concurrency=config.ray_actors, num_gpus=config.ray_gpus, address=config.ray_address,
                                  show_progress=len(documents) >= 2000)
-    vectors = encode_documents_with_ray(encoder, lambda: list(texts()), target.stem,
-                                        target.with_suffix(".lance"), ray_config)
-    entry = encoder_module.corpus_cache_entry(target)
-    entry.start(fingerprint("corpus-embeddings", {"key": target.stem, "engine": "ray", "documents": len(vectors)}))
-    partial = target.with_name(target.name + ".partial")
-    file = EmbeddingFile.create(partial, len(vectors), vectors.shape[1])
-    file.write(0, vectors)
-    file.flush()
-    file.close()
-    os.replace(partial, target)
-    entry.finish({"rows": len(vectors)}, checksums=True)
-    return EmbeddingFile(target)
+
+    def write_npy(uri: str) -> EmbeddingFile:  # under the Lance dataset's lock: one miner writes it
+        import lance
+
+        if encoder_module.reusable_corpus_cache(target):  # another miner sharing the cache wrote it meanwhile
+            return EmbeddingFile(target)
+        dataset = lance.dataset(uri)
+        rows, dim = dataset.count_rows(), dataset.schema.field("vector").type.list_size
+        entry = encoder_module.corpus_cache_entry(target)
+        entry.start(fingerprint("corpus-embeddings", {"key": target.stem, "engine": "ray", "documents": rows}))
+        partial = target.with_name(target.name + ".partial")
+        file = EmbeddingFile.create(partial, rows, dim)
+        written = write_in_row_order(uri, file)  # a Lance batch at a time: the vectors never all in this process
+        file.flush()
+        file.close()
+        if written != rows or rows != len(documents):
+            raise ConfigError(f"{uri} holds {rows} vectors ({written} read) for {len(documents)} documents; delete "
+                              "it and run again")
+        os.replace(partial, target)
+        entry.finish({"rows": rows}, checksums=True)
+        return EmbeddingFile(target)
+
+    return encode_documents_with_ray(encoder, lambda: list(texts()), target.stem, target.with_suffix(".lance"),
+                                     ray_config, then=write_npy)
 
 
 @contextmanager

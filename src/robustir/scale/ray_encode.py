@@ -1,22 +1,25 @@
 """Corpus (or query) encoding on a Ray cluster, with Lance as the data plane: ``robustir encode --engine ray``.
 
-The corpus is read once by the driver (robustir's own readers: the same ids and the same text -- title and text
-joined as :func:`robustir.data.beir.encoding_text` does -- as the single-process path) and cut into *parts* of
-``part_rows`` rows. Each part is one Ray Data job::
+The corpus is read by the driver (robustir's own readers: the same ids and the same text -- title and text joined
+as :func:`robustir.data.beir.encoding_text` does -- as the single-process path); the rows the output already holds
+(by id) are left out, and the rest goes through **one** Ray Data pipeline for the whole job::
 
-    from_arrow(blocks of batch_rows) -> map_batches(_EncodeBatch, concurrency=N, num_gpus=G)
-        -> lance_ray.write_lance(append)
+    from_arrow(blocks of batch_rows) -> map_batches(_EncodeBatch, ActorPoolStrategy(concurrency), num_cpus, num_gpus)
+        -> map_batches(lance_ray.LanceFragmentWriter)        # fragment files written by Ray tasks, not the driver
+        -> driver: one Lance commit (Append) per ``part_rows`` rows of fragment metadata
 
-``_EncodeBatch`` is an actor: it loads the model once and encodes every batch it is given with
-:meth:`robustir.models.encoder.Encoder.encode` (length-sorted, the same code as one process). ``write_lance`` writes
-the part's fragments in parallel and the driver commits them in one Lance commit, so a part is in the dataset whole
-or not at all. Every row carries its part number; a killed driver started again reads which parts the dataset holds
-and encodes only the others (nothing finished is encoded twice, nothing is written twice). A worker killed mid-part
-is Ray Data's to retry: only the fragments of the task that finished are committed, so every passage is there once.
+``_EncodeBatch`` is an actor: it loads the model once for the job and encodes every batch it is given with
+:meth:`robustir.models.encoder.Encoder.encode` (length-sorted, the same code as one process). The driver sees only
+the fragments' metadata (a few hundred bytes each), never a vector. A committed fragment is in the dataset whole;
+a killed driver started again reads the ids the dataset holds and encodes only the others, so changing
+``part_rows`` (or ``batch_rows``) between runs duplicates nothing. A worker killed mid-batch is retried by Ray at
+most ``max_retries`` times (its actor restarted); a batch that kills its actor every time ends the job with an
+error naming the batch (its first and last id), not an endless restart loop.
 
-The output is a Lance dataset (``id``: string, ``part``: int32, ``vector``: fixed-size list of float32) beside its
-record ``<output>.run.json`` (:class:`robustir.runs.Artifact`): the settings, the input's and the model's content;
-another model or input is refused (or, with ``overwrite``, made again), the same one finished is reused.
+The output is a Lance dataset (``id``: string, ``vector``: fixed-size list of float32) at an absolute path or an
+``s3://`` URI (:mod:`robustir.scale.job`: one driver per output, paths every node sees), beside its record (the
+settings, the input's and the model's content, :class:`robustir.runs.Artifact`); another model or input is refused
+(or, with ``overwrite``, made again), the same one finished is reused.
 
 Ray Data, pylance and lance-ray are the optional extra ``robustir[scale]``.
 """
@@ -25,22 +28,27 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..precision import Precision
-from ..runs import Artifact, fingerprint, operational
+from ..runs import fingerprint, operational
 from ..validation import PositiveInt, Range, config_dataclass
+from .job import OutputJob, absolute, check_cluster_sees
 
 __all__ = ["RayEncodeConfig", "RayEncodeReport", "RayEncoderPool", "encode_documents_with_ray", "encode_with_ray",
-           "read_vectors", "require_scale_extra"]
+           "read_vectors", "require_scale_extra", "write_in_row_order"]
 
 logger = logging.getLogger(__name__)
+
+#: the dataset's layout (in the record's fingerprint): 2 = id + vector, resumed by id (1 had a part column)
+LAYOUT = 2
 
 
 @config_dataclass
@@ -54,13 +62,16 @@ class RayEncodeConfig:
     batch_rows: PositiveInt = operational(2048)
     """Rows per Ray Data batch handed to an actor (each is length-sorted inside)."""
     part_rows: PositiveInt = operational(100_000)
-    """Rows per part: one Lance commit each; a killed driver resumes at the first part not committed."""
+    """Rows per Lance commit: a killed driver keeps every committed row and resumes by id (any value on resume)."""
     concurrency: PositiveInt = operational(1)
-    """Encoder actors (one model load each)."""
+    """Encoder actors (one model load each, for the whole job)."""
     num_gpus: Annotated[float, Range(ge=0.0)] = operational(0.0)
     """GPUs per actor (0: CPU actors); e.g. 1 on a GPU cluster, 0.5 to pack two actors per GPU."""
     num_cpus: Annotated[float, Range(gt=0.0)] = operational(1.0)
     """CPUs per actor (its torch threads)."""
+    max_retries: Annotated[int, Range(ge=0)] = operational(3)
+    """Times a batch is retried after its actor died (kill -9, out of memory, a lost node); then the job stops
+    with an error naming the batch."""
     address: str | None = operational(None)
     """Ray cluster to join (``ray://host:10001``, ``auto``); None: the running session, else a local one."""
     show_progress: bool = operational(True)
@@ -70,15 +81,15 @@ class RayEncodeConfig:
 @dataclass
 class RayEncodeReport:
     rows: int
-    parts: int
-    parts_resumed: int  # parts found committed by an earlier (killed) run and not encoded again
+    parts: int  # Lance commits made by this run
+    resumed: int  # rows found committed by an earlier (killed) run and not encoded again
     seconds: float
     nothing_to_do: bool = False
 
     def format(self) -> str:
         if self.nothing_to_do:
-            return f"nothing to do: {self.rows} rows in {self.parts} parts already encoded"
-        resumed = f", {self.parts_resumed} committed earlier" if self.parts_resumed else ""
+            return f"nothing to do: {self.rows} rows already encoded"
+        resumed = f", {self.resumed} committed earlier" if self.resumed else ""
         return f"{self.rows} rows in {self.parts} parts{resumed} ({self.seconds:.1f} s)"
 
 
@@ -98,21 +109,57 @@ class _PoolActor:
         return self.encoder.encode(texts, kind, batch_size=batch_size, precision=precision, show_progress=False)
 
 
+class _Ledger:
+    """How many times each batch was started and not finished (a plain Ray actor, no CPU): what names the batch
+    that kills its actor every time, since Ray's error only says that an actor died."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+        self.loads = 0
+
+    def loaded(self) -> None:
+        self.loads += 1
+
+    def started(self, batch: str) -> int:
+        self.open[batch] = self.open.get(batch, 0) + 1
+        return self.open[batch]
+
+    def finished(self, batch: str) -> None:
+        self.open.pop(batch, None)
+
+    def worst(self) -> tuple[str, int] | None:
+        return max(self.open.items(), key=lambda item: item[1]) if self.open else None
+
+    def model_loads(self) -> int:
+        return self.loads
+
+
 class _EncodeBatch(_PoolActor):
-    """A Ray Data actor: one model load, then each batch (a pyarrow table of id, text, part) encoded."""
+    """A Ray Data actor: one model load for the job, then each batch (a pyarrow table of id, text) encoded."""
 
     def __init__(self, model: str, kind: str, options: dict, precision: str, batch_size: int, device: str,
-                 on_batch: Callable[[int], None] | None = None) -> None:
-        super().__init__(model, options, device, on_batch)
-        self.kind, self.precision, self.batch_size = kind, precision, batch_size
+                 ledger: Any, on_batch: Callable[[int, list[str]], None] | None = None) -> None:
+        import ray
+
+        super().__init__(model, options, device, None)
+        self.kind, self.precision, self.batch_size, self.ledger = kind, precision, batch_size, ledger
+        self.on_batch, self.batches = on_batch, 0
+        ray.get(ledger.loaded.remote())
 
     def __call__(self, batch):
         import pyarrow as pa
+        import ray
 
+        ids = batch.column("id")
+        name = f"{ids[0].as_py()} .. {ids[-1].as_py()} ({len(ids)} rows)"
+        ray.get(self.ledger.started.remote(name))  # recorded before the work that may kill this process
+        self.batches += 1
+        if self.on_batch is not None:  # progress, or a fault injected by a test
+            self.on_batch(self.batches, ids.to_pylist())
         vectors = self.encode(batch.column("text").to_pylist(), self.kind, self.batch_size, self.precision)
+        ray.get(self.ledger.finished.remote(name))  # waited for: a kill -9 right after must not lose it
         flat = pa.array(vectors.reshape(-1), type=pa.float32())
-        return pa.table({"id": batch.column("id"), "part": batch.column("part"),
-                         "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
+        return pa.table({"id": ids, "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
 
 
 def require_scale_extra(what: str) -> None:
@@ -129,12 +176,13 @@ def require_scale_extra(what: str) -> None:
 class RayEncoderPool:
     """:meth:`Encoder.encode` spread over Ray actors, for a stage that encodes in chunks of its own and commits and
     resumes them itself (``robustir index --engine ray``): each call's texts are cut into one contiguous piece per
-    actor and the vectors come back in order. The actors are restarted by Ray when they die (kill -9, a lost node)
-    and the call is retried on them (``max_restarts`` / ``max_task_retries`` -1), so a killed worker costs a retry."""
+    actor and the vectors come back in order. An actor that dies (kill -9, a lost node) is restarted by Ray and its
+    call retried, at most ``max_retries`` times; a piece that kills its actor every time raises a
+    :class:`ConfigError` naming it (its first text and its place in the call) instead of restarting forever."""
 
     def __init__(self, encoder: Any, *, actors: int = 1, num_gpus: float = 0.0, num_cpus: float = 1.0,
                  address: str | None = None, device: str | None = None,
-                 on_call: Callable[[int], None] | None = None) -> None:
+                 on_call: Callable[[int], None] | None = None, max_retries: int = 3) -> None:
         import dataclasses
 
         import ray
@@ -143,10 +191,12 @@ class RayEncoderPool:
 
         require_scale_extra("engine: ray")
         _init_ray(address)
-        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus or None, max_restarts=-1,
-                            max_task_retries=-1)(_PoolActor)
-        model, options = str(resolve_model_path(encoder.source)), dataclasses.asdict(encoder.config)
+        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus or None, max_restarts=max_retries,
+                            max_task_retries=max_retries)(_PoolActor)
+        model, options = absolute(resolve_model_path(encoder.source), "model"), dataclasses.asdict(encoder.config)
+        check_cluster_sees({"model folder": model})
         device = device or ("cuda" if num_gpus else "cpu")
+        self.max_retries = max_retries
         self.actors = [remote.remote(model, options, device, on_call) for _ in range(actors)]
 
     def encode(self, texts: list[str], kind: str = "passage", *, batch_size: int = 64, precision: str = "auto",
@@ -154,9 +204,17 @@ class RayEncoderPool:
         import ray
 
         bounds = np.linspace(0, len(texts), len(self.actors) + 1).astype(int)
-        calls = [actor.encode.remote(list(texts[a:b]), kind, batch_size, precision)
-                 for actor, a, b in zip(self.actors, bounds[:-1], bounds[1:]) if b > a]
-        return np.concatenate(ray.get(calls)) if calls else np.zeros((0, 0), np.float32)
+        pieces = [(actor, int(a), int(b)) for actor, a, b in zip(self.actors, bounds[:-1], bounds[1:]) if b > a]
+        calls = [actor.encode.remote(list(texts[a:b]), kind, batch_size, precision) for actor, a, b in pieces]
+        try:
+            return np.concatenate(ray.get(calls)) if calls else np.zeros((0, 0), np.float32)
+        except ray.exceptions.RayActorError:
+            failed = next(i for i, ref in enumerate(calls) if _died(ref))
+            _, a, b = pieces[failed]
+            raise ConfigError(f"texts {a}..{b - 1} of this chunk of {len(texts)} (the first: {texts[a][:80]!r}) "
+                              f"killed their encoder actor {self.max_retries + 1} times (out of memory? a text the "
+                              "model cannot take?); the job stopped. Fix the input or give the actors more "
+                              "memory, then run it again: it resumes from its last commit") from None
 
     def close(self) -> None:
         import ray
@@ -166,35 +224,141 @@ class RayEncoderPool:
         self.actors = []
 
 
+def _died(ref: Any) -> bool:
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return True
+    except Exception:  # noqa: BLE001 -- only the call whose actor died is asked for
+        return False
+    return False
+
+
 def _schema(dim: int):
     import pyarrow as pa
 
-    return pa.schema([("id", pa.string()), ("part", pa.int32()), ("vector", pa.list_(pa.float32(), dim))])
+    return pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), dim))])
 
 
-def _read(path: str, kind: str) -> tuple[list[str], list[str]]:
-    if kind == "query":
-        from ..data.beir import load_queries
+def _parse_rows(batch: Any, kind: str, source: str, held: Any = None) -> Any:
+    """A Ray Data task: one block of the input -- JSONL lines (``read_text``'s ``text`` column) or parquet rows --
+    as ``(id, text)`` with robustir's own checks (:mod:`robustir.data.beir`: a string id, ``text`` required,
+    ``title`` optional, title and text joined by :func:`~robustir.data.beir.encoding_text`, empty documents
+    skipped), less the ids in ``held`` (a resumed job's committed rows)."""
+    from ..errors import RobustIRError
 
-        queries, _ = load_queries(path)
-        return list(queries), list(queries.values())
-    from ..data.beir import load_corpus
+    try:
+        return _checked_rows(batch, kind, source, held)
+    except RobustIRError as error:  # robustir's errors do not pickle: their fields cross to the driver
+        import json
 
-    corpus, _ = load_corpus(path)
-    return list(corpus.ids), corpus.texts_for_encoding()
+        fields = {name: getattr(error, name, None) for name in ("path", "problem", "line", "field", "fix")}
+        raise _InputError(str(error), json.dumps(fields)) from None
 
 
-def _committed_parts(output: Path) -> set[int]:
-    """The parts a Lance dataset holds (a part is committed whole or not at all)."""
-    import lance
+class _InputError(Exception):
+    """A bad input found by a read task: its message, then its :class:`DataError`'s fields as JSON (path, problem,
+    line, field, fix), carried to the driver (Ray pickles a task's error; robustir's do not pickle)."""
+
+
+def _checked_rows(batch: Any, kind: str, source: str, held: Any) -> Any:
+    import json
+
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not output.exists():
-        return set()
-    parts: set[int] = set()
-    for batch in lance.dataset(str(output)).to_batches(columns=["part"]):
-        parts.update(pc.unique(batch.column("part")).to_pylist())
-    return parts
+    from ..data.beir import _as_id, _as_text, encoding_text
+    from ..errors import DataError
+
+    where = Path(source)
+    records = batch.to_pylist()
+    if "text" in batch.column_names and batch.num_columns == 1:  # lines of a JSONL file
+        parsed = []
+        for row in records:
+            line = row["text"]
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(where, f"not valid JSON ({exc.msg}) in the line {line[:80]!r}",
+                                fix="each line must hold one JSON object") from None
+            if not isinstance(obj, dict):
+                raise DataError(where, f"expected a JSON object, got {type(obj).__name__} in {line[:80]!r}",
+                                fix="each line must hold one JSON object")
+            parsed.append(obj)
+        records = parsed
+    ids, texts = [], []
+    for obj in records:
+        doc_id = _as_id(obj.get("_id", obj.get("id")), where, None, "_id")
+        title = _as_text(obj, "title", where, None, required=False) if kind == "passage" else ""
+        text = _as_text(obj, "text", where, None, required=True)
+        if text.strip() or title.strip():
+            ids.append(doc_id)
+            texts.append(encoding_text(title, text))
+    table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string())})
+    if held is not None and len(held) and table.num_rows:
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=held)))
+    return table
+
+
+def _arrow_filesystem(job_options: dict | None) -> Any:
+    """A pyarrow S3 filesystem from Lance's object-store options (``aws_endpoint``, ``aws_region``, keys), for
+    Ray Data's readers; None: pyarrow's own (local paths, or S3 from the AWS environment)."""
+    if not job_options:
+        return None
+    from pyarrow import fs
+
+    get = lambda *names: next((v for k, v in job_options.items() if k.lower() in names), None)  # noqa: E731
+    endpoint = get("aws_endpoint", "endpoint", "aws_endpoint_url", "endpoint_url")
+    scheme = "http" if endpoint and endpoint.startswith("http://") else "https"
+    return fs.S3FileSystem(endpoint_override=endpoint.split("://", 1)[-1] if endpoint else None, scheme=scheme,
+                           region=get("aws_region", "region") or "us-east-1",
+                           access_key=get("aws_access_key_id", "access_key_id"),
+                           secret_key=get("aws_secret_access_key", "secret_access_key"),
+                           session_token=get("aws_session_token", "session_token", "token"))
+
+
+def _stream(input_uri: str, kind: str, options: dict | None) -> Callable[[Any], Any]:
+    """The input as a Ray Data dataset of ``(id, text)`` read by Ray tasks (never whole in the driver): JSONL
+    (``.jsonl``, ``.json``, ``.gz`` of them) line by line, or parquet (a file or a folder of them)."""
+    import ray.data
+
+    filesystem = _arrow_filesystem(options) if "://" in input_uri else None
+    path = input_uri.split("://", 1)[-1] if filesystem is not None else input_uri
+
+    def make(held: Any) -> Any:
+        # reading and parsing ask for no CPU, as the writes: the encoder actors may hold every CPU of the cluster
+        # (measured: a 1-CPU read task waited forever behind two 1-CPU actors on a 2-CPU session)
+        if input_uri.endswith(".parquet") or (os.path.isdir(input_uri) and any(Path(input_uri).glob("*.parquet"))):
+            # Ray 2.60's parquet reader (V2) lists files in a 1-CPU task that waits forever behind actors holding
+            # every CPU (measured: hung on a 2-CPU session); the V1 reader's tasks take num_cpus=0
+            context = ray.data.DataContext.get_current()
+            was, context.use_datasource_v2 = getattr(context, "use_datasource_v2", None), False
+            try:
+                raw = ray.data.read_parquet(path, filesystem=filesystem, num_cpus=0)
+            finally:
+                if was is not None:
+                    context.use_datasource_v2 = was
+        else:
+            raw = ray.data.read_text(path, filesystem=filesystem, drop_empty_lines=True, num_cpus=0)
+        return raw.map_batches(_parse_rows, batch_format="pyarrow", batch_size=None, num_cpus=0,
+                               fn_kwargs={"kind": kind, "source": input_uri, "held": held})
+    return make
+
+
+def _held_ids(job: OutputJob) -> Any:
+    """The ids the dataset holds (a fragment is committed whole or not at all), as one Arrow string array: about
+    20 bytes an id in the driver, on resume only (100M committed ids: ~2 GB -- docs/scale.md)."""
+    import lance
+    import pyarrow as pa
+
+    if not job.exists():
+        return pa.array([], pa.string())
+    column = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id"]).column("id")
+    return column.combine_chunks()
 
 
 def _init_ray(address: str | None) -> None:
@@ -207,121 +371,291 @@ def _init_ray(address: str | None) -> None:
 def encode_with_ray(input_path: str | os.PathLike, model: str, output: str | os.PathLike, *,
                     kind: Literal["passage", "query"] = "passage", config: RayEncodeConfig | None = None,
                     encoder_options: dict | None = None, overwrite: bool = False, device: str | None = None,
-                    on_batch: Callable[[int], None] | None = None,
+                    storage_options: Mapping[str, Any] | None = None,
+                    on_batch: Callable[[int, list[str]], None] | None = None,
                     on_part: Callable[[int], None] | None = None) -> RayEncodeReport:
     """Encode ``input_path`` (a corpus.jsonl, or queries.jsonl with ``kind="query"``) with ``model`` into the Lance
-    dataset ``output`` on Ray (see the module docstring). ``device``: each actor's (default: cuda with
-    ``num_gpus``, else cpu). ``on_batch(n)`` runs in an actor before its n-th batch, ``on_part(i)`` in the driver
-    after part ``i`` is committed (progress; fault injection in tests)."""
+    dataset ``output`` (a local path, made absolute, or ``s3://bucket/prefix/NAME.lance`` with
+    ``storage_options``) on Ray (see the module docstring). ``device``: each actor's (default: cuda with
+    ``num_gpus``, else cpu). ``on_batch(n, ids)`` runs in an actor before its n-th batch, ``on_part(i)`` in the driver
+    after commit ``i`` (progress; fault injection in tests)."""
     from ..models.encoder import resolve_model_path
 
     config = config or RayEncodeConfig()
-    output = Path(output)
-    if output.suffix != ".lance":
-        raise ConfigError(f"--output {output}: the Ray engine writes a Lance dataset; name it with .lance, e.g. "
-                          f"{output.with_suffix('.lance')}")
-    local_model = resolve_model_path(model)
-    inputs = {"input": str(input_path), "model": str(local_model)}
-
-    def rows() -> tuple[list[str], list[str]]:
-        return _read(str(input_path), kind)
-
-    return _encode(rows, inputs, str(local_model), output, kind, config, encoder_options, overwrite, device,
-                   on_batch, on_part)
+    job = OutputJob(output, storage_options)
+    input_path = absolute(input_path, "--input")
+    local_model = absolute(resolve_model_path(model), "--model")
+    beir = os.path.join(input_path, "queries.jsonl" if kind == "query" else "corpus.jsonl")
+    if "://" not in input_path and os.path.isfile(beir):  # a BEIR folder
+        input_path = beir
+    inputs = {"input": input_path, "model": local_model}
+    return _encode(_stream(input_path, kind, job.options), inputs, local_model, job, kind, config,
+                   encoder_options, overwrite, device, on_batch, on_part,
+                   paths={"input": input_path, "model folder": local_model})
 
 
 def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], digest: str, output: Path,
-                              config: RayEncodeConfig, device: str | None = None) -> np.ndarray:
-    """Passage vectors of ``texts()`` (in their order) encoded on Ray with ``encoder``'s model and settings, through
-    the resumable Lance dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``).
-    ``digest`` stands for the texts' content in the record (they are not a file)."""
+                              config: RayEncodeConfig, device: str | None = None, *,
+                              then: Callable[[str], Any] | None = None) -> Any:
+    """Passage vectors of ``texts()`` encoded on Ray with ``encoder``'s model and settings into the resumable Lance
+    dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are the texts' row
+    numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
+
+    ``then(uri)`` runs while this process still holds the output's lock -- after the encoding, or at once when it
+    was already complete -- and its result is returned: mining writes its ``.npy`` there
+    (:func:`write_in_row_order`), so two miners sharing the cache folder (a job array) encode and write it once:
+    the second waits for the first, then finds it done. Without ``then``: the vectors, ``(n, d)`` in row order."""
     import dataclasses
 
     from ..models.encoder import resolve_model_path
 
-    local_model = resolve_model_path(encoder.source)
+    local_model = absolute(resolve_model_path(encoder.source), "model")
     options = dataclasses.asdict(encoder.config)
 
-    def rows() -> tuple[list[str], list[str]]:
+    def rows(held: Any) -> Any:  # the texts are the caller's (in memory): blocks of batch_rows, ids in row order
+        import pyarrow as pa
+        import ray.data
+
         values = texts()
-        return [f"{i:012d}" for i in range(len(values))], values  # ids in row order: read back sorted
+        ids = [f"{i:012d}" for i in range(len(values))]
+        return ray.data.from_arrow([_parse_rows(pa.table({"_id": ids[a:a + config.batch_rows],
+                                                          "text": values[a:a + config.batch_rows]}),
+                                                "passage", "the texts to mine", held)
+                                    for a in range(0, len(values), config.batch_rows)])
 
-    _encode(rows, {"model": str(local_model)}, str(local_model), output, "passage", config, options, False, device,
-            None, None, extra={"texts": digest})
-    return read_vectors(output)[1]
+    job = OutputJob(output)
+    result: list[Any] = []
+    _encode(rows, {"model": local_model}, local_model, job, "passage", config, options, False, device,
+            None, None, extra={"texts": digest}, paths={"model folder": local_model}, wait=True,
+            then=lambda: result.append(then(job.uri) if then is not None else read_vectors(job.uri)[1]))
+    return result[0]
 
 
-def _encode(rows: Callable[[], tuple[list[str], list[str]]], inputs: dict, model: str, output: Path, kind: str,
+def write_in_row_order(output: str, file: Any) -> int:
+    """Write the vectors of ``output`` (a dataset of :func:`encode_documents_with_ray`: ids are row numbers) into
+    the :class:`~robustir.index.dense.EmbeddingFile` ``file`` at their rows, one Lance batch at a time: the driver
+    holds one batch, never the corpus's vectors. Returns the rows written."""
+    import lance
+
+    written = 0
+    for batch in lance.dataset(output).to_batches(columns=["id", "vector"], batch_size=8192):
+        rows = np.asarray([int(i) for i in batch.column("id").to_pylist()], dtype=np.int64)
+        column = batch.column("vector")
+        vectors = np.asarray(column.flatten()).reshape(len(rows), column.type.list_size)
+        order = np.argsort(rows, kind="stable")
+        rows, vectors = rows[order], vectors[order]
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # runs of consecutive rows: one write each
+        for run_rows, run in zip(np.split(rows, breaks), np.split(vectors, breaks)):
+            file.write(int(run_rows[0]), run)
+        written += len(rows)
+    return written
+
+
+def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJob, kind: str,
             config: RayEncodeConfig, encoder_options: dict | None, overwrite: bool, device: str | None,
-            on_batch: Callable[[int], None] | None, on_part: Callable[[int], None] | None,
-            extra: dict | None = None) -> RayEncodeReport:
-    import lance_ray
-    import pyarrow as pa
-    import ray.data
+            on_batch: Callable[[int, list[str]], None] | None, on_part: Callable[[int], None] | None,
+            extra: dict | None = None, paths: dict | None = None, wait: bool = False,
+            then: Callable[[], Any] | None = None) -> RayEncodeReport:
+    """``source(held)``: the Ray Data dataset of ``(id, text)`` to encode, less the ids ``held`` (an Arrow array)."""
     from transformers import AutoConfig
 
     encoder_options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
     started = time.perf_counter()
-    record = Artifact(output, what="Ray-encoded vectors")
-    made = fingerprint("encode-ray", {"kind": kind, "options": config, "encoder": encoder_options, **(extra or {})},
-                       inputs)
-    # a dataset without its record (written by hand, or by an older robustir) is never taken over
-    decision = record.decide(made, on_change="refuse", overwrite=overwrite,
-                             work=["a Lance dataset"] if output.exists() else [])
-    if decision.state == "reuse":
-        report = record.report
-        return RayEncodeReport(report.get("rows", 0), report.get("parts", 0), 0, 0.0, nothing_to_do=True)
-    if decision.state == "fresh":
-        record.clear()
-        record.start(made)
-    ids, texts = rows()
-    if not ids:
-        raise ConfigError(f"no {kind}s to encode")
-    parts = (len(ids) + config.part_rows - 1) // config.part_rows
-    done = _committed_parts(output) if decision.state == "resume" else set()
-    if done:
-        logger.info("%s: parts %s were committed by an earlier run; encoding the other %d", output, sorted(done),
-                    parts - len(done))
-    _init_ray(config.address)
-    ray.data.DataContext.get_current().enable_progress_bars = config.show_progress
-    dim = int(AutoConfig.from_pretrained(model).hidden_size)  # Encoder.dim, without loading the weights here
-    device = device or ("cuda" if config.num_gpus else "cpu")
-    for part in range(parts):
-        if part in done:
-            continue
-        lo, hi = part * config.part_rows, min(len(ids), (part + 1) * config.part_rows)
-        bounds = [(a, min(hi, a + config.batch_rows)) for a in range(lo, hi, config.batch_rows)]
-        blocks = [pa.table({"id": ids[a:b], "text": texts[a:b], "part": pa.array([part] * (b - a), pa.int32())})
-                  for a, b in bounds]
-        dataset = ray.data.from_arrow(blocks).map_batches(
-            _EncodeBatch, batch_size=config.batch_rows, batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=config.concurrency),
-            num_gpus=config.num_gpus or None, num_cpus=config.num_cpus,
-            fn_constructor_kwargs={"model": model, "kind": kind, "options": encoder_options,
-                                   "precision": config.precision, "batch_size": config.batch_size,
-                                   "device": device, "on_batch": on_batch})
-        # lance-ray's sink (Lance's own): fragments written by parallel tasks, one commit by the driver (Ray's
-        # bundled Dataset.write_lance calls a write_fragments argument pylance 14 no longer has)
-        # the write tasks ask for no CPU: the encoder actors may hold every CPU of the cluster (Ray Data warns that
-        # the job would hang), and writing a fragment is light next to encoding it. Files of a few batches: with
-        # min_rows_per_file = part_rows one write task buffered the whole part in the object store (measured: a
-        # 100k-row part held the actors back-pressured until it was all encoded); the part is still one commit
-        lance_ray.write_lance(dataset, str(output), schema=_schema(dim),
-                              mode="append" if output.exists() else "create",
-                              min_rows_per_file=min(config.part_rows, 4 * config.batch_rows),
-                              ray_remote_args={"num_cpus": 0})
-        if on_part is not None:
-            on_part(part)
-    seconds = time.perf_counter() - started
-    record.finish({"rows": len(ids), "parts": parts, "dim": dim, "seconds": round(seconds, 1)}, files=[])
-    return RayEncodeReport(len(ids), parts, len(done), seconds)
+    made = fingerprint("encode-ray", {"kind": kind, "options": config, "encoder": encoder_options,
+                                      "layout": LAYOUT, **(extra or {})}, inputs)
+    with job.lock(wait=wait):
+        record = job.record
+        # a dataset without its record (written by hand, or by an older robustir) is never taken over
+        decision = record.decide(made, on_change="refuse", overwrite=overwrite,
+                                 work=["a Lance dataset"] if job.exists() else [])
+        if decision.state == "reuse":
+            if then is not None:
+                then()
+            return RayEncodeReport(record.report.get("rows", 0), record.report.get("parts", 0), 0, 0.0,
+                                   nothing_to_do=True)
+        if decision.state == "fresh":
+            record.clear()
+            record.start(made)
+        _init_ray(config.address)
+        check_cluster_sees(paths or {}, None if job.remote else job.uri)
+        held = _held_ids(job) if decision.state == "resume" else None
+        if held is not None and len(held):
+            logger.info("%s: %d rows were committed by an earlier run; encoding the others", job.uri, len(held))
+        dim = int(AutoConfig.from_pretrained(model).hidden_size)  # Encoder.dim, without loading the weights here
+        import ray.data
+
+        context = ray.data.DataContext.get_current()  # copied into each dataset when it is made: set before
+        raised, context.raise_original_map_exception = context.raise_original_map_exception, True
+        try:  # a bad input's own message reaches the driver, not "UDF failed to process a data block"
+            parts, encoded = _run(job, source(held), model, kind, dim, config, encoder_options,
+                                  device or ("cuda" if config.num_gpus else "cpu"), on_batch, on_part)
+        finally:
+            context.raise_original_map_exception = raised  # the driver's other Ray Data jobs as they were
+        resumed = len(held) if held is not None else 0
+        total, stored = resumed + encoded, _count(job)
+        if total == 0:
+            raise ConfigError(f"no {kind}s to encode in {inputs.get('input', 'the input')}")
+        if stored != total:  # the lock keeps other writers out: a mismatch is a bug or a hand edit, never kept quiet
+            raise ConfigError(f"{job.uri} holds {stored} rows after the job, {total} were expected; run it again "
+                              "with --overwrite")
+        _refuse_duplicates(job, inputs.get("input"), total)
+        seconds = time.perf_counter() - started
+        record.finish({"rows": total, "parts": parts, "dim": dim, "seconds": round(seconds, 1)}, files=[])
+        if then is not None:
+            then()
+    return RayEncodeReport(total, parts, resumed, seconds)
 
 
-def read_vectors(output: str | os.PathLike) -> tuple[list[str], np.ndarray]:
-    """The ids and vectors (float32, ``(n, d)``) of a Ray-encoded Lance dataset, sorted by id."""
+#: up to this many rows the duplicate-id check reads the id column into the driver (Arrow, ~20 bytes an id: 100 MB
+#: at 5M); above, a Ray Data group-by finds them (measured 7-10 s of fixed cost a job on 2 busy cores, so not for
+#: small jobs)
+DISTINCT_IN_DRIVER = 5_000_000
+
+
+def _refuse_duplicates(job: OutputJob, source: str | None, rows: int) -> None:
+    """Refuse an input that holds an id twice (robustir's readers refuse it line by line; the stream is read by
+    many tasks, so it is checked on the output: in the driver for a small one, else by a Ray Data group-by on the
+    id column, of which only repeated ids reach the driver)."""
+    import lance
+    import pyarrow.compute as pc
+
+    if rows <= DISTINCT_IN_DRIVER:
+        ids = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id"]).column("id")
+        counts = pc.value_counts(ids)
+        repeated = [{"id": v["values"]} for v in counts.filter(pc.greater(counts.field("counts"), 1))
+                    .to_pylist()[:3]]
+    else:
+        import lance_ray
+
+        repeated = lance_ray.read_lance(job.uri, columns=["id"], storage_options=job.options) \
+            .groupby("id").count().filter(lambda row: row["count()"] > 1).take(3)
+    if repeated:
+        from ..errors import DataError
+
+        ids = ", ".join(repr(row["id"]) for row in repeated)
+        raise DataError(source or job.uri, f"duplicate ids ({ids}, ...): the output {job.uri} is not usable",
+                        field="_id", fix="make the ids unique, then run again with --overwrite")
+
+
+def _count(job: OutputJob) -> int:
     import lance
 
-    table = lance.dataset(str(output)).to_table(columns=["id", "vector"]).sort_by("id")
+    return lance.dataset(job.uri, storage_options=job.options).count_rows()
+
+
+def _run(job: OutputJob, rows: Any, model: str, kind: str, dim: int, config: RayEncodeConfig,
+         encoder_options: dict, device: str, on_batch: Callable[[int, list[str]], None] | None,
+         on_part: Callable[[int], None] | None) -> tuple[int, int]:
+    """One Ray Data pipeline for the rows left to encode; the driver commits the fragments' metadata every
+    ``part_rows`` rows. Returns the number of commits and of rows committed."""
+    import lance
+    import pyarrow as pa
+    import ray
+    import ray.data
+    from lance_ray import LanceFragmentWriter
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = config.show_progress
+    ledger = ray.remote(num_cpus=0)(_Ledger).remote()
+    retries = {"max_restarts": config.max_retries, "max_task_retries": config.max_retries}
+    # the write tasks ask for no CPU: the encoder actors may hold every CPU of the cluster (Ray Data warns that the
+    # job would hang), and writing a fragment is light next to encoding it. A write task takes a few encoded
+    # batches (not a whole part: one task buffering a 100k-row part held the actors back-pressured, measured)
+    dataset = rows.map_batches(
+        _EncodeBatch, batch_size=config.batch_rows, batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=config.concurrency),
+        num_gpus=config.num_gpus or None, num_cpus=config.num_cpus,
+        fn_constructor_kwargs={"model": model, "kind": kind, "options": encoder_options,
+                               "precision": config.precision, "batch_size": config.batch_size,
+                               "device": device, "ledger": ledger, "on_batch": on_batch}, **retries,
+    ).map_batches(LanceFragmentWriter(job.uri, schema=_schema(dim), storage_options=job.options,
+                                      data_storage_version="stable"),
+                  batch_size=min(config.part_rows, 4 * config.batch_rows), batch_format="pyarrow", num_cpus=0)
+    pending: list[Any] = []
+    rows = commits = total = 0
+
+    def commit() -> None:
+        nonlocal pending, rows, commits, total
+        if job.exists():
+            current = lance.dataset(job.uri, storage_options=job.options)
+            operation, version = lance.LanceOperation.Append(pending), current.version
+        else:
+            operation, version = lance.LanceOperation.Overwrite(_schema(dim), pending), None
+        lance.LanceDataset.commit(job.uri, operation, read_version=version, storage_options=job.options)
+        if on_part is not None:
+            on_part(commits)
+        pending, rows, commits, total = [], 0, commits + 1, total + rows
+
+    try:
+        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for blob in batch.column("fragment").to_pylist():
+                fragment = pickle.loads(blob)
+                pending.append(fragment)
+                rows += fragment.physical_rows
+            if rows >= config.part_rows:
+                commit()
+        if pending:
+            commit()
+    except (ray.exceptions.RayError, RuntimeError) as error:
+        cause = _robustir_error(error)
+        if cause is not None:  # bad input found by a read task: robustir's own message, not Ray's traceback
+            raise cause from None
+        worst = _ask(ledger, "worst")
+        if worst is not None and worst[1] > config.max_retries:
+            raise ConfigError(f"{job.uri}: the batch {worst[0]} killed its encoder actor {worst[1]} times "
+                              f"(max_retries {config.max_retries}; out of memory? a text the model cannot take?); "
+                              "the job stopped with every earlier commit kept. Fix those rows or give the actors "
+                              "more memory, then run it again: it resumes by id") from None
+        raise error
+    finally:
+        _LAST["model_loads"] = _ask(ledger, "model_loads")
+        ray.kill(ledger)
+    return commits, total
+
+
+def _robustir_error(error: BaseException) -> BaseException | None:
+    """The bad input (a bad line, a missing field) a read task found, as robustir's :class:`DataError` with the
+    task's message, or None (Ray Data raises the task's own exception: ``raise_original_map_exception``)."""
+    from ..errors import DataError
+
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, _InputError) and isinstance(seen.args[-1], BaseException):
+            seen = seen.args[-1]  # Ray's RayTaskError(_InputError) holds the task's own exception
+            continue
+        if isinstance(seen, _InputError):
+            import json
+
+            fields = json.loads(seen.args[-1])  # the last: Ray Data appends its own text to the first
+            return DataError(fields["path"], fields["problem"] or "bad input", line=fields["line"],
+                             field=fields["field"], fix=fields["fix"])
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return None
+
+
+#: what the last job measured (model loads by its actors): for bench/ray_encode.py and tests
+_LAST: dict[str, Any] = {}
+
+
+def _ask(ledger: Any, method: str) -> Any:
+    import ray
+
+    try:
+        return ray.get(getattr(ledger, method).remote(), timeout=60)
+    except ray.exceptions.RayError:
+        return None
+
+
+def read_vectors(output: str | os.PathLike, storage_options: Mapping[str, Any] | None = None,
+                 ) -> tuple[list[str], np.ndarray]:
+    """The ids and vectors (float32, ``(n, d)``) of a Ray-encoded Lance dataset (a path, or ``s3://`` with the
+    ``storage_options`` it was written with), sorted by id."""
+    import lance
+
+    job = OutputJob(output, storage_options)
+    table = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id", "vector"]).sort_by("id")
     vectors = table.column("vector").combine_chunks()
     dim = vectors.type.list_size
     return table.column("id").to_pylist(), np.asarray(vectors.flatten()).reshape(-1, dim)
