@@ -965,7 +965,7 @@ def test_a_classifier_with_several_labels_is_refused_as_a_reranker(tmp_path, tin
 
 # ------------------------------------------------------------------------------------------------ issue 55: upserts
 
-def test_background_work_runs_on_one_worker_fewer_and_after_the_rest():
+def test_background_work_runs_on_one_worker_fewer():
     """Issue 55, item 1: an HTTP upsert's micro-batches are background work -- with two workers only one of them
     runs at a time, so an embedding that arrives meanwhile starts at once on the other worker instead of waiting
     behind the upsert; the background rows are still all encoded, in order."""
@@ -996,9 +996,11 @@ def test_background_work_runs_on_one_worker_fewer_and_after_the_rest():
     assert upsert.vectors.shape == (6, 2) and query.vectors.shape == (1, 2)
 
 
-def test_background_work_is_admitted_by_the_queue_limit_once():
+def test_background_work_is_admitted_by_the_queue_limit_once_and_takes_turns():
     """An upsert is refused (429 at the route) like any request when the queue is full, and a job's later chunks,
-    submitted with admitted=True, are not."""
+    submitted with admitted=True, are not; its micro-batches take turns with the embeddings' batches (a strict
+    priority for the embeddings starved the upsert under steady searching), so neither waits for more than one of
+    the other's."""
     from robustir.serving.batcher import Overloaded
 
     model = SteppedEncoder()
@@ -1026,7 +1028,7 @@ def test_background_work_is_admitted_by_the_queue_limit_once():
 
     held, waiting, later = asyncio.run(scenario())
     assert later.vectors.shape == (3, 2)
-    assert model.started == [["held"], ["a", "b", "c"], ["d1", "d2"], ["d3"]]  # the searches' texts first
+    assert model.started == [["held"], ["d1", "d2"], ["a", "b", "c"], ["d3"]]  # turns: embed, ingest, embed, ingest
 
 
 # ------------------------------------------------------------------------------------------------ issue 55: operations

@@ -261,7 +261,7 @@ def _reranker(config: ServeConfig, batcher: MicroBatcher, encode_batch: int, pre
 
 def _ingest(batcher: MicroBatcher, encode: Any, config: ServeConfig, device: Any, encode_batch: int) -> None:
     """An HTTP upsert's documents as the batcher's background model (:data:`~robustir.serving.service.INGEST`):
-    micro-batches of ``--ingest-batch-size`` that run when no search, embedding or rerank waits. Small on a CPU with
+    micro-batches of ``--ingest-batch-size`` that take turns with searches, embeddings and reranks. Small on a CPU with
     one worker: a search that arrives waits for at most one of them (bench/upsert_search.py, fp32: 16 documents a
     micro-batch kept a search's p99 at 11.5x its idle p99, 4 at 0.94x, the upsert no slower). With several workers a
     search always finds one free, so the micro-batches are a whole forward pass (bf16, two workers: 4 documents made

@@ -34,9 +34,11 @@ Isolation and bounds:
 (:meth:`robustir.serving.service.Server.searching`).
 
 **Background work** (``add_model(..., background=True)``: an HTTP upsert's documents, issue 55): its micro-batches
-run only when no other model's work waits, and on at most ``workers - 1`` workers at once (one when there is one), so
-a search or an embedding that arrives during a 1,000-document upsert waits for at most the one upsert micro-batch
-under way on a single worker, and on several workers finds one free. It is admitted by the same queue limit as any
+take turns with the other models' batches, on at most ``workers - 1`` workers at once (one when there is one), so a
+search or an embedding that arrives during a 1,000-document upsert waits for at most the one upsert micro-batch under
+way on a single worker, and on several workers finds one free. Turns, not priority: waiting searches are batched
+together, so a turn costs them one micro-batch, while a strict priority starved the upsert under steady search load
+(bench/upsert_search.py, fp32, 2 clients on a quiet machine: a 1,000-document upsert 194 s against 7.1 s alone). It is admitted by the same queue limit as any
 request (:meth:`admit`) and its waiting micro-batches count in ``queued``; once admitted, a job's later micro-batches
 are not refused (``admitted=True``): a half-written upsert is not stopped by a burst of searches.
 """
@@ -97,7 +99,7 @@ class _Model:
     fn: Callable[[list[Any]], np.ndarray] | None  # None: the batcher's ``encode`` (read when a batch runs)
     batch_size: int
     unit: str  # what a row is, for messages: "text", "pair"
-    background: bool = False  # runs only when no other model's work waits, on at most workers - 1 workers
+    background: bool = False  # runs on at most workers - 1 workers at once (one if there is one)
     waiting: deque = field(default_factory=deque)  # its micro-batches, first come first served
 
 
@@ -170,7 +172,7 @@ class MicroBatcher:
         """Run ``fn(rows) -> one result per row`` (a numpy array whose first axis is the rows) for :meth:`submit`
         calls of ``kind``, in micro-batches of at most ``batch_size`` rows (default ``max_batch_size``), under the
         same queue, limits and workers as the embeddings. ``unit`` names a row in messages. ``background``: its
-        batches run only when no other model's work waits, on at most ``workers - 1`` workers (one if there is one)."""
+        batches run on at most ``workers - 1`` workers at once (one if there is one)."""
         if kind in self._models:
             raise ValueError(f"a model {kind!r} is already served")
         size = batch_size or self.max_batch_size
@@ -308,18 +310,17 @@ class MicroBatcher:
 
     def _next_model(self) -> _Model | None:
         """The model whose batch goes next: the next one in turn that has work waiting (round robin); a background
-        model only when no other has work waiting and it has a free slot (:meth:`_slots`)."""
+        model only while it has a free slot (:meth:`_slots`)."""
         kinds = list(self._models)
-        for background in (False, True):
-            for step in range(len(kinds)):
-                index = (self._turn + step) % len(kinds)
-                model = self._models[kinds[index]]
-                if model.background != background or self._live_head(model) is None:
-                    continue
-                if background and self._background_running >= self._slots(model):
-                    continue
-                self._turn = (index + 1) % len(kinds)
-                return model
+        for step in range(len(kinds)):
+            index = (self._turn + step) % len(kinds)
+            model = self._models[kinds[index]]
+            if self._live_head(model) is None:
+                continue
+            if model.background and self._background_running >= self._slots(model):
+                continue
+            self._turn = (index + 1) % len(kinds)
+            return model
         return None
 
     async def _loop(self) -> None:
