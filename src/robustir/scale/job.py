@@ -11,7 +11,7 @@ record, one driver at a time, and whether every node of the cluster sees the pat
   any work rather than as "Not found" after it.
 * **One driver per output.** :class:`OutputJob.lock` takes ``flock`` on ``<output>.lock`` (its holder -- host, pid
   -- written inside, so a second driver is refused naming it); on S3 the index's writer *lease*
-  (:class:`~robustir.index.store.storage.S3Store`, a conditional put renewed in the background) on the prefix
+  (:class:`~robustir.index.store.s3.S3Store`, a conditional put renewed in the background) on the prefix
   ``<output>.job/``. Mining waits for the holder instead (the shards of a job array share the cache).
 * **The record** is :class:`~robustir.runs.Artifact`'s ``<output>.run.json``; on S3 the object
   ``<output>.job/run.json`` (S3 writes an object whole or not at all).
@@ -178,7 +178,7 @@ class OutputJob:
                               f"{str(output).rstrip('/')}.lance")
         self.remote = "://" in self.uri
         if self.remote:
-            from ..index.store.storage import S3Store
+            from ..index.store.s3 import S3Store
 
             if self.uri.count("/") < 4:
                 raise ConfigError(f"--output {self.uri}: write it as s3://BUCKET/PREFIX/NAME.lance (a job keeps its "
