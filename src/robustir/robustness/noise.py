@@ -164,24 +164,22 @@ def _label_fn(example, qid, rng, context) -> tuple[TrainingExample, Plant] | Non
 
 def _swap(example, qid, rng, context) -> tuple[TrainingExample, Plant] | None:
     """``fp-hard``, then the replaced positive(s) at the top of the negatives (the pool keeps its size)."""
-    result = _false_positive(example, qid, rng, context, hard=True)
+    result = _false_positive(example, qid, rng, context, kind="fp-swap")
     if result is None:
         return None
     noisy, plant = result
     pos_ids = _ids(example, "pos_ids", len(example.pos))
     swapped = _with_negatives(noisy, list(example.pos), [f"planted:fp-swap:{pid}" for pid in pos_ids])
-    extra = dict(swapped.extra)
-    extra["pos_ids"] = [pid.replace("planted:fp-hard:", "planted:fp-swap:", 1) for pid in extra["pos_ids"]]
-    extra["planted_pos"] = extra["pos_ids"]
-    plant = replace(plant, kind="fp-swap", false_negatives=list(example.pos))
-    return replace(swapped, extra=extra), plant
+    return swapped, replace(plant, false_negatives=list(example.pos))
 
 
-def _false_positive(example, qid, rng, context, hard: bool) -> tuple[TrainingExample, Plant] | None:
+def _false_positive(example, qid, rng, context, kind: str) -> tuple[TrainingExample, Plant] | None:
+    """``fp-random`` (a random corpus passage) or a hard kind (the top non-positive negative) as the positive; the
+    planted ids and the plant carry ``kind``."""
     own = set(example.pos) | set(context["positives_of"].get(qid, ()))
     neg_ids = _ids(example, "neg_ids", len(example.neg))
     extra = dict(example.extra)
-    if hard:
+    if kind != "fp-random":
         choice = next((i for i, text in enumerate(example.neg) if text not in own), None)
         if choice is None:
             return None
@@ -189,7 +187,6 @@ def _false_positive(example, qid, rng, context, hard: bool) -> tuple[TrainingExa
         neg = [t for i, t in enumerate(example.neg) if i != choice]
         extra["neg_ids"] = [x for i, x in enumerate(neg_ids) if i != choice]
         neg_scores = None if example.neg_scores is None else [s for i, s in enumerate(example.neg_scores) if i != choice]
-        kind = "fp-hard"
     else:
         corpus_ids, corpus_texts = context["corpus"]
         negatives = set(example.neg)
@@ -198,7 +195,6 @@ def _false_positive(example, qid, rng, context, hard: bool) -> tuple[TrainingExa
             if corpus_texts[row] not in own and corpus_texts[row] not in negatives:
                 break
         text, source, neg, neg_scores = corpus_texts[row], corpus_ids[row], example.neg, example.neg_scores
-        kind = "fp-random"
     extra["pos_ids"] = [f"planted:{kind}:{source}"]
     extra["planted_pos"] = extra["pos_ids"]
     new = replace(example, pos=[text], pos_scores=None, neg=list(neg), neg_scores=neg_scores, extra=extra)
@@ -209,8 +205,8 @@ NOISE_KINDS: dict[str, Callable] = {
     "chunk-fn": _chunk_fn,
     "label-fn": _label_fn,
     "dup-fn": _dup_fn,
-    "fp-random": lambda e, q, r, c: _false_positive(e, q, r, c, hard=False),
-    "fp-hard": lambda e, q, r, c: _false_positive(e, q, r, c, hard=True),
+    "fp-random": lambda e, q, r, c: _false_positive(e, q, r, c, kind="fp-random"),
+    "fp-hard": lambda e, q, r, c: _false_positive(e, q, r, c, kind="fp-hard"),
     "fp-swap": _swap,
 }
 NoiseKind = Literal[tuple(NOISE_KINDS)]  # type: ignore[valid-type]
