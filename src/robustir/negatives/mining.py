@@ -106,7 +106,10 @@ class MiningConfig:
     ray_address: str | None = operational(None)
     """engine ray: the cluster to join (ray://head:10001, auto); None: a local Ray session."""
     ray_actors: PositiveInt = operational(1)
-    """engine ray: encoder actors (one model load each)."""
+    """engine ray: encoder actors (one model load each); with ray_max_actors, the fewest."""
+    ray_max_actors: PositiveInt | None = operational(None)
+    """engine ray: autoscaling: Ray Data adds encoder actors up to this many while batches wait, and lets idle
+    ones go down to ray_actors; unset: exactly ray_actors."""
     ray_gpus: Annotated[float, Range(ge=0.0)] = operational(0.0)
     """engine ray: GPUs per actor (0: CPU actors)."""
     ray_search_shards: PositiveInt | None = operational(None)
@@ -130,6 +133,12 @@ class MiningConfig:
         if self.engine == "ray" and self.method != "dense":
             raise ConfigError("engine: ray encodes the corpus for dense mining; BM25 mining runs in this process "
                               "(set method dense, or engine process)")
+        if self.ray_max_actors is not None:
+            if self.engine != "ray":
+                raise ConfigError("ray_max_actors goes with engine: ray (--engine ray)")
+            if self.ray_max_actors < self.ray_actors:
+                raise ConfigError(f"ray_max_actors ({self.ray_max_actors}) is below ray_actors ({self.ray_actors}): "
+                                  "the pool scales between the two; raise ray_max_actors or lower ray_actors")
         if self.ray_search_shards is not None:
             if self.engine != "ray":
                 raise ConfigError("ray_search_shards goes with engine: ray (--engine ray)")
@@ -503,7 +512,8 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
     if encoder_module.reusable_corpus_cache(target):
         return EmbeddingFile(target)
     ray_config = RayEncodeConfig(precision=config.precision, batch_size=config.encode_batch_size,
-                                 concurrency=config.ray_actors, num_gpus=config.ray_gpus, address=config.ray_address,
+                                 concurrency=config.ray_actors, max_concurrency=config.ray_max_actors,
+                                 num_gpus=config.ray_gpus, address=config.ray_address,
                                  show_progress=len(documents) >= 2000)
 
     def write_npy(uri: str) -> EmbeddingFile:  # under the Lance dataset's lock: one miner writes it
