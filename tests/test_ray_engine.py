@@ -424,6 +424,45 @@ def test_mining_with_the_corpus_split_among_search_actors_gives_the_same_negativ
         MiningConfig(method="dense", engine="ray", ray_search_shards=2, corpus_chunk=100).validate()
 
 
+def test_mining_on_a_lance_index_built_by_lance_ray_finds_most_exact_negatives(tmp_path, tiny_model_dir):
+    """`mine --engine ray --ray-lance-index IVF_PQ`: the approximate search runs on a Lance IVF_PQ index that
+    lance-ray's distributed create_index built over the Ray-encoded vectors (every cell probed, PQ candidates
+    reranked by their vectors): most negatives are the exact search's; a second run reuses the index; vectors the
+    process engine cached are written into a Lance dataset first."""
+    import lance
+
+    from robustir.index.dense import EmbeddingFile
+    from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import MiningConfig, mine_beir
+    from robustir.scale.ray_search import lance_dataset_of
+
+    data = _scifact_slice(tmp_path / "slice", queries=20, extra_docs=1500)
+    encoder = Encoder.from_pretrained(tiny_model_dir, passage_max_length=64)
+    common = dict(method="dense", num_negatives=5, range_max=30, precision="fp32", engine="ray", ray_actors=2,
+                  cache_dir=str(tmp_path / "cache"))
+    approximate = MiningConfig(**common, ray_lance_index="IVF_PQ", index={"nlist": 8, "nprobe": 8})
+    mine_beir(data, "train", tmp_path / "exact.jsonl", MiningConfig(**common), encoder=encoder)
+    mine_beir(data, "train", tmp_path / "ivf.jsonl", approximate, encoder=encoder)
+    exact = [json.loads(x) for x in (tmp_path / "exact.jsonl").read_text().splitlines()]
+    ivf = [json.loads(x) for x in (tmp_path / "ivf.jsonl").read_text().splitlines()]
+    shared = [len(set(a["neg_ids"]) & set(b["neg_ids"])) / len(a["neg_ids"]) for a, b in zip(exact, ivf)]
+    assert len(ivf) == len(exact) == 20 and np.mean(shared) >= 0.6
+    dataset = lance.dataset(str(next((tmp_path / "cache").glob("*.lance"))))
+    built = [index.name for index in dataset.describe_indices()]
+    assert built == ["robustir_ivf_pq_8"]
+    mine_beir(data, "train", tmp_path / "again.jsonl", approximate, encoder=encoder)
+    assert (tmp_path / "again.jsonl").read_text() == (tmp_path / "ivf.jsonl").read_text()
+    assert lance.dataset(dataset.uri).version == dataset.version  # reused, not built again
+
+    vectors = EmbeddingFile(next((tmp_path / "cache").glob("*.npy")))
+    uri = lance_dataset_of(vectors, str(tmp_path / "from-npy.lance"))
+    table = lance.dataset(uri).to_table()
+    assert table.column("id").to_pylist() == [f"{i:012d}" for i in range(len(vectors))]
+    np.testing.assert_array_equal(np.stack(table.column("vector").to_numpy(False)), vectors.rows(0, len(vectors)))
+    with pytest.raises(ConfigError, match="set one"):
+        MiningConfig(**common, ray_lance_index="IVF_PQ", ray_search_shards=2).validate()
+
+
 def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(tmp_path, tiny_model_dir):
     """Dense mining's Ray path (``encode_documents_with_ray``) on a cache folder a job array shares: while another
     process holds the dataset's lock the miner waits (no "Dataset already exists"), then encodes once; the next

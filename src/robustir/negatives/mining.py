@@ -51,7 +51,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.beir import BeirDataset, CorpusFile, encoding_text, load_beir
-from ..runs import fingerprint, operational
+from ..runs import added, fingerprint, operational
 from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import TIE_MARGIN, ChunkedFlatIndex, DenseIndex, DenseIndexConfig, EmbeddingFile, sort_hits
@@ -115,6 +115,10 @@ class MiningConfig:
     ray_search_shards: PositiveInt | None = operational(None)
     """engine ray: split the corpus vectors among this many Ray actors and search every shard (exact, the same hits
     as one process): for a corpus too large for one machine's memory. Unset: the search runs here."""
+    ray_lance_index: Literal["IVF_PQ", "IVF_HNSW_PQ"] | None = added(None)
+    """engine ray: approximate search on a Lance vector index of the corpus vectors, built by lance-ray's
+    distributed create_index (nlist cells, nprobe searched) and searched with Lance; the driver never holds the
+    corpus's vectors. Unset: the exact search (here, or ray_search_shards)."""
     index: Annotated[DenseIndexConfig, cli(flatten=True)] = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 
@@ -139,6 +143,12 @@ class MiningConfig:
             if self.ray_max_actors < self.ray_actors:
                 raise ConfigError(f"ray_max_actors ({self.ray_max_actors}) is below ray_actors ({self.ray_actors}): "
                                   "the pool scales between the two; raise ray_max_actors or lower ray_actors")
+        if self.ray_lance_index is not None:
+            if self.engine != "ray" or self.method != "dense":
+                raise ConfigError("ray_lance_index goes with method: dense and engine: ray (--engine ray)")
+            if self.ray_search_shards is not None:
+                raise ConfigError("ray_lance_index (approximate, on a Lance index) and ray_search_shards (exact, "
+                                  "in search actors) are two searches: set one")
         if self.ray_search_shards is not None:
             if self.engine != "ray":
                 raise ConfigError("ray_search_shards goes with engine: ray (--engine ray)")
@@ -373,7 +383,14 @@ class _Retriever:
             device = resolve_device(config.device)
             self.encoder = encoder.to(device) if hasattr(encoder, "to") else encoder
             self.embeddings = corpus_embeddings(self.encoder, documents, config, work_dir)
-            if config.ray_search_shards is not None:  # the corpus vectors split among Ray actors, searched there
+            if config.ray_lance_index is not None:  # approximate, on a Lance index lance-ray builds
+                from ..scale.ray_search import LanceIvfIndex, lance_dataset_of
+
+                uri = lance_dataset_of(self.embeddings, str(self.embeddings.path.with_suffix(".lance")))
+                self.dense = LanceIvfIndex(uri, config.ray_lance_index, *self.embeddings.shape,
+                                           nlist=config.index.nlist, nprobe=config.index.nprobe,
+                                           workers=config.ray_actors, address=config.ray_address)
+            elif config.ray_search_shards is not None:  # the corpus vectors split among Ray actors, searched there
                 from ..scale.ray_search import RayShardedFlatIndex
 
                 self.dense = RayShardedFlatIndex(self.embeddings, config.ray_search_shards,

@@ -411,8 +411,9 @@ def resolve_input(input_uri: str, kind: str) -> str:
         wanted = [s for s in splits if s == ("queries" if kind == "query" else "corpus")] or \
             (splits if len(splits) == 1 else [])
         if not wanted:
+            example = os.path.join(input_uri, splits[0] if splits else "SPLIT")
             raise ConfigError(f"--input {input_uri}: a datasets folder of the splits {', '.join(splits)}; give the "
-                              f"split to encode, e.g. --input {os.path.join(input_uri, splits[0] if splits else 'SPLIT')}")
+                              f"split to encode, e.g. --input {example}")
         return os.path.join(input_uri, wanted[0])
     return input_uri
 
