@@ -554,7 +554,7 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
         entry.finish({"rows": rows}, checksums=True)
         return EmbeddingFile(target)
 
-    return encode_documents_with_ray(encoder, lambda: list(texts()), target.stem, target.with_suffix(".lance"),
+    return encode_documents_with_ray(encoder, texts, target.stem, target.with_suffix(".lance"),
                                      ray_config, then=write_npy)
 
 

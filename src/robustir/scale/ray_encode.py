@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
 
@@ -626,12 +626,16 @@ def encode_with_ray(input_path: str | os.PathLike, model: str, output: str | os.
                    paths={"input": input_path, "model folder": local_model})
 
 
-def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], digest: str, output: Path,
+def encode_documents_with_ray(encoder: Any, texts: Callable[[], Iterable[str]], digest: str, output: Path,
                               config: RayEncodeConfig, device: str | None = None, *,
                               then: Callable[[str], Any] | None = None) -> Any:
     """Passage vectors of ``texts()`` encoded on Ray with ``encoder``'s model and settings into the resumable Lance
     dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are the texts' row
     numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
+
+    The texts are read from ``texts()`` a block of ``batch_rows`` at a time and each block is put in Ray's object
+    store (spilled to disk when it fills) before the next is read: the driver holds one block and the blocks'
+    references, never the corpus's texts.
 
     ``then(uri)`` runs while this process still holds the output's lock -- after the encoding, or at once when it
     was already complete -- and its result is returned: mining writes its ``.npy`` there
@@ -644,16 +648,20 @@ def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], dige
     local_model = absolute(resolve_model_path(encoder.source), "model")
     options = dataclasses.asdict(encoder.config)
 
-    def rows(held: Any) -> Any:  # the texts are the caller's (in memory): blocks of batch_rows, ids in row order
+    def rows(held: Any) -> Any:  # blocks of batch_rows texts, ids their row numbers, put one at a time
+        import itertools
+
         import pyarrow as pa
+        import ray
         import ray.data
 
-        values = texts()
-        ids = [f"{i:012d}" for i in range(len(values))]
-        return ray.data.from_arrow([_parse_rows(pa.table({"_id": ids[a:a + config.batch_rows],
-                                                          "text": values[a:a + config.batch_rows]}),
-                                                "passage", "the texts to mine", held)
-                                    for a in range(0, len(values), config.batch_rows)])
+        blocks, source, first = [], iter(texts()), 0
+        while block := list(itertools.islice(source, config.batch_rows)):
+            ids = [f"{i:012d}" for i in range(first, first + len(block))]
+            blocks.append(ray.put(_parse_rows(pa.table({"_id": ids, "text": block}), "passage",
+                                              "the texts to mine", held)))
+            first += len(block)
+        return ray.data.from_arrow_refs(blocks)
 
     job = OutputJob(output)
     result: list[Any] = []
