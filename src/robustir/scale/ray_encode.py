@@ -465,12 +465,12 @@ def _stream(input_uri: str, kind: str, options: dict | None) -> Callable[[Any], 
             finally:
                 if was is not None:
                     context.use_datasource_v2 = was
-        elif not local_folder and input_uri.endswith((".jsonl", ".json")):
-            ranges = _jsonl_ranges(path, filesystem, RANGE_BYTES)
+        elif len(ranges := _jsonl_ranges(path, filesystem, RANGE_BYTES) if not local_folder and input_uri.endswith(
+                (".jsonl", ".json")) else []) > 1:  # each range is one block, for one actor at a time
             raw = ray.data.from_items(ranges, override_num_blocks=len(ranges)).map_batches(
                 _read_line_ranges, batch_size=1, batch_format="pyarrow", num_cpus=0,
                 fn_kwargs={"filesystem": filesystem, "source": input_uri})
-        else:
+        else:  # read_text splits a small file into several blocks itself: the actors share it
             raw = ray.data.read_text(path, filesystem=filesystem, drop_empty_lines=True, num_cpus=0)
         return raw.map_batches(_parse_rows, batch_format="pyarrow", batch_size=None, num_cpus=0,
                                fn_kwargs={"kind": kind, "source": input_uri, "held": held})
