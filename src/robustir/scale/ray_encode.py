@@ -1,20 +1,23 @@
 """Corpus (or query) encoding on a Ray cluster, with Lance as the data plane: ``robustir encode --engine ray``.
 
-The corpus is read by the driver (robustir's own readers: the same ids and the same text -- title and text joined
-as :func:`robustir.data.beir.encoding_text` does -- as the single-process path); the rows the output already holds
+The corpus is read by Ray tasks (:func:`_stream`: JSONL -- a large file in ranges of whole lines --, parquet, a
+Hugging Face ``datasets`` folder or ``hf://datasets/ORG/NAME`` from the local cache; local or ``s3://``), each
+applying robustir's checks (the same ids and text -- title and text joined as
+:func:`robustir.data.beir.encoding_text` does -- as the single-process path); the rows the output already holds
 (by id) are left out, and the rest goes through **one** Ray Data pipeline for the whole job::
 
-    from_arrow(blocks of batch_rows) -> map_batches(_EncodeBatch, ActorPoolStrategy(concurrency), num_cpus, num_gpus)
-        -> map_batches(lance_ray.LanceFragmentWriter)        # fragment files written by Ray tasks, not the driver
+    read tasks -> map_batches(_EncodeBatch, ActorPoolStrategy(concurrency .. max_concurrency), num_cpus, num_gpus)
+        -> map_batches(_FragmentWriter)                      # fragment files written by Ray tasks, not the driver
         -> driver: one Lance commit (Append) per ``part_rows`` rows of fragment metadata
 
 ``_EncodeBatch`` is an actor: it loads the model once for the job and encodes every batch it is given with
 :meth:`robustir.models.encoder.Encoder.encode` (length-sorted, the same code as one process). The driver sees only
 the fragments' metadata (a few hundred bytes each), never a vector. A committed fragment is in the dataset whole;
 a killed driver started again reads the ids the dataset holds and encodes only the others, so changing
-``part_rows`` (or ``batch_rows``) between runs duplicates nothing. A worker killed mid-batch is retried by Ray at
-most ``max_retries`` times (its actor restarted); a batch that kills its actor every time ends the job with an
-error naming the batch (its first and last id), not an endless restart loop.
+``part_rows`` (or ``batch_rows``) between runs duplicates nothing, and the fragment files it wrote and never
+committed are removed first (:func:`_remove_orphans`). A worker killed mid-batch is retried by Ray at most
+``max_retries`` times (its actor restarted); a batch that kills its actor every time ends the job with an error
+naming the batch (its smallest and largest id, :class:`_Ledger`), not an endless restart loop.
 
 The output is a Lance dataset (``id``: string, ``vector``: fixed-size list of float32) at an absolute path or an
 ``s3://`` URI (:mod:`robustir.scale.job`: one driver per output, paths every node sees), beside its record (the
