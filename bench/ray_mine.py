@@ -16,6 +16,18 @@ passages, --precision (auto: bf16 where native), 15 negatives from the top 100, 
 Prints the wall time of each (the Ray ones without starting the cluster) and how many queries got the same negatives.
 
     python bench/ray_mine.py --passages 20000 --search-shards 2
+
+The driver's memory (issue 53): each run in a fresh process whose peak RSS (`ru_maxrss`) is the driver's alone,
+from an empty cache, the two engines alternated (the first size `process` first, the next `ray` first):
+`process` = `mine_jsonl` in one process; `ray` = `engine: ray` on the simulated two-node cluster, 2 encoder actors,
+the corpus texts streamed to Ray's object store a block at a time, the search on 2 shard actors
+(`ray_search_shards`), so no corpus-sized array is in the driver. Prints seconds, driver peak RSS and how many
+queries got the same negatives.
+
+    python bench/ray_mine.py --driver-memory 20000,100000 [--tiny]
+
+With --tiny the model is a 2-layer, 32-wide random BERT (fp32), so that both sizes run in minutes on 2 shared
+cores: the figures are then the engines' own memory and overhead, not the bundled model's speed.
 """
 
 from __future__ import annotations
@@ -56,7 +68,83 @@ def build(passages: int, work: Path) -> tuple[Path, Path]:
     return corpus, train
 
 
+def one(engine: str, corpus: Path, train: Path, work: Path, precision: str, model: str) -> None:
+    """One run in this (fresh) process: prints a JSON line of seconds and this driver's peak RSS."""
+    import resource
+
+    from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import MiningConfig, mine_jsonl
+    from robustir.resources import default_model_path
+
+    common = dict(method="dense", num_negatives=15, range_max=100, relative_margin=0.05, precision=precision,
+                  cache_dir=str(work / f"cache-{engine}"))
+    encoder = Encoder.from_pretrained(model or default_model_path(), passage_max_length=128)
+    cluster = None
+    if engine == "ray":
+        import ray
+        from ray.cluster_utils import Cluster
+
+        cores = os.cpu_count() or 2
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cores // 2})
+        cluster.add_node(num_cpus=cores - cores // 2)
+        ray.init(address=cluster.address, log_to_driver=False)
+        common.update(engine="ray", ray_actors=2, ray_search_shards=2)
+    started = time.perf_counter()
+    mine_jsonl(train, work / f"{engine}.jsonl", MiningConfig(**common), encoder=encoder, corpus=corpus)
+    seconds = time.perf_counter() - started
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    parts = {k: round(int(status[k].split()[0]) / 1024) for k in ("RssAnon", "RssFile", "RssShmem") if k in status}
+    if cluster is not None:
+        ray.shutdown()
+        cluster.shutdown()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the parts of the RSS at the end (MiB): the heap (anon), mapped files and shared memory (Ray's object store)
+    print(json.dumps({"engine": engine, "seconds": round(seconds, 1), "peak_mib": round(peak), "end_mib": parts}),
+          flush=True)
+
+
+def driver_memory(sizes: list[int], precision: str, tiny: bool) -> None:
+    import subprocess
+
+    model = ""
+    if tiny:  # the engines' own memory and overhead in minutes: a 2-layer, 32-wide random BERT
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from ray_encode import tiny_model
+
+        model = tiny_model(Path(tempfile.mkdtemp(prefix="ray-mine-model-")) / "tiny-bert")
+
+    rows = []
+    for turn, n in enumerate(sizes):
+        work = Path(tempfile.mkdtemp(prefix=f"ray-mine-{n}-"))
+        corpus, train = build(n, work)
+        got = {}
+        for engine in (("process", "ray") if turn % 2 == 0 else ("ray", "process")):
+            reply = subprocess.run([sys.executable, __file__, "--one", engine, str(corpus), str(train), str(work),
+                                    precision, model], capture_output=True, text=True, check=True)
+            got[engine] = json.loads(reply.stdout.strip().splitlines()[-1])
+            print(n, got[engine], os.getloadavg(), flush=True)
+        a = [json.loads(x) for x in (work / "process.jsonl").read_text().splitlines()]
+        b = [json.loads(x) for x in (work / "ray.jsonl").read_text().splitlines()]
+        same = sum(x["neg_ids"] == y["neg_ids"] for x, y in zip(a, b))
+        rows.append((n, got, same, len(a)))
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| passages | driver peak RSS, ray | one process | seconds, ray | one process | ray / process "
+          "throughput | same negatives |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n, got, same, total in rows:
+        r, p = got["ray"], got["process"]
+        print(f"| {n:,} | {r['peak_mib']} MiB | {p['peak_mib']} MiB | {r['seconds']:.0f} | {p['seconds']:.0f} | "
+              f"x{p['seconds'] / r['seconds']:.2f} | {same} of {total} |")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:
+        one(argv[1], Path(argv[2]), Path(argv[3]), Path(argv[4]), argv[5], argv[6])
+        return 0
+    if argv[:1] == ["--driver-memory"]:
+        driver_memory([int(x) for x in argv[1].split(",")], "fp32" if "--tiny" in argv else "auto", "--tiny" in argv)
+        return 0
     import ray
     from ray.cluster_utils import Cluster
 

@@ -19,7 +19,7 @@ require("ray", "ray.data", "lance", "lance_ray", extra="scale")  # what robustir
 import ray  # noqa: E402
 
 from robustir.errors import ConfigError  # noqa: E402
-from robustir.scale.ray_encode import RayEncodeConfig, encode_with_ray, read_vectors  # noqa: E402
+from robustir.scale.ray_encode import _LAST, RayEncodeConfig, encode_with_ray, read_vectors  # noqa: E402
 
 SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scifact"
 
@@ -128,6 +128,49 @@ def test_a_stopped_driver_resumes_by_id_whatever_the_part_size(tmp_path, tiny_mo
     assert (redone.rows, redone.resumed) == (50, 0) and len(read_vectors(out)[0]) == 50
 
 
+def _data_files(out: Path) -> set[str]:
+    return {f.name for f in (out / "data").iterdir()}
+
+
+def _orphan(out: Path, ids: list[str]) -> str:
+    """A fragment written and never committed, as a driver killed between its tasks' writes and its commit leaves
+    it: the name of its data file."""
+    import lance.fragment
+    import pyarrow as pa
+
+    from robustir.scale.ray_encode import _schema
+
+    schema = _schema(32)
+    rows = pa.table({"id": ids, "vector": pa.FixedSizeListArray.from_arrays(
+        pa.array(np.zeros(32 * len(ids), np.float32)), 32)}, schema=schema)
+    written = lance.fragment.write_fragments(rows, str(out), schema=schema, data_storage_version="stable")
+    return Path(written[0].data_files()[0].path).name
+
+
+def test_a_killed_drivers_uncommitted_fragment_files_are_removed_on_resume(tmp_path, tiny_model_dir, monkeypatch):
+    """Fragment files a killed driver's tasks wrote and it never committed -- before its first commit and after
+    it -- are removed when the job resumes (Lance's cleanup), and every file left is in the dataset."""
+    import lance
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 30)
+    out = tmp_path / "v.lance"
+    with monkeypatch.context() as patch:  # the driver dies at its first commit: its tasks' files, no dataset
+        patch.setattr(lance.LanceDataset, "commit", lambda *a, **k: _stop_after_first(0))
+        with pytest.raises(Stop):
+            encode_with_ray(corpus, tiny_model_dir, out, config=_config())
+    before = _data_files(out)
+    assert before and not any((out / "_versions").glob("*"))
+    with pytest.raises(Stop):  # resumed, then stopped after its first commit
+        encode_with_ray(corpus, tiny_model_dir, out, config=_config(), on_part=_stop_after_first)
+    assert not before & _data_files(out)  # the first run's files: removed before the second wrote its own
+    after = _orphan(out, ["y1"])  # and one more never committed (the second run's pending ones may be there too)
+    report = encode_with_ray(corpus, tiny_model_dir, out, config=_config())
+    assert report.rows == 30 and report.resumed >= 20
+    referenced = {Path(path).name for paths in _fragment_files(out).values() for path in paths}
+    assert after not in _data_files(out) and _data_files(out) == referenced
+    assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(30)]
+
+
 def test_a_second_driver_on_the_same_output_is_refused_naming_the_first(tmp_path, tiny_model_dir):
     """Two drivers on one output: the second is refused with the holder named (pid, host), before it encodes or
     writes anything; the first's output holds every row once. The lock goes with the holder's process."""
@@ -179,16 +222,18 @@ def test_a_batch_that_kills_its_actor_every_time_ends_in_an_error_naming_it(tmp_
 
     def poison(call: int, ids: list[str]) -> None:
         if "d013" in ids:
-            (tries / f"{os.getpid()}-{call}").write_text("x")
+            (tries / f"{os.getpid()}-{call}").write_text(json.dumps(ids))
             os.kill(os.getpid(), signal.SIGKILL)
 
     with pytest.raises(ConfigError, match=r"the batch d\d{3} \.\. d\d{3} \(\d+ rows\) killed its encoder actor 3 "
                                           r"times \(max_retries 2") as refused:
         encode_with_ray(corpus, tiny_model_dir, tmp_path / "v.lance", config=_config(max_retries=2),
                         on_batch=poison)
-    first, last = str(refused.value).split("the batch ")[1].split(" (")[0].split(" .. ")
-    assert first <= "d013" <= last  # the batch named is the one that holds the poison row
-    assert len(list(tries.iterdir())) == 3  # the first try and two retries, no more
+    named = str(refused.value).split("the batch ")[1].split(" killed")[0]
+    poisoned = {json.dumps(sorted(json.loads(f.read_text()))) for f in tries.iterdir()}
+    assert len(poisoned) == 1 and len(list(tries.iterdir())) == 3  # one batch: the first try and two retries
+    ids = json.loads(poisoned.pop())
+    assert named == f"{ids[0]} .. {ids[-1]} ({len(ids)} rows)"  # its smallest and largest id, whatever the order
 
 
 def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_model_dir, capsys):
@@ -197,8 +242,9 @@ def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_m
     corpus = _corpus(tmp_path / "corpus.jsonl", 30)
     out = tmp_path / "v.lance"
     args = ["encode", "--engine", "ray", "--model", tiny_model_dir, "--input", str(corpus), "--precision", "fp32",
-            "--concurrency", "2", "--part-rows", "20", "--output", str(out)]
-    assert main(args) == 0
+            "--concurrency", "1", "--max-concurrency", "2", "--part-rows", "20", "--output", str(out)]
+    assert main(args) == 0  # an autoscaling pool of 1 to 2 actors
+    assert 1 <= _LAST["model_loads"] <= 2
     assert re.search(r"30 rows in \d+ parts", capsys.readouterr().out)
     assert read_vectors(out)[0] == [f"d{i:03d}" for i in range(30)]
     assert main(args) == 0 and "nothing to do" in capsys.readouterr().out
@@ -206,6 +252,9 @@ def test_the_cli_encodes_with_ray_and_refuses_what_it_cannot_do(tmp_path, tiny_m
     assert "name it with .lance" in capsys.readouterr().err
     assert main([*args, "--num-gpus", "-1"]) == 2
     assert "num_gpus" in capsys.readouterr().err
+    three = [("3" if a == "1" and b == "--concurrency" else a) for b, a in zip(["", *args], args)]
+    assert main(three) == 2  # above --max-concurrency: refused before any work
+    assert "max_concurrency (2) is below concurrency (3)" in capsys.readouterr().err
     assert main(["encode", "--input", str(corpus), "--output", str(tmp_path / "e"), "--concurrency", "2"]) == 2
     assert "go with --engine ray" in capsys.readouterr().err
 
@@ -375,6 +424,45 @@ def test_mining_with_the_corpus_split_among_search_actors_gives_the_same_negativ
         MiningConfig(method="dense", engine="ray", ray_search_shards=2, corpus_chunk=100).validate()
 
 
+def test_mining_on_a_lance_index_built_by_lance_ray_finds_most_exact_negatives(tmp_path, tiny_model_dir):
+    """`mine --engine ray --ray-lance-index IVF_PQ`: the approximate search runs on a Lance IVF_PQ index that
+    lance-ray's distributed create_index built over the Ray-encoded vectors (every cell probed, PQ candidates
+    reranked by their vectors): most negatives are the exact search's; a second run reuses the index; vectors the
+    process engine cached are written into a Lance dataset first."""
+    import lance
+
+    from robustir.index.dense import EmbeddingFile
+    from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import MiningConfig, mine_beir
+    from robustir.scale.ray_search import lance_dataset_of
+
+    data = _scifact_slice(tmp_path / "slice", queries=20, extra_docs=1500)
+    encoder = Encoder.from_pretrained(tiny_model_dir, passage_max_length=64)
+    common = dict(method="dense", num_negatives=5, range_max=30, precision="fp32", engine="ray", ray_actors=2,
+                  cache_dir=str(tmp_path / "cache"))
+    approximate = MiningConfig(**common, ray_lance_index="IVF_PQ", index={"nlist": 8, "nprobe": 8})
+    mine_beir(data, "train", tmp_path / "exact.jsonl", MiningConfig(**common), encoder=encoder)
+    mine_beir(data, "train", tmp_path / "ivf.jsonl", approximate, encoder=encoder)
+    exact = [json.loads(x) for x in (tmp_path / "exact.jsonl").read_text().splitlines()]
+    ivf = [json.loads(x) for x in (tmp_path / "ivf.jsonl").read_text().splitlines()]
+    shared = [len(set(a["neg_ids"]) & set(b["neg_ids"])) / len(a["neg_ids"]) for a, b in zip(exact, ivf)]
+    assert len(ivf) == len(exact) == 20 and np.mean(shared) >= 0.6
+    dataset = lance.dataset(str(next((tmp_path / "cache").glob("*.lance"))))
+    built = [index.name for index in dataset.describe_indices()]
+    assert built == ["robustir_ivf_pq_8"]
+    mine_beir(data, "train", tmp_path / "again.jsonl", approximate, encoder=encoder)
+    assert (tmp_path / "again.jsonl").read_text() == (tmp_path / "ivf.jsonl").read_text()
+    assert lance.dataset(dataset.uri).version == dataset.version  # reused, not built again
+
+    vectors = EmbeddingFile(next((tmp_path / "cache").glob("*.npy")))
+    uri = lance_dataset_of(vectors, str(tmp_path / "from-npy.lance"))
+    table = lance.dataset(uri).to_table()
+    assert table.column("id").to_pylist() == [f"{i:012d}" for i in range(len(vectors))]
+    np.testing.assert_array_equal(np.stack(table.column("vector").to_numpy(False)), vectors.rows(0, len(vectors)))
+    with pytest.raises(ConfigError, match="set one"):
+        MiningConfig(**common, ray_lance_index="IVF_PQ", ray_search_shards=2).validate()
+
+
 def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(tmp_path, tiny_model_dir):
     """Dense mining's Ray path (``encode_documents_with_ray``) on a cache folder a job array shares: while another
     process holds the dataset's lock the miner waits (no "Dataset already exists"), then encodes once; the next
@@ -487,3 +575,54 @@ def test_the_corpus_streams_from_jsonl_or_parquet_with_robustirs_checks(tmp_path
     monkeypatch.setattr(ray_encode, "DISTINCT_IN_DRIVER", 0)  # the distributed check, for a large output
     with pytest.raises(DataError, match=r"twice\.jsonl.*duplicate ids \('d003'"):
         encode_with_ray(twice, tiny_model_dir, tmp_path / "f.lance", config=_config())
+
+
+def test_the_corpus_streams_from_a_hf_dataset_and_a_large_jsonl_by_several_tasks(tmp_path, tiny_model_dir,
+                                                                                  monkeypatch):
+    """A ``datasets`` save_to_disk folder (two Arrow shards, one task each), ``hf://datasets/ORG/NAME`` resolved
+    offline in the local Hugging Face cache (parquet files), and a JSONL read in byte ranges by several tasks give
+    the JSONL's ids and vectors; a folder of several splits, a dataset not in the cache and a broken Arrow file are
+    refused naming what to give."""
+    import datasets
+    import huggingface_hub.constants
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import robustir.scale.ray_encode as ray_encode
+    from robustir.errors import DataError
+
+    corpus = _corpus(tmp_path / "corpus.jsonl", 24)
+    rows = [json.loads(line) for line in _lines(corpus)]
+    expected = encode_with_ray(corpus, tiny_model_dir, tmp_path / "a.lance", config=_config())
+    assert expected.rows == 24
+    ids, vectors = read_vectors(tmp_path / "a.lance")
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved), num_shards=2)
+    hub = tmp_path / "hub"
+    snapshot = hub / "datasets--org--corpus" / "snapshots" / ("0" * 40)
+    (snapshot / "data").mkdir(parents=True)
+    (hub / "datasets--org--corpus" / "refs").mkdir()
+    (hub / "datasets--org--corpus" / "refs" / "main").write_text("0" * 40)
+    pq.write_table(pa.Table.from_pylist(rows[:12]), snapshot / "data" / "corpus-00000.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[12:]), snapshot / "data" / "corpus-00001.parquet")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(ray_encode, "RANGE_BYTES", 300)  # the 24-line JSONL in ~8 ranges
+    assert len(ray_encode._jsonl_ranges(str(corpus), None, 300)) > 4
+    for name, source in (("saved", saved), ("hub", "hf://datasets/org/corpus"), ("ranges", corpus)):
+        report = encode_with_ray(source, tiny_model_dir, tmp_path / f"{name}.lance", config=_config())
+        got_ids, got = read_vectors(tmp_path / f"{name}.lance")
+        assert report.rows == 24 and got_ids == ids, name
+        np.testing.assert_allclose(got, vectors, atol=1e-6)
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows)}) \
+        .save_to_disk(str(tmp_path / "splits"))
+    with pytest.raises(ConfigError, match=r"the splits train, test; give the split to encode, e\.g\. --input .*"
+                                          r"splits/train"):
+        encode_with_ray(tmp_path / "splits", tiny_model_dir, tmp_path / "b.lance", config=_config())
+    with pytest.raises(ConfigError, match="org/missing is not in the local Hugging Face cache"):
+        encode_with_ray("hf://datasets/org/missing", tiny_model_dir, tmp_path / "c.lance", config=_config())
+    broken = next(saved.glob("*.arrow"))
+    broken.write_bytes(b"not arrow")
+    with pytest.raises(DataError, match=rf"{broken.name}: not a readable datasets Arrow file"):
+        encode_with_ray(saved, tiny_model_dir, tmp_path / "d.lance", config=_config())

@@ -19,8 +19,8 @@ from .common import (CONFIG, Device, EncoderOverrides, Model, Precision, Storage
 
 def command(*, input: str, output: str, queries: bool = False, model: Model = None, batch_size: int = 64,
             precision: Precision = None, device: Device = None, engine: Literal["process", "ray"] = "process",
-            ray_address: str | None = None, concurrency: int | None = None, num_gpus: float | None = None,
-            part_rows: int | None = None, batch_rows: int | None = None, num_cpus: float | None = None,
+            ray_address: str | None = None, concurrency: int | None = None, max_concurrency: int | None = None,
+            num_gpus: float | None = None, part_rows: int | None = None, batch_rows: int | None = None, num_cpus: float | None = None,
             max_retries: int | None = None, storage_option: StorageOption = (), overwrite: bool = False,
             encoder: Annotated[EncoderOverrides | None, CONFIG] = None) -> int:
     """Encode a corpus or queries into an embedding file.
@@ -42,7 +42,10 @@ def command(*, input: str, output: str, queries: bool = False, model: Model = No
     ray_address
         --engine ray: the Ray cluster to join (e.g. ray://head:10001, auto); default: a local Ray session
     concurrency
-        --engine ray: encoder actors (default: 1)
+        --engine ray: encoder actors (default: 1); with --max-concurrency, the fewest
+    max_concurrency
+        --engine ray: autoscaling: Ray Data adds encoder actors up to this many while batches wait (default: exactly
+        --concurrency)
     num_gpus
         --engine ray: GPUs per actor (default: 0, CPU actors)
     part_rows
@@ -56,7 +59,8 @@ def command(*, input: str, output: str, queries: bool = False, model: Model = No
     overwrite
         --engine ray: encode again over an earlier output
     """
-    ray = {"ray_address": ray_address, "concurrency": concurrency, "num_gpus": num_gpus, "part_rows": part_rows,
+    ray = {"ray_address": ray_address, "concurrency": concurrency, "max_concurrency": max_concurrency,
+           "num_gpus": num_gpus, "part_rows": part_rows,
            "batch_rows": batch_rows, "num_cpus": num_cpus, "max_retries": max_retries,
            "storage_option": storage_option, "overwrite": overwrite}
     if engine == "ray":
@@ -95,7 +99,8 @@ def output_files(prefix: str | Path) -> tuple[Path, Path]:
 
 
 def _run_ray(input: str, output: str, queries: bool, model: str | None, batch_size: int, precision: str | None,
-             device: str | None, *, ray_address: str | None, concurrency: int | None, num_gpus: float | None,
+             device: str | None, *, ray_address: str | None, concurrency: int | None,
+             max_concurrency: int | None, num_gpus: float | None,
              part_rows: int | None, batch_rows: int | None, num_cpus: float | None, max_retries: int | None,
              storage_option: tuple[str, ...], overwrite: bool) -> int:
     from ..scale.ray_encode import RayEncodeConfig, encode_with_ray, require_scale_extra
@@ -103,7 +108,7 @@ def _run_ray(input: str, output: str, queries: bool, model: str | None, batch_si
     require_scale_extra("--engine ray")
     if "://" not in output:
         refuse_overwriting_inputs(Path(output), input, stage="encode")
-    given = {"concurrency": concurrency, "num_gpus": num_gpus, "part_rows": part_rows, "address": ray_address,
+    given = {"concurrency": concurrency, "max_concurrency": max_concurrency, "num_gpus": num_gpus, "part_rows": part_rows, "address": ray_address,
              "batch_size": batch_size, "precision": precision, "batch_rows": batch_rows, "num_cpus": num_cpus,
              "max_retries": max_retries}
     config = RayEncodeConfig(**{k: v for k, v in given.items() if v is not None})

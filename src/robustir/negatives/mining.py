@@ -51,7 +51,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.beir import BeirDataset, CorpusFile, encoding_text, load_beir
-from ..runs import fingerprint, operational
+from ..runs import added, fingerprint, operational
 from ..errors import ConfigError
 from ..index.bm25 import BM25Config, BM25Index
 from ..index.dense import TIE_MARGIN, ChunkedFlatIndex, DenseIndex, DenseIndexConfig, EmbeddingFile, sort_hits
@@ -106,12 +106,19 @@ class MiningConfig:
     ray_address: str | None = operational(None)
     """engine ray: the cluster to join (ray://head:10001, auto); None: a local Ray session."""
     ray_actors: PositiveInt = operational(1)
-    """engine ray: encoder actors (one model load each)."""
+    """engine ray: encoder actors (one model load each); with ray_max_actors, the fewest."""
+    ray_max_actors: PositiveInt | None = operational(None)
+    """engine ray: autoscaling: Ray Data adds encoder actors up to this many while batches wait, and lets idle
+    ones go down to ray_actors; unset: exactly ray_actors."""
     ray_gpus: Annotated[float, Range(ge=0.0)] = operational(0.0)
     """engine ray: GPUs per actor (0: CPU actors)."""
     ray_search_shards: PositiveInt | None = operational(None)
     """engine ray: split the corpus vectors among this many Ray actors and search every shard (exact, the same hits
     as one process): for a corpus too large for one machine's memory. Unset: the search runs here."""
+    ray_lance_index: Literal["IVF_PQ", "IVF_HNSW_PQ"] | None = added(None)
+    """engine ray: approximate search on a Lance vector index of the corpus vectors, built by lance-ray's
+    distributed create_index (nlist cells, nprobe searched) and searched with Lance; the driver never holds the
+    corpus's vectors. Unset: the exact search (here, or ray_search_shards)."""
     index: Annotated[DenseIndexConfig, cli(flatten=True)] = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 
@@ -130,6 +137,18 @@ class MiningConfig:
         if self.engine == "ray" and self.method != "dense":
             raise ConfigError("engine: ray encodes the corpus for dense mining; BM25 mining runs in this process "
                               "(set method dense, or engine process)")
+        if self.ray_max_actors is not None:
+            if self.engine != "ray":
+                raise ConfigError("ray_max_actors goes with engine: ray (--engine ray)")
+            if self.ray_max_actors < self.ray_actors:
+                raise ConfigError(f"ray_max_actors ({self.ray_max_actors}) is below ray_actors ({self.ray_actors}): "
+                                  "the pool scales between the two; raise ray_max_actors or lower ray_actors")
+        if self.ray_lance_index is not None:
+            if self.engine != "ray" or self.method != "dense":
+                raise ConfigError("ray_lance_index goes with method: dense and engine: ray (--engine ray)")
+            if self.ray_search_shards is not None:
+                raise ConfigError("ray_lance_index (approximate, on a Lance index) and ray_search_shards (exact, "
+                                  "in search actors) are two searches: set one")
         if self.ray_search_shards is not None:
             if self.engine != "ray":
                 raise ConfigError("ray_search_shards goes with engine: ray (--engine ray)")
@@ -364,7 +383,14 @@ class _Retriever:
             device = resolve_device(config.device)
             self.encoder = encoder.to(device) if hasattr(encoder, "to") else encoder
             self.embeddings = corpus_embeddings(self.encoder, documents, config, work_dir)
-            if config.ray_search_shards is not None:  # the corpus vectors split among Ray actors, searched there
+            if config.ray_lance_index is not None:  # approximate, on a Lance index lance-ray builds
+                from ..scale.ray_search import LanceIvfIndex, lance_dataset_of
+
+                uri = lance_dataset_of(self.embeddings, str(self.embeddings.path.with_suffix(".lance")))
+                self.dense = LanceIvfIndex(uri, config.ray_lance_index, *self.embeddings.shape,
+                                           nlist=config.index.nlist, nprobe=config.index.nprobe,
+                                           workers=config.ray_actors, address=config.ray_address)
+            elif config.ray_search_shards is not None:  # the corpus vectors split among Ray actors, searched there
                 from ..scale.ray_search import RayShardedFlatIndex
 
                 self.dense = RayShardedFlatIndex(self.embeddings, config.ray_search_shards,
@@ -503,7 +529,8 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
     if encoder_module.reusable_corpus_cache(target):
         return EmbeddingFile(target)
     ray_config = RayEncodeConfig(precision=config.precision, batch_size=config.encode_batch_size,
-                                 concurrency=config.ray_actors, num_gpus=config.ray_gpus, address=config.ray_address,
+                                 concurrency=config.ray_actors, max_concurrency=config.ray_max_actors,
+                                 num_gpus=config.ray_gpus, address=config.ray_address,
                                  show_progress=len(documents) >= 2000)
 
     def write_npy(uri: str) -> EmbeddingFile:  # under the Lance dataset's lock: one miner writes it
@@ -527,7 +554,7 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
         entry.finish({"rows": rows}, checksums=True)
         return EmbeddingFile(target)
 
-    return encode_documents_with_ray(encoder, lambda: list(texts()), target.stem, target.with_suffix(".lance"),
+    return encode_documents_with_ray(encoder, texts, target.stem, target.with_suffix(".lance"),
                                      ray_config, then=write_npy)
 
 

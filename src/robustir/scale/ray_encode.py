@@ -1,20 +1,23 @@
 """Corpus (or query) encoding on a Ray cluster, with Lance as the data plane: ``robustir encode --engine ray``.
 
-The corpus is read by the driver (robustir's own readers: the same ids and the same text -- title and text joined
-as :func:`robustir.data.beir.encoding_text` does -- as the single-process path); the rows the output already holds
+The corpus is read by Ray tasks (:func:`_stream`: JSONL -- a large file in ranges of whole lines --, parquet, a
+Hugging Face ``datasets`` folder or ``hf://datasets/ORG/NAME`` from the local cache; local or ``s3://``), each
+applying robustir's checks (the same ids and text -- title and text joined as
+:func:`robustir.data.beir.encoding_text` does -- as the single-process path); the rows the output already holds
 (by id) are left out, and the rest goes through **one** Ray Data pipeline for the whole job::
 
-    from_arrow(blocks of batch_rows) -> map_batches(_EncodeBatch, ActorPoolStrategy(concurrency), num_cpus, num_gpus)
-        -> map_batches(lance_ray.LanceFragmentWriter)        # fragment files written by Ray tasks, not the driver
+    read tasks -> map_batches(_EncodeBatch, ActorPoolStrategy(concurrency .. max_concurrency), num_cpus, num_gpus)
+        -> map_batches(_FragmentWriter)                      # fragment files written by Ray tasks, not the driver
         -> driver: one Lance commit (Append) per ``part_rows`` rows of fragment metadata
 
 ``_EncodeBatch`` is an actor: it loads the model once for the job and encodes every batch it is given with
 :meth:`robustir.models.encoder.Encoder.encode` (length-sorted, the same code as one process). The driver sees only
 the fragments' metadata (a few hundred bytes each), never a vector. A committed fragment is in the dataset whole;
 a killed driver started again reads the ids the dataset holds and encodes only the others, so changing
-``part_rows`` (or ``batch_rows``) between runs duplicates nothing. A worker killed mid-batch is retried by Ray at
-most ``max_retries`` times (its actor restarted); a batch that kills its actor every time ends the job with an
-error naming the batch (its first and last id), not an endless restart loop.
+``part_rows`` (or ``batch_rows``) between runs duplicates nothing, and the fragment files it wrote and never
+committed are removed first (:func:`_remove_orphans`). A worker killed mid-batch is retried by Ray at most
+``max_retries`` times (its actor restarted); a batch that kills its actor every time ends the job with an error
+naming the batch (its smallest and largest id, :class:`_Ledger`), not an endless restart loop.
 
 The output is a Lance dataset (``id``: string, ``vector``: fixed-size list of float32) at an absolute path or an
 ``s3://`` URI (:mod:`robustir.scale.job`: one driver per output, paths every node sees), beside its record (the
@@ -31,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
 
@@ -63,7 +66,10 @@ class RayEncodeConfig:
     part_rows: PositiveInt = operational(100_000)
     """Rows per Lance commit: a killed driver keeps every committed row and resumes by id (any value on resume)."""
     concurrency: PositiveInt = operational(1)
-    """Encoder actors (one model load each, for the whole job)."""
+    """Encoder actors (one model load each, for the whole job); with max_concurrency, the fewest."""
+    max_concurrency: PositiveInt | None = operational(None)
+    """Autoscaling: Ray Data adds encoder actors up to this many while batches wait for one (and the cluster
+    has the CPUs/GPUs), and lets idle ones go down to ``concurrency``; None: exactly ``concurrency``."""
     num_gpus: Annotated[float, Range(ge=0.0)] = operational(0.0)
     """GPUs per actor (0: CPU actors); e.g. 1 on a GPU cluster, 0.5 to pack two actors per GPU."""
     num_cpus: Annotated[float, Range(gt=0.0)] = operational(1.0)
@@ -75,6 +81,19 @@ class RayEncodeConfig:
     """Ray cluster to join (``ray://host:10001``, ``auto``); None: the running session, else a local one."""
     show_progress: bool = operational(True)
     """Ray Data's progress bars."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and self.max_concurrency < self.concurrency:
+            raise ConfigError(f"max_concurrency ({self.max_concurrency}) is below concurrency ({self.concurrency}): "
+                              "the pool scales between concurrency (the fewest actors) and max_concurrency (the "
+                              "most); raise max_concurrency or lower concurrency")
+
+    def pool(self) -> Any:
+        """Ray Data's actor pool: ``concurrency`` actors, or from ``concurrency`` to ``max_concurrency``."""
+        import ray.data
+
+        most = self.max_concurrency or self.concurrency
+        return ray.data.ActorPoolStrategy(min_size=self.concurrency, max_size=most)
 
 
 @dataclass
@@ -109,25 +128,44 @@ class _PoolActor:
 
 
 class _Ledger:
-    """How many times each batch was started and not finished (a plain Ray actor, no CPU): what names the batch
-    that kills its actor every time, since Ray's error only says that an actor died."""
+    """Which batch each encoder actor is running, and how many times a batch's actor died under it (a plain Ray
+    actor, no CPU): what names the batch that kills its actor every time, since Ray's error only says that an
+    actor died.
+
+    A Ray Data actor runs one call at a time (its ``max_concurrency`` is 1), so when an actor process dies the batch
+    it was running is the one recorded for its actor id: a death counts against that batch only. Ray restarts the
+    actor under the same id, and the restarted actor's :meth:`loaded` finds the batch its predecessor left running;
+    the last death (no restart left) is the batch still running when the job fails. Counting unfinished *starts*
+    instead (as before) also counted a batch that was only interrupted -- by the pool's shutdown, or retried after
+    another actor's death -- and a tie then named whichever batch had started first."""
 
     def __init__(self) -> None:
-        self.open: dict[str, int] = {}
+        self.running: dict[str, str] = {}  # actor id -> the batch it started and has not finished
+        self.deaths: dict[str, int] = {}  # batch -> times its actor died running it (seen at the restart)
         self.loads = 0
 
-    def loaded(self) -> None:
+    def loaded(self, actor: str = "") -> None:
         self.loads += 1
+        left = self.running.pop(actor, None)  # a restarted actor: its predecessor died running this batch
+        if left is not None:
+            self.deaths[left] = self.deaths.get(left, 0) + 1
 
-    def started(self, batch: str) -> int:
-        self.open[batch] = self.open.get(batch, 0) + 1
-        return self.open[batch]
+    def started(self, batch: str, actor: str = "") -> None:
+        self.running[actor] = batch
 
-    def finished(self, batch: str) -> None:
-        self.open.pop(batch, None)
+    def finished(self, batch: str, actor: str = "") -> None:
+        if self.running.get(actor) == batch:
+            del self.running[actor]
 
     def worst(self) -> tuple[str, int] | None:
-        return max(self.open.items(), key=lambda item: item[1]) if self.open else None
+        """The batch whose actors died most often, with its tries (the deaths seen at restarts, plus one when it
+        was still running as the job failed: the death no restart followed); ties: the first batch by name."""
+        running = set(self.running.values())
+        tries = {batch: self.deaths.get(batch, 0) + (batch in running) for batch in {*self.deaths, *running}}
+        if not tries:
+            return None
+        batch = min(tries, key=lambda name: (-self.deaths.get(name, 0), -tries[name], name))
+        return batch, tries[batch]
 
     def model_loads(self) -> int:
         return self.loads
@@ -143,20 +181,25 @@ class _EncodeBatch(_PoolActor):
         super().__init__(model, options, device, None)
         self.kind, self.precision, self.batch_size, self.ledger = kind, precision, batch_size, ledger
         self.on_batch, self.batches = on_batch, 0
-        ray.get(ledger.loaded.remote())
+        self.actor = ray.get_runtime_context().get_actor_id() or ""
+        ray.get(ledger.loaded.remote(self.actor))
 
     def __call__(self, batch):
         import pyarrow as pa
+        import pyarrow.compute as pc
         import ray
 
         ids = batch.column("id")
-        name = f"{ids[0].as_py()} .. {ids[-1].as_py()} ({len(ids)} rows)"
-        ray.get(self.ledger.started.remote(name))  # recorded before the work that may kill this process
+        # by its smallest and largest id: a batch's rows are in no order (Ray Data merges blocks as they come), so
+        # its first and last rows need not bracket the one that kills the actor
+        low, high = pc.min_max(ids).values()
+        name = f"{low.as_py()} .. {high.as_py()} ({len(ids)} rows)"
+        ray.get(self.ledger.started.remote(name, self.actor))  # recorded before the work that may kill this process
         self.batches += 1
         if self.on_batch is not None:  # progress, or a fault injected by a test
             self.on_batch(self.batches, ids.to_pylist())
         vectors = self.encode(batch.column("text").to_pylist(), self.kind, self.batch_size, self.precision)
-        ray.get(self.ledger.finished.remote(name))  # waited for: a kill -9 right after must not lose it
+        ray.get(self.ledger.finished.remote(name, self.actor))  # waited for: a kill -9 right after must not lose it
         flat = pa.array(vectors.reshape(-1), type=pa.float32())
         return pa.table({"id": ids, "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
 
@@ -345,32 +388,203 @@ def _arrow_filesystem(job_options: dict | None) -> Any:
                            session_token=get("aws_session_token", "session_token", "token"))
 
 
+#: a plain JSONL file larger than this is read by several Ray tasks, a range of whole lines each
+RANGE_BYTES = 64 << 20
+
+
+def resolve_input(input_uri: str, kind: str) -> str:
+    """(In the driver) what ``--input`` names, as the file or folder the Ray tasks read: ``hf://datasets/ORG/NAME``
+    is the dataset's snapshot in the local Hugging Face cache (offline: never downloaded here; every node must see
+    the cache), a BEIR folder its ``corpus.jsonl`` (``queries.jsonl``), a ``datasets`` ``save_to_disk`` folder of
+    several splits the one split to read; anything else as it is (made absolute)."""
+    if input_uri.startswith("hf://"):
+        input_uri = _hf_snapshot(input_uri)
+    else:
+        input_uri = absolute(input_uri, "--input")
+    if "://" in input_uri:
+        return input_uri
+    for name in (("queries.jsonl", "queries.jsonl.gz") if kind == "query" else ("corpus.jsonl", "corpus.jsonl.gz")):
+        if os.path.isfile(os.path.join(input_uri, name)):  # a BEIR folder (or a snapshot of one)
+            return os.path.join(input_uri, name)
+    splits_file = os.path.join(input_uri, "dataset_dict.json")
+    if os.path.isfile(splits_file):  # DatasetDict.save_to_disk: one folder per split
+        import json
+
+        splits = json.loads(Path(splits_file).read_text(encoding="utf-8")).get("splits", [])
+        wanted = [s for s in splits if s == ("queries" if kind == "query" else "corpus")] or \
+            (splits if len(splits) == 1 else [])
+        if not wanted:
+            example = os.path.join(input_uri, splits[0] if splits else "SPLIT")
+            raise ConfigError(f"--input {input_uri}: a datasets folder of the splits {', '.join(splits)}; give the "
+                              f"split to encode, e.g. --input {example}")
+        return os.path.join(input_uri, wanted[0])
+    return input_uri
+
+
+def _hf_snapshot(uri: str) -> str:
+    """``hf://datasets/ORG/NAME[/SUBFOLDER]`` as its snapshot folder in the local Hugging Face cache."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    parts = uri[len("hf://"):].strip("/").split("/")
+    if len(parts) < 3 or parts[0] != "datasets":
+        raise ConfigError(f"--input {uri}: a Hugging Face dataset is hf://datasets/ORG/NAME (or .../SUBFOLDER)")
+    repo = "/".join(parts[1:3])
+    try:
+        folder = snapshot_download(repo, repo_type="dataset", local_files_only=True)
+    except LocalEntryNotFoundError:
+        raise ConfigError(f"--input {uri}: the dataset {repo} is not in the local Hugging Face cache (robustir "
+                          f"reads it offline); download it first: huggingface-cli download --repo-type dataset "
+                          f"{repo}, with HF_HOME on storage every node mounts") from None
+    return os.path.join(folder, *parts[3:])
+
+
 def _stream(input_uri: str, kind: str, options: dict | None) -> Callable[[Any], Any]:
     """The input as a Ray Data dataset of ``(id, text)`` read by Ray tasks (never whole in the driver): JSONL
-    (``.jsonl``, ``.json``, ``.gz`` of them) line by line, or parquet (a file or a folder of them)."""
+    (``.jsonl``, ``.json``, ``.gz`` of them) line by line -- a plain file above :data:`RANGE_BYTES` by several tasks,
+    a range of whole lines each --, parquet (a file or a folder of them, as a Hugging Face snapshot holds them), or
+    a ``datasets`` ``save_to_disk`` folder (its Arrow files, one task each)."""
     import ray.data
 
     filesystem = _arrow_filesystem(options) if "://" in input_uri else None
     path = input_uri.split("://", 1)[-1] if filesystem is not None else input_uri
+    local_folder = "://" not in input_uri and os.path.isdir(input_uri)
 
     def make(held: Any) -> Any:
         # reading and parsing ask for no CPU, as the writes: the encoder actors may hold every CPU of the cluster
         # (measured: a 1-CPU read task waited forever behind two 1-CPU actors on a 2-CPU session)
-        if input_uri.endswith(".parquet") or (os.path.isdir(input_uri) and any(Path(input_uri).glob("*.parquet"))):
+        parquet = sorted(str(f) for f in Path(input_uri).rglob("*.parquet")) if local_folder else []
+        if local_folder and os.path.isfile(os.path.join(input_uri, "state.json")):  # Dataset.save_to_disk
+            files = _arrow_files(input_uri)
+            raw = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files)).map_batches(
+                _read_arrow_files, batch_size=1, batch_format="pyarrow", num_cpus=0, fn_kwargs={"source": input_uri})
+        elif input_uri.endswith(".parquet") or parquet:
             # Ray 2.60's parquet reader (V2) lists files in a 1-CPU task that waits forever behind actors holding
             # every CPU (measured: hung on a 2-CPU session); the V1 reader's tasks take num_cpus=0
             context = ray.data.DataContext.get_current()
             was, context.use_datasource_v2 = getattr(context, "use_datasource_v2", None), False
             try:
-                raw = ray.data.read_parquet(path, filesystem=filesystem, num_cpus=0)
+                raw = ray.data.read_parquet(parquet or path, filesystem=filesystem, num_cpus=0)
             finally:
                 if was is not None:
                     context.use_datasource_v2 = was
-        else:
+        elif len(ranges := _jsonl_ranges(path, filesystem, RANGE_BYTES) if not local_folder and input_uri.endswith(
+                (".jsonl", ".json")) else []) > 1:  # each range is one block, for one actor at a time
+            raw = ray.data.from_items(ranges, override_num_blocks=len(ranges)).map_batches(
+                _read_line_ranges, batch_size=1, batch_format="pyarrow", num_cpus=0,
+                fn_kwargs={"filesystem": filesystem, "source": input_uri})
+        else:  # read_text splits a small file into several blocks itself: the actors share it
             raw = ray.data.read_text(path, filesystem=filesystem, drop_empty_lines=True, num_cpus=0)
         return raw.map_batches(_parse_rows, batch_format="pyarrow", batch_size=None, num_cpus=0,
                                fn_kwargs={"kind": kind, "source": input_uri, "held": held})
     return make
+
+
+def _arrow_files(folder: str) -> list[str]:
+    """The Arrow files of a ``datasets`` ``save_to_disk`` folder, from its ``state.json``."""
+    import json
+
+    try:
+        state = json.loads(Path(folder, "state.json").read_text(encoding="utf-8"))
+        files = [os.path.join(folder, entry["filename"]) for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        from ..errors import DataError
+
+        raise DataError(Path(folder, "state.json"), f"not a datasets save_to_disk state ({error})",
+                        fix="save the dataset with datasets' Dataset.save_to_disk, or give JSONL or parquet") from None
+    return files
+
+
+def _read_arrow_files(batch: Any, source: str) -> Any:
+    """A Ray Data task: the rows of one Arrow (IPC stream) file of a ``datasets`` folder, a record batch at a time."""
+    import pyarrow as pa
+
+    for path in batch.column("path").to_pylist():
+        try:
+            with pa.memory_map(path) as handle:
+                for record_batch in pa.ipc.open_stream(handle):
+                    yield pa.Table.from_batches([record_batch])
+        except (OSError, pa.ArrowInvalid) as error:
+            raise _input_error(path, f"not a readable datasets Arrow file ({error})",
+                               "save the dataset again with datasets' save_to_disk") from None
+
+
+def _jsonl_ranges(path: str, filesystem: Any, piece: int) -> list[dict]:
+    """(In the driver) ``path`` cut into byte ranges of about ``piece`` bytes, each starting on a line: a seek and a
+    read to the next newline per cut, never the file."""
+    from pyarrow import fs
+
+    filesystem = filesystem or fs.LocalFileSystem()
+    size = filesystem.get_file_info(path).size
+    starts = [0]
+    with filesystem.open_input_file(path) as handle:
+        while starts[-1] + piece < size:
+            handle.seek(starts[-1] + piece)
+            cut = starts[-1] + piece
+            while True:
+                chunk = handle.read(65536)
+                if not chunk:
+                    cut = size
+                    break
+                found = chunk.find(b"\n")
+                if found >= 0:
+                    cut += found + 1
+                    break
+                cut += len(chunk)
+            if cut >= size:
+                break
+            starts.append(cut)
+    return [{"path": path, "start": a, "stop": b} for a, b in zip(starts, [*starts[1:], size])]
+
+
+def _read_line_ranges(batch: Any, filesystem: Any, source: str) -> Any:
+    """A Ray Data task: the lines of one byte range of a JSONL file (:func:`_jsonl_ranges`), as ``read_text`` gives
+    them (split on newlines only: a text may hold other Unicode line breaks)."""
+    import pyarrow as pa
+    from pyarrow import fs
+
+    filesystem = filesystem or fs.LocalFileSystem()
+    for path, start, stop in zip(*(batch.column(name).to_pylist() for name in ("path", "start", "stop"))):
+        with filesystem.open_input_file(path) as handle:
+            handle.seek(start)
+            data = handle.read(stop - start)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise _input_error(source, f"not UTF-8 text (byte {start + error.start})",
+                               "save the file as UTF-8") from None
+        yield pa.table({"text": pa.array([line for line in text.split("\n") if line.strip()], pa.string())})
+
+
+def _input_error(path: str, problem: str, fix: str) -> "_InputError":
+    """A bad input found by a read task, carried to the driver as :func:`_parse_rows` carries robustir's errors."""
+    import json
+
+    fields = {"path": str(path), "problem": problem, "line": None, "field": None, "fix": fix}
+    return _InputError(f"{path}: {problem}", json.dumps(fields))
+
+
+def _remove_orphans(job: OutputJob) -> None:
+    """Remove the fragment files a killed driver left behind: written by its Ray tasks, never committed, so in no
+    version of the dataset. Lance's own cleanup (``cleanup_old_versions(delete_unverified=True)``, which removes
+    every file no version references, and the versions before the last) does it; it is safe only with no other
+    writer on the dataset, which the output's lock guarantees. Before the first commit there is no dataset for
+    Lance to clean: the folder holds only such files and is removed."""
+    if job.exists():
+        from datetime import timedelta
+
+        import lance
+
+        stats = lance.dataset(job.uri, storage_options=job.options).cleanup_old_versions(
+            older_than=timedelta(0), delete_unverified=True, error_if_tagged_old_versions=False)
+        if stats.bytes_removed:
+            logger.info("%s: removed %d bytes of files no commit references (left by a killed driver)", job.uri,
+                        stats.bytes_removed)
+        return
+    from ..index.store.storage import open_store
+
+    parent, _, name = job.uri.rpartition("/")
+    open_store(parent, job.options).remove_tree(name)
 
 
 def _held_ids(job: OutputJob) -> Any:
@@ -407,23 +621,24 @@ def encode_with_ray(input_path: str | os.PathLike, model: str, output: str | os.
 
     config = config or RayEncodeConfig()
     job = OutputJob(output, storage_options)
-    input_path = absolute(input_path, "--input")
+    input_path = resolve_input(str(input_path), kind)
     local_model = absolute(resolve_model_path(model), "--model")
-    beir = os.path.join(input_path, "queries.jsonl" if kind == "query" else "corpus.jsonl")
-    if "://" not in input_path and os.path.isfile(beir):  # a BEIR folder
-        input_path = beir
     inputs = {"input": input_path, "model": local_model}
     return _encode(_stream(input_path, kind, job.options), inputs, local_model, job, kind, config,
                    encoder_options, overwrite, device, on_batch, on_part,
                    paths={"input": input_path, "model folder": local_model})
 
 
-def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], digest: str, output: Path,
+def encode_documents_with_ray(encoder: Any, texts: Callable[[], Iterable[str]], digest: str, output: Path,
                               config: RayEncodeConfig, device: str | None = None, *,
                               then: Callable[[str], Any] | None = None) -> Any:
     """Passage vectors of ``texts()`` encoded on Ray with ``encoder``'s model and settings into the resumable Lance
     dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are the texts' row
     numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
+
+    The texts are read from ``texts()`` a block of ``batch_rows`` at a time and each block is put in Ray's object
+    store (spilled to disk when it fills) before the next is read: the driver holds one block and the blocks'
+    references, never the corpus's texts.
 
     ``then(uri)`` runs while this process still holds the output's lock -- after the encoding, or at once when it
     was already complete -- and its result is returned: mining writes its ``.npy`` there
@@ -436,16 +651,20 @@ def encode_documents_with_ray(encoder: Any, texts: Callable[[], list[str]], dige
     local_model = absolute(resolve_model_path(encoder.source), "model")
     options = dataclasses.asdict(encoder.config)
 
-    def rows(held: Any) -> Any:  # the texts are the caller's (in memory): blocks of batch_rows, ids in row order
+    def rows(held: Any) -> Any:  # blocks of batch_rows texts, ids their row numbers, put one at a time
+        import itertools
+
         import pyarrow as pa
+        import ray
         import ray.data
 
-        values = texts()
-        ids = [f"{i:012d}" for i in range(len(values))]
-        return ray.data.from_arrow([_parse_rows(pa.table({"_id": ids[a:a + config.batch_rows],
-                                                          "text": values[a:a + config.batch_rows]}),
-                                                "passage", "the texts to mine", held)
-                                    for a in range(0, len(values), config.batch_rows)])
+        blocks, source, first = [], iter(texts()), 0
+        while block := list(itertools.islice(source, config.batch_rows)):
+            ids = [f"{i:012d}" for i in range(first, first + len(block))]
+            blocks.append(ray.put(_parse_rows(pa.table({"_id": ids, "text": block}), "passage",
+                                              "the texts to mine", held)))
+            first += len(block)
+        return ray.data.from_arrow_refs(blocks)
 
     job = OutputJob(output)
     result: list[Any] = []
@@ -502,6 +721,8 @@ def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJ
             record.start(made)
         _init_ray(config.address)
         check_cluster_sees(paths or {}, None if job.remote else job.uri)
+        if decision.state == "resume":
+            _remove_orphans(job)
         held = _held_ids(job) if decision.state == "resume" else None
         if held is not None and len(held):
             logger.info("%s: %d rows were committed by an earlier run; encoding the others", job.uri, len(held))
@@ -587,7 +808,7 @@ def _run(job: OutputJob, rows: Any, model: str, kind: str, dim: int, config: Ray
     # batches (not a whole part: one task buffering a 100k-row part held the actors back-pressured, measured)
     dataset = rows.map_batches(
         _EncodeBatch, batch_size=config.batch_rows, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=config.concurrency),
+        compute=config.pool(),
         num_gpus=config.num_gpus or None, num_cpus=config.num_cpus,
         fn_constructor_kwargs={"model": model, "kind": kind, "options": encoder_options,
                                "precision": config.precision, "batch_size": config.batch_size,

@@ -1,5 +1,6 @@
-"""Exact dense search with the corpus split among Ray actors (``robustir mine --method dense --engine ray
---ray-search-shards N``): for a corpus whose vectors do not fit one machine's memory.
+"""Dense search for Ray mining. Exact, with the corpus split among Ray actors (``robustir mine --method dense
+--engine ray --ray-search-shards N``): for a corpus whose vectors do not fit one machine's memory; approximate, on a
+Lance index lance-ray builds (``--ray-lance-index IVF_PQ``, :class:`LanceIvfIndex`).
 
 Each actor holds one contiguous shard of the corpus's embedding file (rows ``[start, stop)``, read once from the
 ``.npy`` file every node sees) and searches it with ``faiss.knn`` -- the kernel of a flat FAISS index. Every batch of
@@ -12,6 +13,20 @@ one process. An actor of 1 CPU runs FAISS on 1 thread, and FAISS's BLAS rounds t
 thread count: measured on 20k SciFact-domain passages and 809 queries, the same negative ids for every query and
 scores at most 3.6e-7 apart from a 2-thread driver, bit-identical with ``faiss.omp_set_num_threads(1)`` there.
 
+Why FAISS in actors and not Lance's or lance-ray's exact search (measured with ``bench/lance_search.py``: 20k
+random 384-dim unit vectors, top 105, 2 shared cores at load 5-11, pylance 14.0.2, lance-ray 0.5.0):
+
+* Lance's exact ``to_table(nearest=..., metric="dot")`` takes one query vector a call: 14.6-17.3 ms a query against
+  1.0-1.5 ms for ``faiss.knn`` over a batch of 100 (x10-15), and its scores differ from FAISS's by up to 3.6e-7, so
+  near-tied candidates can swap and the negatives are no longer byte-identical to one process's;
+* lance-ray's ``vector_search`` also takes one query a call, and starts a Ray pool, pickles the dataset and reads
+  every vector through Python lists (``to_pylist``) for each: 6.4-7.7 s a query (x5000). Its flat fallback returns
+  ``-ip`` as the dot distance where Lance's index returns ``1 - ip``, so a half-indexed dataset would merge two scales.
+
+For the approximate search, :class:`LanceIvfIndex` does use them: lance-ray's distributed ``create_index`` builds an
+IVF_PQ (or IVF_HNSW_PQ) index over the Ray encoding's Lance dataset, and Lance's ``nearest`` searches it (13.6 ms a
+query on the same 20k, in the driver, which never holds the corpus's vectors).
+
 Why actors and not ``map_batches``: a Ray Data batch goes to one actor, but with the corpus split every query batch
 must meet every shard; the actors are plain Ray actors, restarted by Ray when killed (they read their shard again)
 and their calls retried, as :class:`~robustir.scale.ray_encode.RayEncoderPool`'s are.
@@ -19,6 +34,7 @@ and their calls retried, as :class:`~robustir.scale.ray_encode.RayEncoderPool`'s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +42,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["RayShardedFlatIndex", "shard_bounds"]
+__all__ = ["LanceIvfIndex", "RayShardedFlatIndex", "lance_dataset_of", "shard_bounds"]
 
 
 def shard_bounds(rows: int, shards: int, block: int = 1024) -> list[tuple[int, int]]:
@@ -117,3 +133,94 @@ class RayShardedFlatIndex:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+
+
+#: Lance's IVF search reranks this many times ``k`` PQ candidates by their exact vectors (``refine_factor``)
+REFINE_FACTOR = 10
+
+
+class LanceIvfIndex:
+    """Approximate inner-product search on a Lance vector index (``mine --engine ray --ray-lance-index IVF_PQ``):
+    the index is built by lance-ray's distributed ``create_index`` (Ray tasks train and write one segment each)
+    over the Lance dataset the Ray encoding wrote, and searched with Lance's own ``nearest`` (``nprobes`` cells,
+    the ``k * REFINE_FACTOR`` best PQ candidates reranked by their exact vectors). The driver reads the index and
+    the candidates' vectors, never the corpus's. The interface of :class:`~robustir.index.dense.ChunkedFlatIndex`.
+
+    Why Lance's ``nearest`` in the driver and not lance-ray's ``vector_search``: ``vector_search`` takes one query
+    per call and starts a Ray pool and pickles the dataset for each (measured 6.8 s a query on 20k vectors against
+    13 ms for ``nearest``, 2 cores, load 3-7; ``bench/lance_search.py``), and mining asks thousands of queries.
+    """
+
+    def __init__(self, uri: str, kind: str, size: int, dim: int, *, nlist: int | None = None, nprobe: int = 32,
+                 workers: int = 2, address: str | None = None) -> None:
+        import lance
+        import lance_ray
+
+        from .ray_encode import _init_ray, require_scale_extra
+
+        require_scale_extra("ray_lance_index")
+        partitions = min(nlist or max(1, int(4 * np.sqrt(size))), size // 2)
+        # Lance trains IVF on partitions * sample_rate rows and PQ's 256 centroids on 256 * sample_rate
+        sample = min(256, size // 256, size // max(partitions, 1))
+        if sample < 2:
+            raise ConfigError(f"ray_lance_index {kind}: {size} corpus vectors are too few to train {partitions} "
+                              "cells and product quantization (at least 512, and 2 per cell); lower nlist or leave "
+                              "ray_lance_index unset for the exact search")
+        name = f"robustir_{kind.lower()}_{partitions}"
+        self.uri, self.size, self.nprobe = uri, size, nprobe
+        from .job import OutputJob
+
+        with OutputJob(uri).lock(wait=True):  # miners sharing the cache build it once
+            if name not in {index.name for index in lance.dataset(uri).describe_indices()}:
+                _init_ray(address)
+                lance_ray.create_index(uri, "vector", kind, name=name, metric="dot", num_workers=workers,
+                                       num_partitions=partitions, sample_rate=sample,
+                                       num_sub_vectors=max(1, dim // 8) if dim % 8 == 0 else dim)
+        self.dataset = lance.dataset(uri)
+        self.backend = f"lance-{kind.lower()} (lance-ray create_index, {partitions} cells, nprobe {nprobe})"
+
+    def search(self, queries: np.ndarray, k: int = 100) -> tuple[np.ndarray, np.ndarray]:
+        """The top ``k`` of each query in :func:`~robustir.index.dense.sort_hits` order (rows -1 where the index
+        found fewer than ``k``)."""
+        from ..index.dense import TIE_MARGIN, sort_hits
+
+        k = min(int(k), self.size)
+        keep = min(k + TIE_MARGIN, self.size)
+        scores = np.full((len(queries), keep), -np.inf, np.float32)
+        rows = np.full((len(queries), keep), -1, np.int64)
+        for i, query in enumerate(np.asarray(queries, dtype=np.float32)):
+            found = self.dataset.to_table(columns=["id"], nearest={
+                "column": "vector", "q": query, "k": keep, "metric": "dot", "nprobes": self.nprobe,
+                "refine_factor": REFINE_FACTOR})
+            n = found.num_rows
+            rows[i, :n] = np.asarray([int(v) for v in found.column("id").to_pylist()], dtype=np.int64)
+            scores[i, :n] = 1.0 - np.asarray(found.column("_distance"), dtype=np.float32)  # Lance's dot: 1 - ip
+        scores, rows = sort_hits(scores, rows, k)
+        return np.ascontiguousarray(scores), np.ascontiguousarray(rows)
+
+    def close(self) -> None:
+        pass
+
+
+def lance_dataset_of(embeddings: Any, uri: str) -> str:
+    """The Lance dataset of the corpus vectors at ``uri`` (ids = row numbers, ``%012d``), written from the
+    :class:`~robustir.index.dense.EmbeddingFile` a chunk at a time when it is not there (the vectors came from the
+    process engine's cache); the Ray encoding writes it itself."""
+    import lance
+    import pyarrow as pa
+
+    if os.path.isdir(uri):
+        return uri
+    n, dim = embeddings.shape
+    schema = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), dim))])
+
+    def chunks():
+        for start in range(0, n, 65536):
+            block = embeddings.rows(start, min(n, start + 65536))
+            yield pa.record_batch([pa.array([f"{i:012d}" for i in range(start, start + len(block))]),
+                                   pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), dim)],
+                                  schema=schema)
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, chunks()), uri + ".partial", schema=schema,
+                        mode="overwrite")
+    os.replace(uri + ".partial", uri)
+    return uri
