@@ -588,7 +588,7 @@ def test_the_corpus_streams_from_a_hf_dataset_and_a_large_jsonl_by_several_tasks
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import robustir.scale.ray_encode as ray_encode
+    import robustir.scale.ray_inputs as ray_inputs
     from robustir.errors import DataError
 
     corpus = _corpus(tmp_path / "corpus.jsonl", 24)
@@ -607,8 +607,8 @@ def test_the_corpus_streams_from_a_hf_dataset_and_a_large_jsonl_by_several_tasks
     pq.write_table(pa.Table.from_pylist(rows[:12]), snapshot / "data" / "corpus-00000.parquet")
     pq.write_table(pa.Table.from_pylist(rows[12:]), snapshot / "data" / "corpus-00001.parquet")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
-    monkeypatch.setattr(ray_encode, "RANGE_BYTES", 300)  # the 24-line JSONL in ~8 ranges
-    assert len(ray_encode._jsonl_ranges(str(corpus), None, 300)) > 4
+    monkeypatch.setattr(ray_inputs, "RANGE_BYTES", 300)  # the 24-line JSONL in ~8 ranges
+    assert len(ray_inputs._jsonl_ranges(str(corpus), None, 300)) > 4
     for name, source in (("saved", saved), ("hub", "hf://datasets/org/corpus"), ("ranges", corpus)):
         report = encode_with_ray(source, tiny_model_dir, tmp_path / f"{name}.lance", config=_config())
         got_ids, got = read_vectors(tmp_path / f"{name}.lance")

@@ -59,7 +59,7 @@ def test_autoscaling_bounds_are_checked_at_load():
 def test_a_large_jsonl_is_cut_into_ranges_of_whole_lines(tmp_path):
     """The ranges several Ray tasks read a large JSONL by: they cover the file, each starts on a line, and the
     lines they hold are the file's, each once, in order (a long line is never cut)."""
-    from robustir.scale.ray_encode import _jsonl_ranges
+    from robustir.scale.ray_inputs import _jsonl_ranges
 
     lines = [f'{{"_id": "d{i}", "text": "{"word " * (i % 37)}"}}' for i in range(500)]
     path = tmp_path / "big.jsonl"
