@@ -203,7 +203,7 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict], pool: 
                 where = f"documents[{exc.line - 1}]" if isinstance(exc.line, int) else "documents"
                 field = f".{exc.field}" if exc.field else ""
                 fix = f" ({exc.fix})" if exc.fix else ""
-                raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where) from None
+                raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where + field) from None
     finally:
         writer.close()
         if path is not None and not _job_of(index, path):
