@@ -149,6 +149,7 @@ def test_the_rerank_pair_budget(layouts, tiny_index):
         assert client.post("/v1/rerank", json={"query": "q", "documents": ["d"] * 8}).status_code == 200
         over = client.post("/v1/rerank", json={"query": "q", "documents": ["d"] * 9})
         assert over.status_code == 400 and "at most 8" in over.json()["error"]["message"]
+        assert "--max-rerank-pairs" in over.json()["error"]["message"], over.text  # the setting that bounds it
         fits = client.post("/search", json={"query": ["heart", "coffee"], "top_k": 2, "rerank": True})
         assert fits.status_code == 200, fits.text
         assert all("rerank_score" in hit for row in fits.json()["hits"] for hit in row)

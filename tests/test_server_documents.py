@@ -71,8 +71,8 @@ def test_bad_documents_and_deletes_are_refused_naming_them(served):
     for body, status, param in cases:
         reply = client.post("/documents", json=body)
         assert reply.status_code == status and reply.json()["error"]["param"] == param, (body, reply.text)
-    for document, param in (({"_id": "n", "text": "t", "score": float("nan")}, "documents[0]"),  # the index's checks
-                            ({"_id": "bad\u0000id", "text": "t"}, "documents[0]")):
+    for document, param in (({"_id": "n", "text": "t", "score": float("nan")}, "documents[0].score"),  # the index's
+                            ({"_id": "bad\u0000id", "text": "t"}, "documents[0]._id")):  # checks, naming the key
         raw = json.dumps({"documents": [document]})  # NaN as Python's JSON writes it (a client may send it)
         reply = client.post("/documents", content=raw, headers={"Content-Type": "application/json"})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
