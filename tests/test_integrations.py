@@ -201,6 +201,14 @@ def test_langchain_maximal_marginal_relevance(limited):
     assert {d.metadata["kind"] for d in filtered} <= {"bird", "odd"}
     retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 5, "lambda_mult": 0.25})
     assert [d.id for d in retriever.invoke("zebras have stripes")] == [d.id for d in diverse]
+    # score_threshold= drops the candidates below it before MMR picks: over the copies' relevance, only copies remain
+    relevance = store.similarity_search_with_relevance_scores("zebras have stripes", k=5)
+    copies = min(r for d, r in relevance if d.id.startswith("zebra-"))
+    others = max(r for d, r in relevance if not d.id.startswith("zebra-"))
+    assert copies > others
+    kept = store.max_marginal_relevance_search("zebras have stripes", k=2, fetch_k=5, lambda_mult=0.25,
+                                               score_threshold=(copies + others) / 2)
+    assert len(kept) == 2 and all(d.id.startswith("zebra-") for d in kept)
     # issue 55: by vector, through /search's "vector" -- the query's own vector finds what the text search finds
     from robustir.integrations.http import embed
 
