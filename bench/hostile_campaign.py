@@ -1,7 +1,7 @@
 """Hostile-user campaign (issue 11): every stage of the CLI fed bad input, and valid-but-unusual input, as a user
 would type it -- each case a subprocess with a time limit -- and each outcome classified.
 
-    python bench/hostile_campaign.py                 # all 611 cases (issue 55's 66 s55- ones: about 21 minutes
+    python bench/hostile_campaign.py                 # all 611 cases (issue 55's 66 s55- ones: 25.5 minutes
                                                      # on 2 cores shared with other jobs)
     python bench/hostile_campaign.py --only 'train|mine' --keep   # a subset; keep the temp folder to look at
 
