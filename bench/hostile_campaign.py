@@ -1,7 +1,8 @@
 """Hostile-user campaign (issue 11): every stage of the CLI fed bad input, and valid-but-unusual input, as a user
 would type it -- each case a subprocess with a time limit -- and each outcome classified.
 
-    python bench/hostile_campaign.py                 # all 447 cases (about 18 minutes on 2 cores)
+    python bench/hostile_campaign.py                 # all 611 cases (issue 55's 66 s55- ones: 25.5 minutes
+                                                     # on 2 cores shared with other jobs)
     python bench/hostile_campaign.py --only 'train|mine' --keep   # a subset; keep the temp folder to look at
 
 What a case expects and what counts as a failure:
@@ -143,7 +144,18 @@ def build_fixtures(fx: Path, env: dict) -> dict[str, str]:
     p["tiny"] = str(fx / "tiny")
     tiny_classifier(fx / "tiny-nli", 3)
     p["tiny_nli"] = str(fx / "tiny-nli")
+    tiny_classifier(fx / "tiny-ce-hf", 1)  # a cross-encoder, saved by the installed sentence-transformers (issue 55)
+    from sentence_transformers import CrossEncoder
+
+    CrossEncoder(str(fx / "tiny-ce-hf"), device="cpu").save(str(fx / "tiny-ce"))
+    p["tiny_ce"] = str(fx / "tiny-ce")
     p["data"] = str(beir(fx / "beir"))
+    built = subprocess.run([sys.executable, "-m", "robustir.cli.main", "index", "--model", p["tiny"], "--corpus",
+                            p["data"], "--output", str(fx / "idx55"), "--batch-size", "2"], env=env,
+                           capture_output=True, text=True)
+    if built.returncode != 0:  # an index the server cases copy (issue 55: one build, not one per case)
+        raise RuntimeError(f"the fixture index was not built:\n{built.stdout}{built.stderr}")
+    p["idx55"] = str(fx / "idx55")
     p["data_bom"] = str(beir(fx / "beir-bom", bom=True, crlf=True))
     p["data_gz"] = str(beir(fx / "beir-gz", gz=True))
     uni = fx / "dossier é 数据 x"
@@ -1005,6 +1017,9 @@ def cases() -> list[Case]:
     import hostile_writes  # issue 52: writes that fail or are interrupted, over the CLI and HTTP
 
     c.extend(hostile_writes.cases(sys.modules[__name__]))
+    import hostile_serve  # issue 55: bring-your-own vectors, search by vector, scoped keys, rerank, upserts
+
+    c.extend(hostile_serve.cases(sys.modules[__name__]))
     c += issue_52_cases()
     return c
 
@@ -1200,6 +1215,9 @@ def run_case(case: Case, values: dict[str, str], work: Path, env: dict) -> Resul
                 blob = bytearray(path.read_bytes())
                 blob[len(blob) // 2] ^= 0xFF
                 path.write_bytes(bytes(blob))
+            continue
+        if step[0] == "@copytree":  # a prebuilt fixture folder (an index) copied into the case folder
+            shutil.copytree(step[1], step[2])
             continue
         if step[0] == "@rmtree":
             shutil.rmtree(step[1])

@@ -9,9 +9,11 @@ The driver (this file run as a script) does what the robustir CLI cannot:
 * ``killed KIND INDEX CORPUS [--http] [--cwd DIR]``: run an ``add`` / ``upsert`` of CORPUS (``--http``: as an HTTP
   upsert, through the index's ``incoming/`` spool) in a child process that dies with ``os._exit`` right after its
   first commit of 2 records -- what ``kill -9`` leaves -- and exit 0 when it did;
-* ``http [--cwd DIR] INDEX STEP...``: start the app on INDEX in-process (FastAPI's test client) and send each STEP,
-  a JSON object ``{"method", "path", "json" | "raw", "expect": status or [statuses], "fsize": bytes,
-  "fail_commit": n, "killed": [KIND, CORPUS]}``. Every answer is printed. The last step decides the exit, as the
+* ``http [--cwd DIR] [--config JSON] INDEX STEP...``: start the app on INDEX in-process (FastAPI's test client;
+  ``--config``: :class:`~robustir.serving.ServeConfig` fields) and send each STEP, a JSON object ``{"method",
+  "path", "json" | "raw" | "gen" (a Python expression for a body too big for a command line), "headers",
+  "expect": status or [statuses], "fsize": bytes, "fail_commit": n, "killed": [KIND, CORPUS], "show": text (print
+  every line of the answer holding it)}``. Every answer is printed. The last step decides the exit, as the
   campaign reads a CLI's: 2xx -> 0; a 4xx/5xx with a message -> ``robustir serve: error: HTTP 400 (code): ...`` on
   stderr and 2; a 500 ``internal_error`` (an exception the server did not expect) prints ``Traceback`` (a crash);
   an earlier step whose status is not its ``expect`` exits 3 (unclear).
@@ -211,7 +213,7 @@ def run_killed(args: list[str], cwd: str | None) -> int:
     return 0
 
 
-def http(index: str, steps: list[dict]) -> int:
+def http(index: str, steps: list[dict], config: dict | None = None) -> int:
     import resource
 
     from fastapi.testclient import TestClient
@@ -221,7 +223,7 @@ def http(index: str, steps: list[dict]) -> int:
     from robustir.serving import ServeConfig, create_app
 
     try:
-        app = create_app(None, index, ServeConfig())
+        app = create_app(None, index, ServeConfig(**(config or {})))
     except Exception as exc:  # what `robustir serve` would print
         print(f"robustir serve: error: {exc}", file=sys.stderr)
         return 2
@@ -247,14 +249,18 @@ def http(index: str, steps: list[dict]) -> int:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (step["fsize"], limits[1]))
             try:
                 kwargs = ({"json": step["json"]} if "json" in step else
+                          {"json": eval(step["gen"], {"__builtins__": {"range": range}})} if "gen" in step else
                           {"content": step["raw"], "headers": {"Content-Type": "application/json"}}
                           if "raw" in step else {})
+                kwargs["headers"] = {**kwargs.get("headers", {}), **step.get("headers", {})}
                 reply = client.request(step["method"], step["path"], **kwargs)
             finally:
                 resource.setrlimit(resource.RLIMIT_FSIZE, limits)
                 SearchIndex._commit, ingest._quiet = original, chunking
             text = reply.text
             print(f"step {number}: {step['method']} {step['path']} -> {reply.status_code}: {text[:400]}")
+            if step.get("show"):
+                print("\n".join(line for line in text.splitlines() if step["show"] in line))
             error = reply.json().get("error", {}) if reply.headers.get("content-type", "").startswith(
                 "application/json") and reply.status_code >= 400 else {}
             if error.get("code") == "internal_error":
@@ -287,8 +293,17 @@ def main(argv: list[str]) -> int:
         os.chdir(cwd)
     if argv[0] == "killed":
         return run_killed(argv[1:], None)
+    config = None
+    if "--config" in argv:
+        at = argv.index("--config")
+        config = json.loads(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
     if argv[0] == "http":
-        return http(argv[1], [json.loads(step) for step in argv[2:]])
+        return http(argv[1], [json.loads(step) for step in argv[2:]], config)
+    if argv[0] == "serve":  # issue 55: a real `robustir serve` process (bench/hostile_serve.py)
+        import hostile_serve
+
+        return hostile_serve.scenario(argv[1], argv[2], argv[3:])
     print(f"unknown driver command {argv[0]!r}")
     return 3
 

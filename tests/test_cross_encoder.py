@@ -149,6 +149,7 @@ def test_the_rerank_pair_budget(layouts, tiny_index):
         assert client.post("/v1/rerank", json={"query": "q", "documents": ["d"] * 8}).status_code == 200
         over = client.post("/v1/rerank", json={"query": "q", "documents": ["d"] * 9})
         assert over.status_code == 400 and "at most 8" in over.json()["error"]["message"]
+        assert "--max-rerank-pairs" in over.json()["error"]["message"], over.text  # the setting that bounds it
         fits = client.post("/search", json={"query": ["heart", "coffee"], "top_k": 2, "rerank": True})
         assert fits.status_code == 200, fits.text
         assert all("rerank_score" in hit for row in fits.json()["hits"] for hit in row)
@@ -158,6 +159,10 @@ def test_the_rerank_pair_budget(layouts, tiny_index):
         assert refused.json()["error"]["param"] == "rerank"
         assert message.startswith("'rerank' with 3 queries x 4 rerank candidates is 12 pairs for the reranker; at "
                                   "most 8 per request (--max-rerank-pairs): send at most 2 queries"), message
+        # a top_k over --rerank-candidates re-scores top_k hits a query: counted so (it went past the budget unseen)
+        deep = client.post("/search", json={"query": ["a", "b"], "top_k": 5, "rerank": True})
+        assert deep.status_code == 400 and "2 queries x 5 hits (top_k) is 10 pairs" in deep.json()["error"]["message"], \
+            deep.text
         # without rerank the same request is no reranker work
         assert client.post("/search", json={"query": ["a", "b", "c"], "top_k": 2}).status_code == 200
     with pytest.raises(ConfigError, match="rerank_candidates 20 is over max_rerank_pairs 8"):

@@ -201,6 +201,14 @@ def test_langchain_maximal_marginal_relevance(limited):
     assert {d.metadata["kind"] for d in filtered} <= {"bird", "odd"}
     retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 2, "fetch_k": 5, "lambda_mult": 0.25})
     assert [d.id for d in retriever.invoke("zebras have stripes")] == [d.id for d in diverse]
+    # score_threshold= drops the candidates below it before MMR picks: over the copies' relevance, only copies remain
+    relevance = store.similarity_search_with_relevance_scores("zebras have stripes", k=5)
+    copies = min(r for d, r in relevance if d.id.startswith("zebra-"))
+    others = max(r for d, r in relevance if not d.id.startswith("zebra-"))
+    assert copies > others
+    kept = store.max_marginal_relevance_search("zebras have stripes", k=2, fetch_k=5, lambda_mult=0.25,
+                                               score_threshold=(copies + others) / 2)
+    assert len(kept) == 2 and all(d.id.startswith("zebra-") for d in kept)
     # issue 55: by vector, through /search's "vector" -- the query's own vector finds what the text search finds
     from robustir.integrations.http import embed
 
@@ -311,3 +319,64 @@ def test_llamaindex_vector_store_under_a_vector_store_index(limited):
     hits = index.as_retriever(similarity_top_k=1).retrieve("giraffes have long necks")
     assert hits[0].node.node_id == "vsi-1" and hits[0].node.metadata["kind"] == "vsi"
     store.delete_nodes(node_ids=["vsi-1"])
+
+
+def test_llamaindex_mmr_by_query_embedding_alone(limited):
+    """Issue 55: MMR with no query text -- the query's own vector searches (/search by vector) and LlamaIndex's MMR
+    picks among the candidates, re-embedded: the same nodes as MMR by the text whose vector it is."""
+    from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryMode
+
+    from robustir.integrations.http import embed
+    from robustir.integrations.llamaindex import RobustirLlamaVectorStore
+
+    store = RobustirLlamaVectorStore(base_url=limited, api_key=KEY)
+    vector = embed(store._connection, ["zebras have stripes"], "query")[0].tolist()
+
+    def mmr(threshold: float, **query) -> list[str]:
+        return store.query(VectorStoreQuery(similarity_top_k=2, mode=VectorStoreQueryMode.MMR,
+                                            mmr_threshold=threshold, **query), mmr_prefetch_k=5).ids
+
+    diverse = mmr(0.25, query_embedding=vector)
+    assert diverse[0].startswith("zebra-") and not diverse[1].startswith("zebra-"), diverse
+    assert diverse == mmr(0.25, query_str="zebras have stripes")
+    assert all(i.startswith("zebra-") for i in mmr(1.0, query_embedding=vector))  # relevance alone: the copies
+    with pytest.raises(ValueError, match="needs query_str"):
+        store.query(VectorStoreQuery(query_embedding=vector, mode=VectorStoreQueryMode.SPARSE))
+
+
+@pytest.fixture()
+def small(tmp_path, tiny_model_dir):
+    """A server of its own (the tests above share theirs): 20 documents, 8 per request."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"c{i}", "text": f"clearable document {i}"}) + "\n"
+                              for i in range(20)), encoding="utf-8")
+    SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=IndexConfig(show_progress=False))[0].close()
+    app = create_app(None, tmp_path / "idx", ServeConfig(api_key=KEY, max_inputs_per_request=8, precision="fp32"))
+    with running_server(app) as url:
+        yield url
+
+
+def test_llamaindex_clear_deletes_every_document_in_rounds_under_the_limits(small):
+    """clear(): the server lists no documents and a filter deletes at most 8 here, so 20 documents take three rounds
+    of "ids from a zero-vector search, then delete them"; the index is empty after, and a cleared store takes new
+    nodes (aclear too)."""
+    import httpx
+    from llama_index.core.schema import TextNode
+    from llama_index.core.vector_stores.types import VectorStoreQuery
+
+    from robustir.integrations.llamaindex import RobustirLlamaVectorStore
+
+    store = RobustirLlamaVectorStore(base_url=small, api_key=KEY)
+
+    def count() -> int:
+        return httpx.get(f"{small}/info", headers={"Authorization": f"Bearer {KEY}"}).json()["index"]["documents"]
+
+    assert count() == 20
+    store.clear()
+    assert count() == 0
+    assert store.query(VectorStoreQuery(query_str="clearable document", similarity_top_k=5)).ids == []
+    store.add([TextNode(id_="fresh", text="a node after the clear")])
+    assert store.query(VectorStoreQuery(query_str="a node after the clear", similarity_top_k=5)).ids == ["fresh"]
+    asyncio.run(store.aclear())
+    assert count() == 0
+    store.clear()  # an empty index: nothing to do

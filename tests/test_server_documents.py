@@ -71,8 +71,8 @@ def test_bad_documents_and_deletes_are_refused_naming_them(served):
     for body, status, param in cases:
         reply = client.post("/documents", json=body)
         assert reply.status_code == status and reply.json()["error"]["param"] == param, (body, reply.text)
-    for document, param in (({"_id": "n", "text": "t", "score": float("nan")}, "documents[0]"),  # the index's checks
-                            ({"_id": "bad\u0000id", "text": "t"}, "documents[0]")):
+    for document, param in (({"_id": "n", "text": "t", "score": float("nan")}, "documents[0].score"),  # the index's
+                            ({"_id": "bad\u0000id", "text": "t"}, "documents[0]._id")):  # checks, naming the key
         raw = json.dumps({"documents": [document]})  # NaN as Python's JSON writes it (a client may send it)
         reply = client.post("/documents", content=raw, headers={"Content-Type": "application/json"})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
@@ -343,7 +343,7 @@ def test_documents_bring_their_own_vectors_and_search_by_vector(served, index_pa
     for document, words in bad_documents:
         reply = client.post("/documents", json={"documents": [{"_id": "ok", "text": "fine"}, document]})
         error = reply.json()["error"]
-        assert reply.status_code == 400 and error["param"] == "documents[1]", reply.text
+        assert reply.status_code == 400 and error["param"] == "documents[1].vector", reply.text
         assert "'documents[1].vector'" in error["message"] and words in error["message"], error
     raw = '{"documents": [{"_id": "w", "text": "t", "vector": [NaN%s]}]}' % (", 0.0" * (dim - 1))
     reply = client.post("/documents", content=raw, headers={"Content-Type": "application/json"})
@@ -417,3 +417,28 @@ def test_a_read_only_key_searches_but_may_not_write(index_path):
             config.validate()
     with pytest.raises(ConfigError, match="ROBUSTIR_READ_API_KEY is set but empty"):
         ServeConfig().resolved_read_api_key({"ROBUSTIR_READ_API_KEY": ""})
+
+
+def test_vectors_too_long_for_float32_scores_are_refused_not_stored_as_infinity(served):
+    """A vector is stored and searched in float32: a number past float32's range (1e39) became inf, and a vector of
+    finite float32 numbers whose length is past 1e18 gives inner products that overflow. Both were accepted: the
+    document was stored with an infinite vector, and every later search answered "score": Infinity, which is not JSON
+    (any strict client failed on every search). Now a 400 names the document's field, or the query's vector."""
+    client, app = served
+    dim = app.state.server.dim
+
+    def strict(reply):  # what a strict JSON client reads: Infinity and NaN are not JSON
+        return json.loads(reply.text, parse_constant=lambda name: pytest.fail(f"{name} in the answer: {reply.text}"))
+
+    for vector, words in (([1e39] + [0.0] * (dim - 1), "float32"), ([3e37] * dim, "length")):
+        reply = client.post("/documents", json={"documents": [{"_id": "ok", "text": "fine"},
+                                                               {"_id": "big", "text": "t", "vector": vector}]})
+        error = strict(reply)["error"]
+        assert reply.status_code == 400 and error["param"] == "documents[1].vector" and words in error["message"], \
+            reply.text
+        assert client.get("/documents/big").status_code == 404 and client.get("/documents/ok").status_code == 404
+        reply = client.post("/search", json={"vector": vector, "top_k": 3})
+        error = strict(reply)["error"]
+        assert reply.status_code == 400 and error["param"] == "vector" and words in error["message"], reply.text
+    reply = client.post("/search", json={"vector": [1e17] * dim, "top_k": 3})  # long, but its scores stay finite
+    assert reply.status_code == 200 and len(strict(reply)["hits"]) == 3, reply.text

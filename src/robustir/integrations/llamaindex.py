@@ -10,6 +10,7 @@
     store.query(VectorStoreQuery(query_str="passage", similarity_top_k=3,
                                  filters=MetadataFilters(filters=[MetadataFilter(key="source", value="wiki")])))
     store.delete("doc-1")                            # every node whose ref_doc_id is doc-1
+    store.clear()                                    # every document of the served index
 
 Each node's metadata holds the document's fields (and ``title`` when it has one); its score is the reranker's when
 ``rerank`` is set, else the first stage's. The store keeps a node's text, metadata and ``ref_doc_id`` (a field of
@@ -31,8 +32,10 @@ from llama_index.core.vector_stores.types import (BasePydanticVectorStore, Filte
                                                   MetadataFilter, MetadataFilters, VectorStoreQuery,
                                                   VectorStoreQueryMode, VectorStoreQueryResult)
 
-from .http import (Connection, Mode, RobustirServerError, candidates_with_vectors, get_documents, score_of, search,
-                   search_body, search_by_vector, upsert)
+import numpy as np
+
+from .http import (Connection, Mode, RobustirServerError, _answer, candidates_with_vectors, get_documents,
+                   hit_vectors, score_of, search, search_body, search_by_vector, upsert)
 
 __all__ = ["RobustirLlamaRetriever", "RobustirLlamaVectorStore", "server_filter"]
 
@@ -110,8 +113,8 @@ class RobustirLlamaRetriever(BaseRetriever):
 class RobustirLlamaVectorStore(BasePydanticVectorStore):
     """A served robustir index as a LlamaIndex vector store: ``add`` upserts (in requests under the server's limits),
     ``delete`` removes a ``ref_doc_id``'s nodes, ``delete_nodes`` by ids and/or filters, ``get_nodes`` by ids,
-    ``query`` searches by the query's text with its filters, ``node_ids`` and ``doc_ids`` (mode ``default`` /
-    ``mmr``: dense, ``hybrid`` (``alpha``: the dense list's weight), ``sparse`` / ``text_search``: lexical BM25);
+    ``query`` searches by the query's text, or by ``query_embedding`` alone (dense; mmr too), with its filters,
+    ``node_ids`` and ``doc_ids`` (mode ``default`` / ``mmr``: dense, ``hybrid`` (``alpha``: the dense list's weight), ``sparse`` / ``text_search``: lexical BM25);
     ``rerank`` reranks every query with the server's reranker."""
 
     stores_text: bool = True
@@ -195,30 +198,64 @@ class RobustirLlamaVectorStore(BasePydanticVectorStore):
         if mode == "hybrid" and query.alpha is not None:
             options["fusion"] = {"dense_weight": query.alpha, "lexical_weight": 1.0 - query.alpha}
         if not query.query_str:
-            if query.mode != VectorStoreQueryMode.DEFAULT or self.rerank:
-                raise ValueError(f"a query by query_embedding alone is dense (mode default, no rerank); mode "
+            if query.mode not in (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR) or self.rerank:
+                raise ValueError(f"a query by query_embedding alone is dense (mode default or mmr, no rerank); mode "
                                  f"{query.mode.value!r}{' with rerank' if self.rerank else ''} needs query_str")
-            hits = search_by_vector(self._connection, query.query_embedding, top_k=query.similarity_top_k,
-                                    filter=filter)
+            if query.mode == VectorStoreQueryMode.MMR:
+                fetched = search_by_vector(self._connection, query.query_embedding, top_k=_fetch_k(query, kwargs),
+                                           filter=filter)
+                hits = _mmr(query, fetched, np.asarray(query.query_embedding, dtype=np.float32),
+                            hit_vectors(self._connection, fetched) if fetched else None)
+            else:
+                hits = search_by_vector(self._connection, query.query_embedding, top_k=query.similarity_top_k,
+                                        filter=filter)
         elif query.mode == VectorStoreQueryMode.MMR:
-            hits = self._mmr(query, kwargs, options)
+            hits = _mmr(query, *candidates_with_vectors(self._connection, query.query_str, _fetch_k(query, kwargs),
+                                                        **options))
         else:
             hits = search(self._connection, query.query_str, top_k=query.similarity_top_k, **options)
         nodes = [_node(hit) for hit in hits]
         return VectorStoreQueryResult(nodes=[n.node for n in nodes], similarities=[n.score for n in nodes],
                                       ids=[n.node.node_id for n in nodes])
 
-    def _mmr(self, query: VectorStoreQuery, kwargs: dict, options: dict) -> list[dict]:
-        """LlamaIndex's own MMR over ``mmr_prefetch_k`` (default 4 x top_k) candidates re-embedded through
-        ``/v1/embeddings`` (the server returns no stored vectors); ``mmr_threshold``: LlamaIndex's lambda."""
-        from llama_index.core.indices.query.embedding_utils import get_top_k_mmr_embeddings
+    def clear(self) -> None:
+        """Delete every document of the served index. The server lists no documents and deletes at most
+        ``max_inputs_per_request`` by a filter, so this takes the ids of up to that many at a time from a search by
+        the zero vector (every document scores 0) and deletes them, until the index is empty; raises
+        :class:`~robustir.integrations.http.RobustirServerError` or ``RuntimeError`` (naming how many are left)
+        when a round deletes nothing."""
+        with self._connection.client() as client:
+            info = _answer(client.get("/info"))
+            most = min(info["limits"]["max_inputs_per_request"], info["limits"]["max_top_k"])
+            zero = [0.0] * int(info["dimension"])
+            while True:
+                hits = _answer(client.post("/search", json={"vector": zero, "top_k": most}))["hits"]
+                if not hits:
+                    break
+                _answer(client.request("DELETE", "/documents", json={"ids": [h["id"] for h in hits]}))
+            left = (_answer(client.get("/info"))["index"] or {}).get("documents", 0)
+        if left:
+            raise RuntimeError(f"clear: a search no longer finds the {left} documents left in the index (an ANN "
+                               "index that does not reach them); delete them with robustir index --delete")
 
-        fetch_k = int(kwargs.get("mmr_prefetch_k") or 4 * query.similarity_top_k)
-        hits, query_vector, vectors = candidates_with_vectors(self._connection, query.query_str, fetch_k, **options)
-        if not hits:
-            return []
-        _, chosen = get_top_k_mmr_embeddings(query_vector.tolist(), vectors.tolist(),
-                                             similarity_top_k=query.similarity_top_k,
-                                             embedding_ids=list(range(len(hits))),
-                                             mmr_threshold=query.mmr_threshold)
-        return [hits[i] for i in chosen]
+    async def aclear(self) -> None:
+        """:meth:`clear`."""
+        self.clear()
+
+
+def _fetch_k(query: VectorStoreQuery, kwargs: dict) -> int:
+    """MMR's candidates: ``mmr_prefetch_k``, default 4 x top_k."""
+    return int(kwargs.get("mmr_prefetch_k") or 4 * query.similarity_top_k)
+
+
+def _mmr(query: VectorStoreQuery, hits: list[dict], query_vector: Any, vectors: Any) -> list[dict]:
+    """LlamaIndex's own MMR over the candidates ``hits`` and their ``vectors`` (re-embedded through
+    ``/v1/embeddings``: the server returns no stored vectors); ``mmr_threshold``: LlamaIndex's lambda."""
+    from llama_index.core.indices.query.embedding_utils import get_top_k_mmr_embeddings
+
+    if not hits:
+        return []
+    _, chosen = get_top_k_mmr_embeddings(np.asarray(query_vector).tolist(), np.asarray(vectors).tolist(),
+                                         similarity_top_k=query.similarity_top_k,
+                                         embedding_ids=list(range(len(hits))), mmr_threshold=query.mmr_threshold)
+    return [hits[i] for i in chosen]

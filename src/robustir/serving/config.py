@@ -100,7 +100,7 @@ class ServeConfig:
     (query, document) pair for the reranker: time per query ~ this / the reranker's pairs per second"""
     max_rerank_pairs: PositiveInt = 1000
     """(query, document) pairs one request may have the reranker score: /v1/rerank's documents, /search's queries x
-    rerank_candidates (more: 400 naming both); bounds a request's rerank time to this / the reranker's pairs per
+    rerank_candidates (x top_k when larger; more: 400 naming both); bounds a request's rerank time to this / the reranker's pairs per
     second"""
 
     def validate(self) -> "ServeConfig":

@@ -77,6 +77,13 @@ def _validation_error(exc: RequestValidationError, fields: tuple[str, ...]) -> A
     if kind == "too_long" and param in ("input", "query"):
         return ApiError(400, f"'{param}' holds {ctx.get('actual_length')} items; at most {ctx.get('max_length')} per "
                         "request (split it into several requests)", param=param, code="too_many_inputs")
+    if kind == "too_long" and param == "documents":  # /v1/rerank's (it has a query) or POST /documents'
+        bound = ("at most {most} per request: each is one pair for the reranker (the smaller of --max-rerank-pairs "
+                 "and --max-inputs-per-request)" if isinstance(body, dict) and "query" in body else
+                 "at most {most} per request (--max-inputs-per-request)")
+        return ApiError(400, f"'documents' holds {ctx.get('actual_length')} items; "
+                        + bound.format(most=ctx.get("max_length")) + "; split them into several requests",
+                        param=param, code="too_many_inputs")
     if kind == "too_short" and param in ("input", "query"):
         return ApiError(400, f"'{param}' is an empty list; send at least one string", param=param)
     if kind == "string_too_long" and param and param.split("[")[0] in ("input", "query"):

@@ -302,11 +302,16 @@ def _check_query_vectors(body: Any, dim: int) -> None:
         what = "rerank" if body.rerank else f"mode {body.mode!r}"
         raise ApiError(400, f"a search by 'vector' is dense only: {what} needs the query's text (send 'query' "
                        "instead)", param="rerank" if body.rerank else "mode")
+    from ..index.store.records import vector_problem
+
     for i, row in enumerate(body.vector):
+        where = "vector" if body.single else f"vector[{i}]"
         if len(row) != dim:
-            where = "vector" if body.single else f"vector[{i}]"
             raise ApiError(400, f"'{where}' has {len(row)} numbers; this index's vectors have {dim} (GET /info: "
                            "'dimension')", param=where)
+        problem = vector_problem(row)
+        if problem:
+            raise ApiError(400, f"'{where}': {problem}", param=where)
 
 
 def _check_hits(body: Any, queries: list, c: Any) -> None:

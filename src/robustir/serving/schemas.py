@@ -151,16 +151,22 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], ...]:
         @field_validator("rerank")
         @classmethod
         def _rerank_budget(cls, rerank: bool, info: ValidationInfo) -> bool:
-            """Queries x rerank_candidates pairs at most ``rerank_pairs`` (the error names ``rerank``: a field)."""
+            """Queries x rerank_candidates pairs at most ``rerank_pairs`` (the error names ``rerank``: a field); a
+            ``top_k`` deeper than rerank_candidates re-scores ``top_k`` hits a query, so it counts instead."""
             queries = len(info.data.get("query") or ())
-            pairs = queries * limits.rerank_candidates
+            top_k = info.data.get("top_k") or 0
+            depth = max(limits.rerank_candidates, top_k)
+            pairs = queries * depth
             if rerank and pairs > limits.rerank_pairs:
+                what = ("{depth} rerank candidates" if depth == limits.rerank_candidates else "{depth} hits (top_k)")
                 raise PydanticCustomError(
-                    "too_many_rerank_pairs", "with {queries} queries x {candidates} rerank candidates is {pairs} pairs "
-                    "for the reranker; at most {most} per request (--max-rerank-pairs): send at most {fit} queries per "
-                    "request with rerank", {"queries": queries, "candidates": limits.rerank_candidates,
-                                            "pairs": pairs, "most": limits.rerank_pairs,
-                                            "fit": limits.rerank_pairs // limits.rerank_candidates})
+                    "too_many_rerank_pairs", "with {queries} queries x " + what + " is {pairs} pairs for the "
+                    "reranker; at most {most} per request (--max-rerank-pairs): "
+                    + ("send a top_k of at most {most} with rerank" if depth > limits.rerank_pairs else
+                       "send at most {fit} queries per request with rerank"
+                       + ("" if depth == limits.rerank_candidates else ", or a smaller top_k")),
+                    {"queries": queries, "depth": depth, "pairs": pairs, "most": limits.rerank_pairs,
+                     "fit": limits.rerank_pairs // depth})
             return rerank
 
         @property

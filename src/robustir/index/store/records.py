@@ -44,6 +44,22 @@ class _Record:
 
 #: the key of a record's own vector (bring your own vectors): never a metadata field
 VECTOR = "vector"
+#: the longest (L2 norm) a stored or query vector may be: vectors are float32, and the inner product of two vectors
+#: this long stays within float32's range (Cauchy-Schwarz: |a.b| <= 1e36); a number past float32's range (1e39) was
+#: stored as inf and every later search answered "score": Infinity, which is not JSON
+MAX_VECTOR_NORM = 1e18
+
+
+def vector_problem(value: list) -> str | None:
+    """What makes a list of finite numbers unusable as a float32 vector (its length, :data:`MAX_VECTOR_NORM`), else
+    None."""
+    norm = math.sqrt(math.fsum(float(x) * float(x) for x in value))  # inf past 1.3e154: refused too
+    if norm <= MAX_VECTOR_NORM:
+        return None
+    biggest = max(range(len(value)), key=lambda i: abs(value[i]))
+    beyond = " (past float32's range, +-3.4e38)" if abs(value[biggest]) > 3.4028234663852886e38 else ""
+    return (f"the vector's length (L2 norm) is {norm:.3g}; at most {MAX_VECTOR_NORM:g}, or its float32 scores "
+            f"overflow: its item {biggest} is {value[biggest]!r}{beyond}")
 
 
 def _check_vector(record: _Record, dim: int | None, source: str | os.PathLike) -> None:
@@ -62,6 +78,9 @@ def _check_vector(record: _Record, dim: int | None, source: str | os.PathLike) -
     if dim is not None and len(value) != dim:
         raise DataError(source, f"the vector has {len(value)} numbers; this index's vectors have {dim}",
                         line=record.line, field=VECTOR, fix=fix)
+    problem = vector_problem(value)
+    if problem:
+        raise DataError(source, problem, line=record.line, field=VECTOR, fix=fix)
 
 
 def _read_records(path: str | Path, fmt: str) -> Iterator[_Record]:

@@ -201,9 +201,9 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict], pool: 
                 return writer.upsert(path, config=_quiet(), pool=pool)
             except DataError as exc:  # the file's line N is the request's documents[N-1]
                 where = f"documents[{exc.line - 1}]" if isinstance(exc.line, int) else "documents"
-                field = f".{exc.field}" if exc.field else ""
+                field = f".{exc.field.removeprefix('fields.')}" if exc.field else ""  # the request's own key
                 fix = f" ({exc.fix})" if exc.fix else ""
-                raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where) from None
+                raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where + field) from None
     finally:
         writer.close()
         if path is not None and not _job_of(index, path):
