@@ -75,18 +75,23 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
     idle: list[float] = []
     during: list[float] = []
     when: list[tuple[float, float]] = []  # (seconds into the upsert the search started, its latency ms)
+    parts: list[tuple[float, ...]] = []  # per search during the upsert: latency, queue, inference, server total (ms)
     statuses: dict[int, int] = {}
     upserting = asyncio.Event()
     done = asyncio.Event()
     async with httpx.AsyncClient(base_url=url, timeout=900, limits=httpx.Limits(max_connections=64)) as client:
         await client.post("/search", json={"query": "warm up", "top_k": 10})
 
-        async def search(k: int, i: int) -> float:
+        async def search(k: int, i: int, during: bool = False) -> float:
             started = time.perf_counter()
             reply = await client.post("/search", json={"query": f"{WORDS[(k + i) % len(WORDS)]} study {i}",
                                                        "top_k": 10})
             statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
-            return (time.perf_counter() - started) * 1000
+            ms = (time.perf_counter() - started) * 1000
+            if during:  # where the time went: the batcher's queue, the model, the rest of the server, outside it
+                parts.append((ms, *(float(reply.headers.get(h, "nan")) for h in ("X-Queue-Time", "X-Inference-Time",
+                                                                                 "X-Total-Time"))))
+            return ms
 
         async def idle_client(k: int) -> None:
             for i in range(args.idle // args.clients):
@@ -99,7 +104,7 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
             i = 0
             while not done.is_set():  # each search issued while the upsert runs counts, however long it waits
                 at = time.perf_counter() - upsert_started[0]
-                during.append(await search(k, i))
+                during.append(await search(k, i, during=True))
                 when.append((at, during[-1]))
                 i += 1
 
@@ -115,8 +120,12 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
 
         (seconds, status), *_ = await asyncio.gather(upsert(), *(busy_client(k) for k in range(args.clients)))
     slowest = sorted(when, key=lambda w: -w[1])[:5]  # where in the upsert the slowest searches started
+    tail = sorted(parts)[-max(1, len(parts) // 100):]  # the slowest 1%: mean ms of each part
+    split = {name: round(statistics.mean(t[j] for t in tail), 1) for j, name in
+             enumerate(("latency", "queue", "inference", "server"))}
     return {"idle": quantiles(idle), "during": quantiles(during), "upsert_s": seconds, "upsert_status": status,
-            "statuses": statuses, "slowest": [(round(at / seconds, 3), round(ms, 1)) for at, ms in slowest]}
+            "statuses": statuses, "slowest": [(round(at / seconds, 3), round(ms, 1)) for at, ms in slowest],
+            "tail_split_ms": split}
 
 
 def main() -> int:
@@ -164,7 +173,8 @@ def main() -> int:
                       f" | during upsert p50 {during['p50']:8.1f} p99 {during['p99']:8.1f} max {during['max']:8.1f} ms"
                       f" (n {during['n']}) | p99 ratio {result['ratio_p99']:6.2f} | upsert {result['upsert_s']:5.1f} s"
                       f" ({result['upsert_status']}) | statuses {result['statuses']} | slowest (fraction of the upsert "
-                      f"when issued, ms) {result['slowest']}", flush=True)
+                      f"when issued, ms) {result['slowest']} | slowest 1% (mean ms): {result['tail_split_ms']}",
+                      flush=True)
     print_sides(rows, {"idle p50 ms": lambda r: r["idle"]["p50"], "idle p99 ms": lambda r: r["idle"]["p99"],
                        "during p50 ms": lambda r: r["during"]["p50"], "during p99 ms": lambda r: r["during"]["p99"],
                        "p99 ratio": lambda r: r["ratio_p99"], "upsert s": lambda r: r["upsert_s"]})

@@ -272,5 +272,6 @@ def _ingest(batcher: MicroBatcher, encode: Any, config: ServeConfig, device: Any
         return encode([ids for ids, _ in rows], rows[0][1])
 
     alone = device.type != "cuda" and batcher.workers == 1  # a search would wait for the micro-batch under way
-    size = config.ingest_batch_size or (min(4, encode_batch) if alone else encode_batch)
-    batcher.add_model(INGEST, encode_documents, batch_size=size, unit="document", background=True)
+    size = config.ingest_batch_size or encode_batch
+    batcher.add_model(INGEST, encode_documents, batch_size=size, unit="document", background=True,
+                      cost=lambda row: len(row[0]), busy_budget=config.ingest_busy_tokens if alone else None)

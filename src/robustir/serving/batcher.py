@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -90,6 +91,9 @@ class _Item:
     future: asyncio.Future
     enqueued: float
     started: asyncio.Future  # done when its batch starts on a worker: the wait is over, the timeout no longer runs
+    taken: int = 0  # rows handed to batches so far (a background micro-batch may be run a few rows at a time)
+    results: dict = field(default_factory=dict)  # first row -> the results of the rows from there (run in pieces)
+    seconds: float = 0.0  # model time of its pieces so far
 
 
 @dataclass
@@ -100,6 +104,8 @@ class _Model:
     batch_size: int
     unit: str  # what a row is, for messages: "text", "pair"
     background: bool = False  # runs on at most workers - 1 workers at once (one if there is one)
+    cost: Callable[[Any], int] | None = None  # a row's cost (e.g. its tokens) for ``busy_budget``; None: 1 a row
+    busy_budget: int | None = None  # background: cost of one batch while other work is about (None: batch_size rows)
     waiting: deque = field(default_factory=deque)  # its micro-batches, first come first served
 
 
@@ -140,8 +146,8 @@ class MicroBatcher:
     EMBED = "embed"
 
     def __init__(self, encode: EncodeFn, *, max_batch_size: int = 64, max_wait_ms: float = 0.0, workers: int = 1,
-                 max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None
-                 ) -> None:
+                 max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None,
+                 busy_window_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
@@ -156,6 +162,9 @@ class MicroBatcher:
         self.workers = workers
         self.max_queued = max_queued
         self.on_batch = on_batch
+        self.busy_window = busy_window_s  # other work this recent: background batches keep to their busy_budget
+        self.clock = clock
+        self._last_foreground = float("-inf")  # clock() when a request of a model that is not background last came
         self.stats = BatchStats()
         self.queued = 0  # rows waiting, of every model, not yet in a batch
         self._models: dict[str, _Model] = {self.EMBED: _Model(None, max_batch_size, "text")}
@@ -168,17 +177,23 @@ class MicroBatcher:
         self._rate = 0.0  # rows per second of recent batches (for Retry-After)
 
     def add_model(self, kind: str, fn: Callable[[list[Any]], np.ndarray], *, batch_size: int | None = None,
-                  unit: str = "row", background: bool = False) -> None:
+                  unit: str = "row", background: bool = False, cost: Callable[[Any], int] | None = None,
+                  busy_budget: int | None = None) -> None:
         """Run ``fn(rows) -> one result per row`` (a numpy array whose first axis is the rows) for :meth:`submit`
         calls of ``kind``, in micro-batches of at most ``batch_size`` rows (default ``max_batch_size``), under the
         same queue, limits and workers as the embeddings. ``unit`` names a row in messages. ``background``: its
-        batches run on at most ``workers - 1`` workers at once (one if there is one)."""
+        batches run on at most ``workers - 1`` workers at once (one if there is one), and with ``busy_budget`` they
+        are cut to rows of at most that much ``cost`` (a row's cost, e.g. its tokens; default 1 a row; at least one
+        row) while other models' requests came in the last ``busy_window_s``: what such a request waits for is then
+        one small batch, not a whole micro-batch."""
         if kind in self._models:
             raise ValueError(f"a model {kind!r} is already served")
         size = batch_size or self.max_batch_size
         if size < 1:
             raise ValueError(f"batch_size must be >= 1, got {size}")
-        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit, background)
+        if busy_budget is not None and (not background or busy_budget < 1):
+            raise ValueError(f"busy_budget is for background models and must be >= 1, got {busy_budget}")
+        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit, background, cost, busy_budget)
 
     def _slots(self, model: _Model) -> int:
         """How many of ``model``'s micro-batches may run (and so wait, per request) at once."""
@@ -273,7 +288,10 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         item = _Item(kind, rows, loop.create_future(), loop.time(), loop.create_future())
         self.queued += len(rows)
-        self._models[kind].waiting.append(item)
+        model = self._models[kind]
+        if not model.background:
+            self._last_foreground = self.clock()
+        model.waiting.append(item)
         self._arrived.set()
         return item
 
@@ -282,7 +300,7 @@ class MicroBatcher:
         if not item.future.done():
             item.future.cancel()
         waiting = self._models[item.kind].waiting
-        if not item.started.done() and item in waiting:
+        if item.taken < len(item.rows) and item in waiting:  # a piece of it under way finishes, unread
             waiting.remove(item)
             self._took(item)
 
@@ -297,9 +315,13 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ------------------------------------------------------------------ internals
-    def _took(self, item: _Item) -> _Item:
-        """``item``, just taken off the queue: its rows no longer count as waiting."""
-        self.queued -= len(item.rows)
+    def _took(self, item: _Item, rows: int | None = None) -> _Item:
+        """``rows`` more of ``item``'s rows (default: all that are left), just taken off the queue: they no longer
+        count as waiting."""
+        left = len(item.rows) - item.taken
+        rows = left if rows is None else min(rows, left)
+        item.taken += rows
+        self.queued -= rows
         return item
 
     def _live_head(self, model: _Model) -> _Item | None:
@@ -323,10 +345,49 @@ class MicroBatcher:
             return model
         return None
 
+    def _busy(self, model: _Model) -> bool:
+        """Whether ``model``'s next batch keeps to its ``busy_budget``: a background model, while another model's
+        request came within ``busy_window_s``."""
+        return model.busy_budget is not None and self.clock() - self._last_foreground < self.busy_window
+
+    def _form(self, model: _Model, first: _Item) -> list[tuple[_Item, int, int]]:
+        """The next batch of ``model`` (``first`` is its live head), as (item, first row, end row) pieces: whole
+        micro-batches waiting behind ``first`` up to the batch size (one that would overflow it waits for the next:
+        never reorder) -- or, for a background model while other work is about (:meth:`_busy`), rows up to its
+        ``busy_budget`` of cost (at least one row), cutting a micro-batch where the budget ends."""
+        pieces: list[tuple[_Item, int, int]] = []
+        if self._busy(model):
+            cost, budget, spent, rows = model.cost or (lambda _row: 1), model.busy_budget, 0, 0
+            item: _Item | None = first
+            while item is not None and rows < model.batch_size:
+                begin = end = item.taken
+                while end < len(item.rows) and rows < model.batch_size and (
+                        not rows or spent + cost(item.rows[end]) <= budget):
+                    spent += cost(item.rows[end])
+                    end += 1
+                    rows += 1
+                if end == begin:
+                    break
+                pieces.append((item, begin, end))
+                self._took(item, end - begin)
+                if end < len(item.rows):
+                    break  # the rest of it goes first in the next batch
+                model.waiting.popleft()
+                item = self._live_head(model)
+            return pieces
+        size = 0
+        item = first
+        while item is not None and (not pieces or size + len(item.rows) - item.taken <= model.batch_size):
+            pieces.append((item, item.taken, len(item.rows)))
+            size += len(item.rows) - item.taken
+            self._took(model.waiting.popleft())
+            item = self._live_head(model)
+        return pieces
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         free = asyncio.Semaphore(self.workers)
-        batch: list[_Item] = []
+        batch: list[tuple[_Item, int, int]] = []
         try:
             while True:
                 await free.acquire()  # a batch is formed only when a worker can take it: meanwhile requests pile up
@@ -335,10 +396,10 @@ class MicroBatcher:
                     self._arrived.clear()
                     await self._arrived.wait()
                     model = self._next_model()
-                first = self._took(model.waiting.popleft())
-                batch, size = [first], len(first.rows)
-                deadline = loop.time() + self.max_wait
-                while size < model.batch_size:
+                batch = self._form(model, model.waiting[0])
+                deadline = loop.time() + self.max_wait  # --max-wait-ms: wait for more to fill the batch
+                size = sum(end - begin for _, begin, end in batch)
+                while self.max_wait > 0 and size < model.batch_size and not self._busy(model):
                     item = self._live_head(model)
                     if item is None:
                         remaining = deadline - loop.time()
@@ -350,10 +411,11 @@ class MicroBatcher:
                         except asyncio.TimeoutError:
                             break
                         continue
-                    if size + len(item.rows) > model.batch_size:
+                    if size + len(item.rows) - item.taken > model.batch_size:
                         break  # first in its model's next batch: never split a request, never reorder
-                    batch.append(self._took(model.waiting.popleft()))
-                    size += len(item.rows)
+                    batch.append((item, item.taken, len(item.rows)))
+                    size += len(item.rows) - item.taken
+                    self._took(model.waiting.popleft())
                 task = loop.create_task(self._run_batch(model, batch))
                 batch = []
                 self._running.add(task)
@@ -363,7 +425,7 @@ class MicroBatcher:
                     task.add_done_callback(self._background_done)
                 task.add_done_callback(lambda _: free.release())
         except asyncio.CancelledError:  # stopping: requests taken off the queue but not started get an answer too
-            for item in batch:
+            for item, _, _ in batch:
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("the server is shutting down"))
             raise
@@ -373,36 +435,37 @@ class MicroBatcher:
         if self._arrived is not None:
             self._arrived.set()  # background work may be waiting for this slot
 
-    async def _run_batch(self, model: _Model, batch: list[_Item]) -> None:
-        live = [item for item in batch if not item.future.done()]  # a client that went away cancelled its future
+    async def _run_batch(self, model: _Model, batch: list[tuple[_Item, int, int]]) -> None:
+        live = [piece for piece in batch if not piece[0].future.done()]  # a client that went away cancelled it
         if not live:
             return
         fn = model.fn or self.encode
         loop = asyncio.get_running_loop()
         started = loop.time()
-        for item in live:
+        for item, _, _ in live:
             if not item.started.done():
                 item.started.set_result(started)
-        rows = [row for item in live for row in item.rows]
+        rows = [row for item, begin, end in live for row in item.rows[begin:end]]
         try:
             vectors = await self.run(fn, rows)
         except Exception:
             if len(live) == 1:
-                self._fail(live[0], model)
+                self._fail(live[0][0], model)
                 return
             # one request may have broken the batch: run each alone, so only that one gets the error
             logger.warning("a batch of %d requests failed; running them one by one", len(live))
             self.stats.retried_batches += 1
-            for item in live:
+            for piece in live:
+                item, begin, end = piece
                 if item.future.done():
                     continue
                 begun = loop.time()
                 try:
-                    alone = await self.run(fn, item.rows)
+                    alone = await self.run(fn, item.rows[begin:end])
                 except Exception:
                     self._fail(item, model)
                     continue
-                self._deliver([item], alone, begun, loop.time())
+                self._deliver([piece], alone, begun, loop.time())
             return
         self._deliver(live, vectors, started, loop.time())
 
@@ -413,22 +476,27 @@ class MicroBatcher:
             error = EncodeFailed(f"the model failed on this request's {len(item.rows)} {model.unit}(s)")
             item.future.set_exception(error)
 
-    def _deliver(self, items: list[_Item], vectors: np.ndarray, started: float, ended: float) -> None:
+    def _deliver(self, pieces: list[tuple[_Item, int, int]], vectors: np.ndarray, started: float,
+                 ended: float) -> None:
         seconds = ended - started
-        total = sum(len(item.rows) for item in items)
-        self.stats.record(total, len(items))
+        total = sum(end - begin for _, begin, end in pieces)
+        self.stats.record(total, len(pieces))
         if seconds > 0:
             rate = total / seconds * self.workers
             self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
-        waits = [started - item.enqueued for item in items]
-        start = 0
-        for item, wait in zip(items, waits):
-            end = start + len(item.rows)
-            if not item.future.done():
-                item.future.set_result(Embedded(vectors[start:end], wait, seconds))
-            start = end
+        waits = [item.started.result() - item.enqueued for item, _, _ in pieces]
+        at = 0
+        for (item, begin, end), wait in zip(pieces, waits):
+            item.results[begin] = vectors[at:at + end - begin]
+            item.seconds += seconds
+            at += end - begin
+            if item.future.done() or sum(map(len, item.results.values())) < len(item.rows):
+                continue
+            whole = item.results[0] if len(item.results) == 1 else np.concatenate(
+                [item.results[first] for first in sorted(item.results)])
+            item.future.set_result(Embedded(whole, wait, item.seconds))
         if self.on_batch is not None:
             try:
-                self.on_batch(total, len(items), seconds, waits)
+                self.on_batch(total, len(pieces), seconds, waits)
             except Exception:  # metrics never fail a request
                 logger.exception("on_batch failed")
