@@ -1031,73 +1031,45 @@ def test_background_work_is_admitted_by_the_queue_limit_once_and_takes_turns():
     assert model.started == [["held"], ["d1", "d2"], ["a", "b", "c"], ["d3"]]  # turns: embed, ingest, embed, ingest
 
 
-def test_background_batches_keep_to_their_busy_budget_while_other_work_is_about():
-    """Issue 55, item 1 (search p99 during an upsert): while embeddings or searches came within busy_window_s (an
-    injected clock), an upsert's batches are cut to its busy_budget of cost (tokens in the server), so a search that
-    arrives waits for one small batch, not a whole micro-batch; once the window has passed the batches are whole
-    again. Every row is encoded once and the vectors come back in order."""
+def test_with_a_background_lane_a_search_never_waits_for_the_upsert_and_the_lanes_share_the_threads():
+    """Issue 55, item 1 (fp32 on a CPU: one model worker): with background_lane the upsert's micro-batches run on a
+    thread of their own, so an embedding that arrives while one is under way starts at once instead of waiting for it;
+    each batch is told its intra-op threads first (set_threads): while both lanes have work, 1 for the upsert's and
+    one fewer than ``threads`` for the others (the two lanes share the CPUs), else all of ``threads``."""
     model = SteppedEncoder()
-    rows = ["d" * (i + 1) for i in range(12)]  # the vector of a row is its length: the order is checked
-    now = [0.0]
+    told: list[int] = []
+    rows = [f"doc {i}" for i in range(4)]
+
+    def set_threads(n: int) -> None:
+        told.append(n)
 
     async def scenario():
-        batcher = MicroBatcher(model, max_batch_size=8, workers=1, busy_window_s=1.0, clock=lambda: now[0])
-        batcher.add_model("ingest", model, batch_size=4, unit="document", background=True,
-                          cost=lambda _row: 2, busy_budget=6)
+        batcher = MicroBatcher(model, max_batch_size=4, workers=1, background_lane=True, set_threads=set_threads,
+                               threads=2, clock=lambda: 0.0)  # a request at "0" is within busy_window_s of it
+        batcher.add_model("ingest", model, batch_size=2, unit="document", background=True)
         await batcher.start()
         try:
             upsert = asyncio.ensure_future(batcher.submit("ingest", rows))
-            await _until(lambda: len(model.started) == 1)  # nothing else about: a whole micro-batch
-            query = asyncio.ensure_future(batcher.embed(["query"]))  # at t = 0
-            await _until(lambda: batcher.queued == 1)
-            model.step()
-            await _until(lambda: len(model.started) == 2)  # the query's turn
-            model.step()
-            await _until(lambda: len(model.started) == 3)  # busy: 3 rows of cost 2, the micro-batch cut
-            assert batcher.queued == 1  # the rest of that micro-batch waits
-            now[0] = 5.0  # the window has passed
-            for count in (4, 5):
-                model.step()
-                await _until(lambda: len(model.started) == count)
-            model.step()
-            return await upsert, await query, batcher.queued
-        finally:
-            for _ in range(6):
-                model.step()
-            await batcher.stop()
-
-    upsert, query, queued = asyncio.run(scenario())
-    assert model.started == [rows[:4], ["query"], rows[4:7], rows[7:8], rows[8:]]
-    assert upsert.vectors[:, 0].tolist() == [len(row) for row in rows] and query.vectors.shape == (1, 2)
-    assert queued == 0
-
-
-def test_a_background_job_cancelled_between_its_pieces_leaves_nothing_queued():
-    """A micro-batch run in pieces (busy_budget) whose job goes away between two pieces is taken off the queue:
-    its rows no longer count as waiting, and no further piece of it runs."""
-    model = SteppedEncoder()
-
-    async def scenario():
-        batcher = MicroBatcher(model, max_batch_size=8, workers=1, clock=lambda: 0.0)
-        batcher.add_model("ingest", model, batch_size=4, unit="document", background=True, busy_budget=1)
-        await batcher.start()
-        try:
-            batcher._last_foreground = 0.0  # a search just came: the upsert runs one row at a time
-            upsert = asyncio.ensure_future(batcher.submit("ingest", ["a", "b", "c", "d"]))
-            await _until(lambda: len(model.started) == 1)
-            assert batcher.queued == 3
-            upsert.cancel()
-            await _until(lambda: batcher.queued == 0)
-            model.step()
-            model.step()  # for the query's batch, once it starts
-            return await batcher.embed(["q"])
-        finally:
+            await _until(lambda: len(model.started) == 1)  # the upsert's first micro-batch is under way
+            query = asyncio.ensure_future(batcher.embed(["query"]))
+            await _until(lambda: len(model.started) == 2)  # started beside it, not after it
+            during = model.started[1]
             for _ in range(3):
                 model.step()
+            done = await upsert, await query
+            model.step()
+            after = await batcher.embed(["later"])
+            return during, done, after
+        finally:
+            for _ in range(4):
+                model.step()
             await batcher.stop()
 
-    later = asyncio.run(scenario())
-    assert model.started == [["a"], ["q"]] and later.vectors.shape == (1, 2)
+    during, (upsert, query), after = asyncio.run(scenario())
+    assert during == ["query"]
+    assert upsert.vectors.shape == (4, 2) and query.vectors.shape == (1, 2) and after.vectors.shape == (1, 2)
+    # the upsert alone: 2; the query beside it: 1; the upsert with a query just come: 1; later, nothing else about: 2
+    assert told == [2, 1, 1, 2]
 
 
 # ------------------------------------------------------------------------------------------------ issue 55: operations

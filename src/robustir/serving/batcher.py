@@ -35,18 +35,23 @@ Isolation and bounds:
 
 **Background work** (``add_model(..., background=True)``: an HTTP upsert's documents, issue 55): its micro-batches
 take turns with the other models' batches, on at most ``workers - 1`` workers at once (one when there is one), so a
-search or an embedding that arrives during a 1,000-document upsert waits for at most the one upsert micro-batch under
-way on a single worker, and on several workers finds one free. Turns, not priority: waiting searches are batched
-together, so a turn costs them one micro-batch, while a strict priority starved the upsert under steady search load
-(bench/upsert_search.py, fp32, 2 clients on a quiet machine: a 1,000-document upsert 194 s against 7.1 s alone). It is admitted by the same queue limit as any
-request (:meth:`admit`) and its waiting micro-batches count in ``queued``; once admitted, a job's later micro-batches
-are not refused (``admitted=True``): a half-written upsert is not stopped by a burst of searches.
+search or an embedding that arrives during a 1,000-document upsert finds a worker free when there are several. Turns,
+not priority: waiting searches are batched together, so a turn costs them one micro-batch, while a strict priority
+starved the upsert under steady search load (bench/upsert_search.py, fp32, 2 clients on a quiet machine: a
+1,000-document upsert 194 s against 7.1 s alone). With ``background_lane`` (``robustir serve`` on a CPU with one
+worker, i.e. fp32) background batches instead run on a thread of their own, one at a time, beside the workers: a
+search never waits for an upsert's micro-batch (with turns on the one worker the slowest 1% of searches during an
+upsert spent 57-87% of their time in the queue, behind it), and ``set_threads`` shares the CPUs between the two
+lanes while both have work (:meth:`_call`). Background work is admitted by the same queue limit as any request
+(:meth:`admit`) and its waiting micro-batches count in ``queued``; once admitted, a job's later micro-batches are not
+refused (``admitted=True``): a half-written upsert is not stopped by a burst of searches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from collections import deque
@@ -91,9 +96,6 @@ class _Item:
     future: asyncio.Future
     enqueued: float
     started: asyncio.Future  # done when its batch starts on a worker: the wait is over, the timeout no longer runs
-    taken: int = 0  # rows handed to batches so far (a background micro-batch may be run a few rows at a time)
-    results: dict = field(default_factory=dict)  # first row -> the results of the rows from there (run in pieces)
-    seconds: float = 0.0  # model time of its pieces so far
 
 
 @dataclass
@@ -104,8 +106,6 @@ class _Model:
     batch_size: int
     unit: str  # what a row is, for messages: "text", "pair"
     background: bool = False  # runs on at most workers - 1 workers at once (one if there is one)
-    cost: Callable[[Any], int] | None = None  # a row's cost (e.g. its tokens) for ``busy_budget``; None: 1 a row
-    busy_budget: int | None = None  # background: cost of one batch while other work is about (None: batch_size rows)
     waiting: deque = field(default_factory=deque)  # its micro-batches, first come first served
 
 
@@ -147,6 +147,7 @@ class MicroBatcher:
 
     def __init__(self, encode: EncodeFn, *, max_batch_size: int = 64, max_wait_ms: float = 0.0, workers: int = 1,
                  max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None,
+                 background_lane: bool = False, set_threads: Callable[[int], None] | None = None, threads: int = 1,
                  busy_window_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -162,13 +163,15 @@ class MicroBatcher:
         self.workers = workers
         self.max_queued = max_queued
         self.on_batch = on_batch
-        self.busy_window = busy_window_s  # other work this recent: background batches keep to their busy_budget
-        self.clock = clock
+        self.background_lane = background_lane  # background batches on a thread of their own, one at a time
+        self.set_threads, self.threads = set_threads, threads
+        self.busy_window, self.clock = busy_window_s, clock
         self._last_foreground = float("-inf")  # clock() when a request of a model that is not background last came
         self.stats = BatchStats()
         self.queued = 0  # rows waiting, of every model, not yet in a batch
         self._models: dict[str, _Model] = {self.EMBED: _Model(None, max_batch_size, "text")}
         self._background_running = 0  # background batches on a worker now
+        self._foreground_running = 0  # the other batches on a worker now
         self._turn = 0  # the models take turns: index (in self._models) of the model whose batch goes next
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -177,27 +180,23 @@ class MicroBatcher:
         self._rate = 0.0  # rows per second of recent batches (for Retry-After)
 
     def add_model(self, kind: str, fn: Callable[[list[Any]], np.ndarray], *, batch_size: int | None = None,
-                  unit: str = "row", background: bool = False, cost: Callable[[Any], int] | None = None,
-                  busy_budget: int | None = None) -> None:
+                  unit: str = "row", background: bool = False) -> None:
         """Run ``fn(rows) -> one result per row`` (a numpy array whose first axis is the rows) for :meth:`submit`
         calls of ``kind``, in micro-batches of at most ``batch_size`` rows (default ``max_batch_size``), under the
         same queue, limits and workers as the embeddings. ``unit`` names a row in messages. ``background``: its
-        batches run on at most ``workers - 1`` workers at once (one if there is one), and with ``busy_budget`` they
-        are cut to rows of at most that much ``cost`` (a row's cost, e.g. its tokens; default 1 a row; at least one
-        row) while other models' requests came in the last ``busy_window_s``: what such a request waits for is then
-        one small batch, not a whole micro-batch."""
+        batches run on at most ``workers - 1`` workers at once (one if there is one)."""
         if kind in self._models:
             raise ValueError(f"a model {kind!r} is already served")
         size = batch_size or self.max_batch_size
         if size < 1:
             raise ValueError(f"batch_size must be >= 1, got {size}")
-        if busy_budget is not None and (not background or busy_budget < 1):
-            raise ValueError(f"busy_budget is for background models and must be >= 1, got {busy_budget}")
-        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit, background, cost, busy_budget)
+        self._models[kind] = _Model(fn, min(size, self.max_batch_size), unit, background)
 
     def _slots(self, model: _Model) -> int:
         """How many of ``model``'s micro-batches may run (and so wait, per request) at once."""
-        return max(1, self.workers - 1) if model.background else self.workers
+        if model.background:
+            return 1 if self.background_lane else max(1, self.workers - 1)
+        return self.workers
 
     def admit(self, kind: str, rows: int) -> None:
         """Raise :class:`Overloaded` when a request of ``rows`` rows for ``kind`` is not let in now: what it would put
@@ -213,7 +212,7 @@ class MicroBatcher:
 
     async def start(self) -> None:
         self._arrived = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers + self.background_lane,
                                                                thread_name_prefix="robustir-model")
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="robustir-batcher")
 
@@ -300,7 +299,7 @@ class MicroBatcher:
         if not item.future.done():
             item.future.cancel()
         waiting = self._models[item.kind].waiting
-        if item.taken < len(item.rows) and item in waiting:  # a piece of it under way finishes, unread
+        if not item.started.done() and item in waiting:
             waiting.remove(item)
             self._took(item)
 
@@ -315,13 +314,9 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # ------------------------------------------------------------------ internals
-    def _took(self, item: _Item, rows: int | None = None) -> _Item:
-        """``rows`` more of ``item``'s rows (default: all that are left), just taken off the queue: they no longer
-        count as waiting."""
-        left = len(item.rows) - item.taken
-        rows = left if rows is None else min(rows, left)
-        item.taken += rows
-        self.queued -= rows
+    def _took(self, item: _Item) -> _Item:
+        """``item``, just taken off the queue: its rows no longer count as waiting."""
+        self.queued -= len(item.rows)
         return item
 
     def _live_head(self, model: _Model) -> _Item | None:
@@ -339,55 +334,17 @@ class MicroBatcher:
             model = self._models[kinds[index]]
             if self._live_head(model) is None:
                 continue
-            if model.background and self._background_running >= self._slots(model):
+            running = self._background_running if model.background else self._foreground_running
+            if running >= self._slots(model):
                 continue
             self._turn = (index + 1) % len(kinds)
             return model
         return None
 
-    def _busy(self, model: _Model) -> bool:
-        """Whether ``model``'s next batch keeps to its ``busy_budget``: a background model, while another model's
-        request came within ``busy_window_s``."""
-        return model.busy_budget is not None and self.clock() - self._last_foreground < self.busy_window
-
-    def _form(self, model: _Model, first: _Item) -> list[tuple[_Item, int, int]]:
-        """The next batch of ``model`` (``first`` is its live head), as (item, first row, end row) pieces: whole
-        micro-batches waiting behind ``first`` up to the batch size (one that would overflow it waits for the next:
-        never reorder) -- or, for a background model while other work is about (:meth:`_busy`), rows up to its
-        ``busy_budget`` of cost (at least one row), cutting a micro-batch where the budget ends."""
-        pieces: list[tuple[_Item, int, int]] = []
-        if self._busy(model):
-            cost, budget, spent, rows = model.cost or (lambda _row: 1), model.busy_budget, 0, 0
-            item: _Item | None = first
-            while item is not None and rows < model.batch_size:
-                begin = end = item.taken
-                while end < len(item.rows) and rows < model.batch_size and (
-                        not rows or spent + cost(item.rows[end]) <= budget):
-                    spent += cost(item.rows[end])
-                    end += 1
-                    rows += 1
-                if end == begin:
-                    break
-                pieces.append((item, begin, end))
-                self._took(item, end - begin)
-                if end < len(item.rows):
-                    break  # the rest of it goes first in the next batch
-                model.waiting.popleft()
-                item = self._live_head(model)
-            return pieces
-        size = 0
-        item = first
-        while item is not None and (not pieces or size + len(item.rows) - item.taken <= model.batch_size):
-            pieces.append((item, item.taken, len(item.rows)))
-            size += len(item.rows) - item.taken
-            self._took(model.waiting.popleft())
-            item = self._live_head(model)
-        return pieces
-
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        free = asyncio.Semaphore(self.workers)
-        batch: list[tuple[_Item, int, int]] = []
+        free = asyncio.Semaphore(self.workers + self.background_lane)
+        batch: list[_Item] = []
         try:
             while True:
                 await free.acquire()  # a batch is formed only when a worker can take it: meanwhile requests pile up
@@ -396,10 +353,10 @@ class MicroBatcher:
                     self._arrived.clear()
                     await self._arrived.wait()
                     model = self._next_model()
-                batch = self._form(model, model.waiting[0])
-                deadline = loop.time() + self.max_wait  # --max-wait-ms: wait for more to fill the batch
-                size = sum(end - begin for _, begin, end in batch)
-                while self.max_wait > 0 and size < model.batch_size and not self._busy(model):
+                first = self._took(model.waiting.popleft())
+                batch, size = [first], len(first.rows)
+                deadline = loop.time() + self.max_wait
+                while size < model.batch_size:
                     item = self._live_head(model)
                     if item is None:
                         remaining = deadline - loop.time()
@@ -411,61 +368,77 @@ class MicroBatcher:
                         except asyncio.TimeoutError:
                             break
                         continue
-                    if size + len(item.rows) - item.taken > model.batch_size:
+                    if size + len(item.rows) > model.batch_size:
                         break  # first in its model's next batch: never split a request, never reorder
-                    batch.append((item, item.taken, len(item.rows)))
-                    size += len(item.rows) - item.taken
-                    self._took(model.waiting.popleft())
+                    batch.append(self._took(model.waiting.popleft()))
+                    size += len(item.rows)
                 task = loop.create_task(self._run_batch(model, batch))
                 batch = []
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
                 if model.background:
                     self._background_running += 1
-                    task.add_done_callback(self._background_done)
+                else:
+                    self._foreground_running += 1
+                task.add_done_callback(functools.partial(self._batch_done, model.background))
                 task.add_done_callback(lambda _: free.release())
         except asyncio.CancelledError:  # stopping: requests taken off the queue but not started get an answer too
-            for item, _, _ in batch:
+            for item in batch:
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("the server is shutting down"))
             raise
 
-    def _background_done(self, _task: asyncio.Task) -> None:
-        self._background_running -= 1
+    def _batch_done(self, background: bool, _task: asyncio.Task) -> None:
+        if background:
+            self._background_running -= 1
+        else:
+            self._foreground_running -= 1
         if self._arrived is not None:
-            self._arrived.set()  # background work may be waiting for this slot
+            self._arrived.set()  # work of that kind may be waiting for this slot
 
-    async def _run_batch(self, model: _Model, batch: list[tuple[_Item, int, int]]) -> None:
-        live = [piece for piece in batch if not piece[0].future.done()]  # a client that went away cancelled it
+    def _call(self, fn: Callable[[list[Any]], np.ndarray], rows: list[Any], background: bool) -> np.ndarray:
+        """``fn(rows)`` on a worker thread, ``set_threads`` told this batch's intra-op threads first: while both
+        lanes have work (background work waiting or running, and other requests within ``busy_window_s``), one for
+        a background batch and ``threads - 1`` for the others, so the lanes share the CPUs instead of fighting over
+        them (an OpenMP pool with more threads than free cores stalls at every barrier); else all ``threads``."""
+        if self.set_threads is not None:
+            if background:
+                busy = self.clock() - self._last_foreground < self.busy_window
+            else:
+                busy = self._background_running or any(m.waiting for m in self._models.values() if m.background)
+            self.set_threads(1 if background and busy else max(1, self.threads - 1) if busy else self.threads)
+        return fn(rows)
+
+    async def _run_batch(self, model: _Model, batch: list[_Item]) -> None:
+        live = [item for item in batch if not item.future.done()]  # a client that went away cancelled its future
         if not live:
             return
         fn = model.fn or self.encode
         loop = asyncio.get_running_loop()
         started = loop.time()
-        for item, _, _ in live:
+        for item in live:
             if not item.started.done():
                 item.started.set_result(started)
-        rows = [row for item, begin, end in live for row in item.rows[begin:end]]
+        rows = [row for item in live for row in item.rows]
         try:
-            vectors = await self.run(fn, rows)
+            vectors = await self.run(self._call, fn, rows, model.background)
         except Exception:
             if len(live) == 1:
-                self._fail(live[0][0], model)
+                self._fail(live[0], model)
                 return
             # one request may have broken the batch: run each alone, so only that one gets the error
             logger.warning("a batch of %d requests failed; running them one by one", len(live))
             self.stats.retried_batches += 1
-            for piece in live:
-                item, begin, end = piece
+            for item in live:
                 if item.future.done():
                     continue
                 begun = loop.time()
                 try:
-                    alone = await self.run(fn, item.rows[begin:end])
+                    alone = await self.run(self._call, fn, item.rows, model.background)
                 except Exception:
                     self._fail(item, model)
                     continue
-                self._deliver([piece], alone, begun, loop.time())
+                self._deliver([item], alone, begun, loop.time())
             return
         self._deliver(live, vectors, started, loop.time())
 
@@ -476,27 +449,22 @@ class MicroBatcher:
             error = EncodeFailed(f"the model failed on this request's {len(item.rows)} {model.unit}(s)")
             item.future.set_exception(error)
 
-    def _deliver(self, pieces: list[tuple[_Item, int, int]], vectors: np.ndarray, started: float,
-                 ended: float) -> None:
+    def _deliver(self, items: list[_Item], vectors: np.ndarray, started: float, ended: float) -> None:
         seconds = ended - started
-        total = sum(end - begin for _, begin, end in pieces)
-        self.stats.record(total, len(pieces))
+        total = sum(len(item.rows) for item in items)
+        self.stats.record(total, len(items))
         if seconds > 0:
             rate = total / seconds * self.workers
             self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
-        waits = [item.started.result() - item.enqueued for item, _, _ in pieces]
-        at = 0
-        for (item, begin, end), wait in zip(pieces, waits):
-            item.results[begin] = vectors[at:at + end - begin]
-            item.seconds += seconds
-            at += end - begin
-            if item.future.done() or sum(map(len, item.results.values())) < len(item.rows):
-                continue
-            whole = item.results[0] if len(item.results) == 1 else np.concatenate(
-                [item.results[first] for first in sorted(item.results)])
-            item.future.set_result(Embedded(whole, wait, item.seconds))
+        waits = [started - item.enqueued for item in items]
+        start = 0
+        for item, wait in zip(items, waits):
+            end = start + len(item.rows)
+            if not item.future.done():
+                item.future.set_result(Embedded(vectors[start:end], wait, seconds))
+            start = end
         if self.on_batch is not None:
             try:
-                self.on_batch(total, len(pieces), seconds, waits)
+                self.on_batch(total, len(items), seconds, waits)
             except Exception:  # metrics never fail a request
                 logger.exception("on_batch failed")
