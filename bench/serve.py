@@ -289,14 +289,19 @@ def parse_clients(text: str) -> list[int]:
     return counts
 
 
+VS_ROBUSTIR_SRC: list[str] = []  # --vs-robustir-src: the baseline side's robustir source folder
+
+
 def server_env(side: str) -> dict[str, str]:
-    """Each server's environment: offline, no telemetry; robustir's gets src/ on the path, Infinity's venv none."""
+    """Each server's environment: offline, no telemetry; robustir's gets src/ on the path (the baseline side: that
+    of --vs-robustir-src when given), Infinity's venv none."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if side == "infinity":
         env.pop("PYTHONPATH", None)
         env.update({"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
     else:
-        env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+        src = VS_ROBUSTIR_SRC[0] if side == "baseline" and VS_ROBUSTIR_SRC else str(ROOT / "src")
+        env["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
     return env
 
 
@@ -360,7 +365,8 @@ def run_precision(args: argparse.Namespace, precision: str, model: str, sides: l
                      "--engine", "torch", "--device", "cpu",
                      *infinity_defaults(INFINITY_DTYPES[precision], shlex.split(args.infinity_args)),
                      *shlex.split(args.infinity_args)],
-        "baseline": [sys.executable, __file__, "--baseline-server", "--model", model, "--port", str(ports.get("baseline", 0))],
+        "baseline": [sys.executable, __file__, "--baseline-server", "--model", model, "--port",
+                     str(ports.get("baseline", 0))],
     }
     if args.vs_robustir_args is not None:
         commands["baseline"] = [*robustir_cmd, "--port", str(ports.get("baseline", 0)),
@@ -489,6 +495,9 @@ def main() -> None:
     parser.add_argument("--vs-robustir-args", default=None,
                         help="make the baseline a second robustir serve with these flags, e.g. "
                              "--vs-robustir-args='--workers 2'")
+    parser.add_argument("--vs-robustir-src", default=None,
+                        help="with --vs-robustir-args: the baseline robustir runs this source folder (e.g. a "
+                             "`git archive` of another commit, its src/), to compare two versions in the same rounds")
     parser.add_argument("--infinity-python", default=os.environ.get("INFINITY_PYTHON", DEFAULT_INFINITY_PYTHON),
                         help="python of the venv with infinity-emb (default: $INFINITY_PYTHON, else "
                              f"{DEFAULT_INFINITY_PYTHON})")
@@ -508,6 +517,8 @@ def main() -> None:
     from robustir.resources import dataset_path, default_model_path
 
     model = str(args.model or default_model_path())
+    if args.vs_robustir_src:
+        VS_ROBUSTIR_SRC.append(str(Path(args.vs_robustir_src).resolve()))
     if args.baseline_server:
         baseline_server(model, args.port)
         return

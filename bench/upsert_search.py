@@ -5,8 +5,8 @@
 
 Issue 55, item 1: ``POST /documents`` ran the whole upsert -- its encoding included -- on a model worker, so dense
 searches issued during a 100-document upsert waited p50 25 s. Since the fix the upsert's documents go through the
-batcher as background micro-batches (``--ingest-batch-size``, default one forward pass): they run only when no search
-or embedding waits, on at most ``workers - 1`` workers (one when there is one).
+batcher as background micro-batches (``--ingest-batch-size``, default one forward pass): on a CPU with one worker
+(fp32) on a lane of their own beside the searches' batches, else taking turns with them on ``workers - 1`` workers.
 
 Each round copies an index of ``--base`` documents built here with ``--model`` (default: the bundled MiniLM) and
 starts ``robustir serve`` on 127.0.0.1 (a free port; nothing else is reached) in a subprocess: "before" runs the
@@ -15,7 +15,9 @@ send 1-query dense searches one after another: ``--idle`` of them first (the idl
 /documents of ``--documents`` documents (``--words`` words each) runs (every search issued before the upsert's answer
 counts, however long it waited). The rounds alternate before / after. Printed:
 per round the idle and during-upsert latency (p50, p99, max), the ratio during p99 / idle p99 (the goal: <= 1.5) and
-the upsert's seconds; then the median and range over the rounds of each side, and the machine load (``uptime``).
+the upsert's seconds, and where the slowest 1% of the searches during the upsert spent their time (mean ms: the
+whole request, the batcher's queue, the model, the server in all: its ``X-Queue-Time``, ``X-Inference-Time`` and
+``X-Total-Time``); then the median and range over the rounds of each side, and the machine load (``uptime``).
 """
 
 from __future__ import annotations
