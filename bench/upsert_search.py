@@ -5,8 +5,8 @@
 
 Issue 55, item 1: ``POST /documents`` ran the whole upsert -- its encoding included -- on a model worker, so dense
 searches issued during a 100-document upsert waited p50 25 s. Since the fix the upsert's documents go through the
-batcher as background micro-batches (``--ingest-batch-size``, default one forward pass): they run only when no search
-or embedding waits, on at most ``workers - 1`` workers (one when there is one).
+batcher as background micro-batches (``--ingest-batch-size``, default one forward pass): on a CPU with one worker
+(fp32) on a lane of their own beside the searches' batches, else taking turns with them on ``workers - 1`` workers.
 
 Each round copies an index of ``--base`` documents built here with ``--model`` (default: the bundled MiniLM) and
 starts ``robustir serve`` on 127.0.0.1 (a free port; nothing else is reached) in a subprocess: "before" runs the
@@ -15,7 +15,9 @@ send 1-query dense searches one after another: ``--idle`` of them first (the idl
 /documents of ``--documents`` documents (``--words`` words each) runs (every search issued before the upsert's answer
 counts, however long it waited). The rounds alternate before / after. Printed:
 per round the idle and during-upsert latency (p50, p99, max), the ratio during p99 / idle p99 (the goal: <= 1.5) and
-the upsert's seconds; then the median and range over the rounds of each side, and the machine load (``uptime``).
+the upsert's seconds, and where the slowest 1% of the searches during the upsert spent their time (mean ms: the
+whole request, the batcher's queue, the model, the server in all: its ``X-Queue-Time``, ``X-Inference-Time`` and
+``X-Total-Time``); then the median and range over the rounds of each side, and the machine load (``uptime``).
 """
 
 from __future__ import annotations
@@ -75,18 +77,23 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
     idle: list[float] = []
     during: list[float] = []
     when: list[tuple[float, float]] = []  # (seconds into the upsert the search started, its latency ms)
+    parts: list[tuple[float, ...]] = []  # per search during the upsert: latency, queue, inference, server total (ms)
     statuses: dict[int, int] = {}
     upserting = asyncio.Event()
     done = asyncio.Event()
     async with httpx.AsyncClient(base_url=url, timeout=900, limits=httpx.Limits(max_connections=64)) as client:
         await client.post("/search", json={"query": "warm up", "top_k": 10})
 
-        async def search(k: int, i: int) -> float:
+        async def search(k: int, i: int, during: bool = False) -> float:
             started = time.perf_counter()
             reply = await client.post("/search", json={"query": f"{WORDS[(k + i) % len(WORDS)]} study {i}",
                                                        "top_k": 10})
             statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
-            return (time.perf_counter() - started) * 1000
+            ms = (time.perf_counter() - started) * 1000
+            if during:  # where the time went: the batcher's queue, the model, the rest of the server, outside it
+                parts.append((ms, *(float(reply.headers.get(h, "nan")) for h in ("X-Queue-Time", "X-Inference-Time",
+                                                                                 "X-Total-Time"))))
+            return ms
 
         async def idle_client(k: int) -> None:
             for i in range(args.idle // args.clients):
@@ -99,7 +106,7 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
             i = 0
             while not done.is_set():  # each search issued while the upsert runs counts, however long it waits
                 at = time.perf_counter() - upsert_started[0]
-                during.append(await search(k, i))
+                during.append(await search(k, i, during=True))
                 when.append((at, during[-1]))
                 i += 1
 
@@ -115,8 +122,12 @@ async def load(url: str, args: argparse.Namespace, round_: int) -> dict:
 
         (seconds, status), *_ = await asyncio.gather(upsert(), *(busy_client(k) for k in range(args.clients)))
     slowest = sorted(when, key=lambda w: -w[1])[:5]  # where in the upsert the slowest searches started
+    tail = sorted(parts)[-max(1, len(parts) // 100):]  # the slowest 1%: mean ms of each part
+    split = {name: round(statistics.mean(t[j] for t in tail), 1) for j, name in
+             enumerate(("latency", "queue", "inference", "server"))}
     return {"idle": quantiles(idle), "during": quantiles(during), "upsert_s": seconds, "upsert_status": status,
-            "statuses": statuses, "slowest": [(round(at / seconds, 3), round(ms, 1)) for at, ms in slowest]}
+            "statuses": statuses, "slowest": [(round(at / seconds, 3), round(ms, 1)) for at, ms in slowest],
+            "tail_split_ms": split}
 
 
 def main() -> int:
@@ -164,7 +175,8 @@ def main() -> int:
                       f" | during upsert p50 {during['p50']:8.1f} p99 {during['p99']:8.1f} max {during['max']:8.1f} ms"
                       f" (n {during['n']}) | p99 ratio {result['ratio_p99']:6.2f} | upsert {result['upsert_s']:5.1f} s"
                       f" ({result['upsert_status']}) | statuses {result['statuses']} | slowest (fraction of the upsert "
-                      f"when issued, ms) {result['slowest']}", flush=True)
+                      f"when issued, ms) {result['slowest']} | slowest 1% (mean ms): {result['tail_split_ms']}",
+                      flush=True)
     print_sides(rows, {"idle p50 ms": lambda r: r["idle"]["p50"], "idle p99 ms": lambda r: r["idle"]["p99"],
                        "during p50 ms": lambda r: r["during"]["p50"], "during p99 ms": lambda r: r["during"]["p99"],
                        "p99 ratio": lambda r: r["ratio_p99"], "upsert s": lambda r: r["upsert_s"]})

@@ -1031,6 +1031,47 @@ def test_background_work_is_admitted_by_the_queue_limit_once_and_takes_turns():
     assert model.started == [["held"], ["d1", "d2"], ["a", "b", "c"], ["d3"]]  # turns: embed, ingest, embed, ingest
 
 
+def test_with_a_background_lane_a_search_never_waits_for_the_upsert_and_the_lanes_share_the_threads():
+    """Issue 55, item 1 (fp32 on a CPU: one model worker): with background_lane the upsert's micro-batches run on a
+    thread of their own, so an embedding that arrives while one is under way starts at once instead of waiting for it;
+    each batch is told its intra-op threads first (set_threads): while both lanes have work, 1 for the upsert's and
+    one fewer than ``threads`` for the others (the two lanes share the CPUs), else all of ``threads``."""
+    model = SteppedEncoder()
+    told: list[int] = []
+    rows = [f"doc {i}" for i in range(4)]
+
+    def set_threads(n: int) -> None:
+        told.append(n)
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_size=4, workers=1, background_lane=True, set_threads=set_threads,
+                               threads=2, clock=lambda: 0.0)  # a request at "0" is within busy_window_s of it
+        batcher.add_model("ingest", model, batch_size=2, unit="document", background=True)
+        await batcher.start()
+        try:
+            upsert = asyncio.ensure_future(batcher.submit("ingest", rows))
+            await _until(lambda: len(model.started) == 1)  # the upsert's first micro-batch is under way
+            query = asyncio.ensure_future(batcher.embed(["query"]))
+            await _until(lambda: len(model.started) == 2)  # started beside it, not after it
+            during = model.started[1]
+            for _ in range(3):
+                model.step()
+            done = await upsert, await query
+            model.step()
+            after = await batcher.embed(["later"])
+            return during, done, after
+        finally:
+            for _ in range(4):
+                model.step()
+            await batcher.stop()
+
+    during, (upsert, query), after = asyncio.run(scenario())
+    assert during == ["query"]
+    assert upsert.vectors.shape == (4, 2) and query.vectors.shape == (1, 2) and after.vectors.shape == (1, 2)
+    # the upsert alone: 2; the query beside it: 1; the upsert with a query just come: 1; later, nothing else about: 2
+    assert told == [2, 1, 1, 2]
+
+
 # ------------------------------------------------------------------------------------------------ issue 55: operations
 
 def test_the_openapi_spec_describes_every_answer_and_real_answers_fit_it(client):

@@ -121,8 +121,10 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     encoder.encode(["warm-up"], "query", precision=precision, show_progress=False)
     encode = _batch_encoder(encoder, workers, encode_batch, precision, config)
     metrics = ServerMetrics(lambda: batcher.queued, workers)  # read at scrape time, when the batcher exists
+    lane = device.type != "cuda" and workers == 1  # an upsert's micro-batches run beside the searches' (issue 55)
     batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
-                           workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch)
+                           workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch,
+                           background_lane=lane, set_threads=_set_threads if lane else None, threads=_threads())
     reranker, reranker_name = _reranker(config, batcher, encode_batch, precision, device)
     _ingest(batcher, encode, config, device, encode_batch)
     server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
@@ -260,17 +262,30 @@ def _reranker(config: ServeConfig, batcher: MicroBatcher, encode_batch: int, pre
 
 
 def _ingest(batcher: MicroBatcher, encode: Any, config: ServeConfig, device: Any, encode_batch: int) -> None:
-    """An HTTP upsert's documents as the batcher's background model (:data:`~robustir.serving.service.INGEST`):
-    micro-batches of ``--ingest-batch-size`` that take turns with searches, embeddings and reranks. Small on a CPU with
-    one worker: a search that arrives waits for at most one of them (bench/upsert_search.py, fp32: 16 documents a
-    micro-batch kept a search's p99 at 11.5x its idle p99, 4 at 0.94x, the upsert no slower). With several workers a
-    search always finds one free, so the micro-batches are a whole forward pass (bf16, two workers: 4 documents made
-    the upsert 1.2-1.3x slower for the same search latency)."""
+    """An HTTP upsert's documents as the batcher's background model (:data:`~robustir.serving.service.INGEST`), in
+    micro-batches of ``--ingest-batch-size`` (default: a forward pass). On a CPU with one worker (fp32) they run on the
+    batcher's background lane, beside the searches' batches, each lane with one of the CPUs while both have work
+    (bench/upsert_search.py: turns on the one worker with 4 documents a micro-batch left a search's p99 at 1.76-1.92x
+    its idle p99, most of the slowest searches' time spent waiting for the upsert's micro-batch). With several workers
+    they take turns with the other batches on one worker fewer, so a search always finds one free."""
 
     def encode_documents(rows: list[tuple[list[int], str]]) -> np.ndarray:
         """(token ids, the index's precision) rows of one job (writes are one at a time: one precision)."""
         return encode([ids for ids, _ in rows], rows[0][1])
 
-    alone = device.type != "cuda" and batcher.workers == 1  # a search would wait for the micro-batch under way
-    size = config.ingest_batch_size or (min(4, encode_batch) if alone else encode_batch)
+    size = config.ingest_batch_size or encode_batch
     batcher.add_model(INGEST, encode_documents, batch_size=size, unit="document", background=True)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _set_threads(threads: int) -> None:
+    """The calling worker thread's intra-op threads (thread-local under OpenMP once the thread has run torch)."""
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

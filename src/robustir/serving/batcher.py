@@ -35,19 +35,25 @@ Isolation and bounds:
 
 **Background work** (``add_model(..., background=True)``: an HTTP upsert's documents, issue 55): its micro-batches
 take turns with the other models' batches, on at most ``workers - 1`` workers at once (one when there is one), so a
-search or an embedding that arrives during a 1,000-document upsert waits for at most the one upsert micro-batch under
-way on a single worker, and on several workers finds one free. Turns, not priority: waiting searches are batched
-together, so a turn costs them one micro-batch, while a strict priority starved the upsert under steady search load
-(bench/upsert_search.py, fp32, 2 clients on a quiet machine: a 1,000-document upsert 194 s against 7.1 s alone). It is admitted by the same queue limit as any
-request (:meth:`admit`) and its waiting micro-batches count in ``queued``; once admitted, a job's later micro-batches
-are not refused (``admitted=True``): a half-written upsert is not stopped by a burst of searches.
+search or an embedding that arrives during a 1,000-document upsert finds a worker free when there are several. Turns,
+not priority: waiting searches are batched together, so a turn costs them one micro-batch, while a strict priority
+starved the upsert under steady search load (bench/upsert_search.py, fp32, 2 clients on a quiet machine: a
+1,000-document upsert 194 s against 7.1 s alone). With ``background_lane`` (``robustir serve`` on a CPU with one
+worker, i.e. fp32) background batches instead run on a thread of their own, one at a time, beside the workers: a
+search never waits for an upsert's micro-batch (with turns on the one worker the slowest 1% of searches during an
+upsert spent 57-87% of their time in the queue, behind it), and ``set_threads`` shares the CPUs between the two
+lanes while both have work (:meth:`_call`). Background work is admitted by the same queue limit as any request
+(:meth:`admit`) and its waiting micro-batches count in ``queued``; once admitted, a job's later micro-batches are not
+refused (``admitted=True``): a half-written upsert is not stopped by a burst of searches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -140,8 +146,9 @@ class MicroBatcher:
     EMBED = "embed"
 
     def __init__(self, encode: EncodeFn, *, max_batch_size: int = 64, max_wait_ms: float = 0.0, workers: int = 1,
-                 max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None
-                 ) -> None:
+                 max_queued: int = 4096, on_batch: Callable[[int, int, float, Sequence[float]], None] | None = None,
+                 background_lane: bool = False, set_threads: Callable[[int], None] | None = None, threads: int = 1,
+                 busy_window_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
@@ -156,10 +163,15 @@ class MicroBatcher:
         self.workers = workers
         self.max_queued = max_queued
         self.on_batch = on_batch
+        self.background_lane = background_lane  # background batches on a thread of their own, one at a time
+        self.set_threads, self.threads = set_threads, threads
+        self.busy_window, self.clock = busy_window_s, clock
+        self._last_foreground = float("-inf")  # clock() when a request of a model that is not background last came
         self.stats = BatchStats()
         self.queued = 0  # rows waiting, of every model, not yet in a batch
         self._models: dict[str, _Model] = {self.EMBED: _Model(None, max_batch_size, "text")}
         self._background_running = 0  # background batches on a worker now
+        self._foreground_running = 0  # the other batches on a worker now
         self._turn = 0  # the models take turns: index (in self._models) of the model whose batch goes next
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -182,7 +194,9 @@ class MicroBatcher:
 
     def _slots(self, model: _Model) -> int:
         """How many of ``model``'s micro-batches may run (and so wait, per request) at once."""
-        return max(1, self.workers - 1) if model.background else self.workers
+        if model.background:
+            return 1 if self.background_lane else max(1, self.workers - 1)
+        return self.workers
 
     def admit(self, kind: str, rows: int) -> None:
         """Raise :class:`Overloaded` when a request of ``rows`` rows for ``kind`` is not let in now: what it would put
@@ -198,7 +212,7 @@ class MicroBatcher:
 
     async def start(self) -> None:
         self._arrived = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers,
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers + self.background_lane,
                                                                thread_name_prefix="robustir-model")
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="robustir-batcher")
 
@@ -273,7 +287,10 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         item = _Item(kind, rows, loop.create_future(), loop.time(), loop.create_future())
         self.queued += len(rows)
-        self._models[kind].waiting.append(item)
+        model = self._models[kind]
+        if not model.background:
+            self._last_foreground = self.clock()
+        model.waiting.append(item)
         self._arrived.set()
         return item
 
@@ -317,7 +334,8 @@ class MicroBatcher:
             model = self._models[kinds[index]]
             if self._live_head(model) is None:
                 continue
-            if model.background and self._background_running >= self._slots(model):
+            running = self._background_running if model.background else self._foreground_running
+            if running >= self._slots(model):
                 continue
             self._turn = (index + 1) % len(kinds)
             return model
@@ -325,7 +343,7 @@ class MicroBatcher:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        free = asyncio.Semaphore(self.workers)
+        free = asyncio.Semaphore(self.workers + self.background_lane)
         batch: list[_Item] = []
         try:
             while True:
@@ -360,7 +378,9 @@ class MicroBatcher:
                 task.add_done_callback(self._running.discard)
                 if model.background:
                     self._background_running += 1
-                    task.add_done_callback(self._background_done)
+                else:
+                    self._foreground_running += 1
+                task.add_done_callback(functools.partial(self._batch_done, model.background))
                 task.add_done_callback(lambda _: free.release())
         except asyncio.CancelledError:  # stopping: requests taken off the queue but not started get an answer too
             for item in batch:
@@ -368,10 +388,26 @@ class MicroBatcher:
                     item.future.set_exception(RuntimeError("the server is shutting down"))
             raise
 
-    def _background_done(self, _task: asyncio.Task) -> None:
-        self._background_running -= 1
+    def _batch_done(self, background: bool, _task: asyncio.Task) -> None:
+        if background:
+            self._background_running -= 1
+        else:
+            self._foreground_running -= 1
         if self._arrived is not None:
-            self._arrived.set()  # background work may be waiting for this slot
+            self._arrived.set()  # work of that kind may be waiting for this slot
+
+    def _call(self, fn: Callable[[list[Any]], np.ndarray], rows: list[Any], background: bool) -> np.ndarray:
+        """``fn(rows)`` on a worker thread, ``set_threads`` told this batch's intra-op threads first: while both
+        lanes have work (background work waiting or running, and other requests within ``busy_window_s``), one for
+        a background batch and ``threads - 1`` for the others, so the lanes share the CPUs instead of fighting over
+        them (an OpenMP pool with more threads than free cores stalls at every barrier); else all ``threads``."""
+        if self.set_threads is not None:
+            if background:
+                busy = self.clock() - self._last_foreground < self.busy_window
+            else:
+                busy = self._background_running or any(m.waiting for m in self._models.values() if m.background)
+            self.set_threads(1 if background and busy else max(1, self.threads - 1) if busy else self.threads)
+        return fn(rows)
 
     async def _run_batch(self, model: _Model, batch: list[_Item]) -> None:
         live = [item for item in batch if not item.future.done()]  # a client that went away cancelled its future
@@ -385,7 +421,7 @@ class MicroBatcher:
                 item.started.set_result(started)
         rows = [row for item in live for row in item.rows]
         try:
-            vectors = await self.run(fn, rows)
+            vectors = await self.run(self._call, fn, rows, model.background)
         except Exception:
             if len(live) == 1:
                 self._fail(live[0], model)
@@ -398,7 +434,7 @@ class MicroBatcher:
                     continue
                 begun = loop.time()
                 try:
-                    alone = await self.run(fn, item.rows)
+                    alone = await self.run(self._call, fn, item.rows, model.background)
                 except Exception:
                     self._fail(item, model)
                     continue

@@ -54,9 +54,9 @@ class ServeConfig:
     encode_batch_size: PositiveInt | None = None
     """Texts per forward pass (length-sorted); default: 16 CPU, batch GPU."""
     ingest_batch_size: PositiveInt | None = None
-    """Documents of an HTTP upsert encoded per micro-batch; they take turns with the searches' and embeddings'
-    batches, so a search during an upsert waits at most for one of them; default: 4 on a CPU with one worker, else
-    encode_batch_size"""
+    """Documents of an HTTP upsert encoded per micro-batch; default: encode_batch_size. On a CPU with one model
+    worker they run on a lane of their own beside the searches' and embeddings' batches; else they take turns with
+    them, so a search during an upsert waits at most for one of them"""
     max_inputs_per_request: PositiveInt = 2048
     """Texts in one request (embeddings input or search queries)"""
     max_chars_per_input: PositiveInt = 32768
