@@ -271,6 +271,22 @@ def test_an_http_write_hashes_only_the_files_it_wrote_and_parses_its_documents_o
     assert not set(hashed) & before
 
 
+def test_an_http_write_reads_the_manifest_once_and_keeps_no_spool_file(served, index_path, monkeypatch):
+    """Issue 51: the writer reads the manifest when it opens and reports whether its job is unfinished, so an HTTP
+    upsert reads it no more (on S3 each read is a GET); a finished upsert leaves no file in incoming/."""
+    from robustir.index.store import index as index_module, manifest, spool
+
+    client, _ = served
+    reads = []
+    read = manifest._read_manifest
+    for module in (manifest, index_module):
+        monkeypatch.setattr(module, "_read_manifest", lambda store, *a: reads.append(a) or read(store, *a))
+    reply = client.post("/documents", json={"documents": [{"_id": "m1", "text": "okapis have stripes too"}]})
+    assert reply.status_code == 200, reply.text
+    assert len(reads) == 1  # the writer's open; not again to finish a pending upsert, nor after the job
+    assert not list((index_path / spool.INCOMING).glob("*.jsonl"))
+
+
 # ------------------------------------------------------------------------------------------------ issue 55: upserts
 
 def test_a_search_is_served_between_two_micro_batches_of_an_upsert(index_path):

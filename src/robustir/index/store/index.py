@@ -52,6 +52,7 @@ class SearchIndex(Builder, Writer, JobRunner):
         self._replaced_names: set[str] = set()  # top-level field names of the documents an upsert replaced
         self._refresh_s = 0.0  # a reader checks for a writer's commits at most this often (0: every query)
         self._checked_at = time.monotonic()
+        self._written_job = dict(manifest["job"]) if manifest.get("job") else None  # what the manifest file records
 
     @classmethod
     def open(cls, path: str | os.PathLike | IndexStore, *, model: Any = None, writable: bool = False,
