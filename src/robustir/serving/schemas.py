@@ -3,7 +3,8 @@
 The models are defined here, at module level, without the server's limits; :func:`request_models` makes each app's
 copies (subclasses re-declaring only the bounded fields), so each limit (texts per request, characters per text,
 ``top_k``) is a ``Field`` constraint with the configured value: pydantic checks it, the app's ``/docs`` shows it
-(:mod:`robustir.serving.routes` validates a body with the app's copy), and the error handler of :mod:`robustir.serving.app` turns pydantic's errors into OpenAI-shaped 400s naming the field
+(:mod:`robustir.serving.routes` validates a body with the app's copy), and the error handler of
+:mod:`robustir.serving.errors` turns pydantic's errors into OpenAI-shaped 400s naming the field
 (``input[3]``, ``fusion.rrf_k``). What pydantic cannot express (the dimensions a model supports, the work of a whole
 search, a filter's fields) is checked in the routes.
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat, StrictInt,
-                      StrictStr, ValidationInfo, WithJsonSchema, create_model, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictFloat,
+                      StrictInt, StrictStr, ValidationInfo, WithJsonSchema, create_model, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from ..index.fusion import FusionConfig
