@@ -223,15 +223,8 @@ class JobRunner:
     def _scalar_indexes(self) -> None:
         """A scalar index on each typed column in use, made once (rows added later are scanned beside it, as LanceDB
         does for any index): BITMAP for a string or bool column of at most :data:`BITMAP_MAX_DISTINCT` values, else
-        BTREE; and a BTREE on ``id``, which an upsert's ``merge_insert`` and an id lookup or delete use instead of
-        scanning the column (LanceDB 0.40, 2-core box, 1-row merge_insert, CPU ms: 6.7 at 1k rows and 17.2 at 100k
-        with the scan, 6.8 and 6.5 with the index; a delete by id at 100k 10.7 -> 2.9). Rows written after it are
-        scanned beside it until ``compact`` (LanceDB's ``optimize``) folds them in."""
-        from lancedb.index import Bitmap, BTree
-
+        BTREE."""
         have = {column for i in self._table.list_indices() for column in i.columns}
-        if "id" not in have:
-            self._table.create_index("id", config=BTree())
         for entry in (self.manifest.get("columns") or {}).values():
             column = entry["column"]
             if not entry.get("usable", True) or column in have:
@@ -241,6 +234,8 @@ class JobRunner:
                 values = (self._table.search().select([column]).limit(min(self.count, 200_000))  # bounded sample
                           .to_arrow().column(column))
                 kind = "BITMAP" if len(values.unique()) <= BITMAP_MAX_DISTINCT else "BTREE"
+            from lancedb.index import Bitmap, BTree
+
             self._table.create_index(column, config=Bitmap() if kind == "BITMAP" else BTree())
             entry["index"] = kind
 
