@@ -317,6 +317,8 @@ def test_a_first_build_and_an_add_are_served_only_once_complete(tmp_path, tiny_m
     built.close()  # the writer is gone (its lock released): nobody works on the add
     with SearchIndex.open(tmp_path / "idx") as replica:
         assert replica.count == 24 and not replica.get(["n100"]) and readers[0].count == 24
+        with pytest.raises(DataError, match="did not finish .after 5 input records. and no process is working"):
+            replica.check()  # robustir index --check names the job waiting (and fails)
         with SearchIndex.open(tmp_path / "idx", writable=True) as writer:
             assert writer.add(more, config=quiet(chunk_size=5)).resumed_from == 5
         assert replica.count == 32 and replica.get(["n100"])[0].id == "n100"

@@ -373,8 +373,13 @@ class SearchIndex(Builder, Writer, JobRunner):
     def check(self) -> str:
         """Verify the manifest's digest, Lance's version, every data file of the recorded version (size and SHA-256)
         and the count, as :meth:`open` does; never repairs. Returns a one-line summary, raises :class:`DataError`
-        naming what is damaged."""
+        naming what is damaged -- or an unfinished job no process is working on (readers serve the index without
+        it, but it waits for someone to resume it)."""
         self._verify()
+        job = self.manifest.get("job")
+        if job is not None and job["kind"] not in _ATOMIC and not self.writable and not self.store.writer_running():
+            _unfinished_without_writer(self.store, self.manifest, _Job.from_json(job, self.path / MANIFEST),
+                                       refuse=True)
         return f"{self.path}: {self.count} documents, {len(self.manifest.get('files') or {})} data files verified"
 
     def _verify(self, *, digests: bool = True, follow: bool = True) -> None:
@@ -406,20 +411,22 @@ class SearchIndex(Builder, Writer, JobRunner):
         self.close()
 
 
-def _unfinished_without_writer(store: IndexStore, manifest: dict, job: _Job) -> None:
+def _unfinished_without_writer(store: IndexStore, manifest: dict, job: _Job, refuse: bool = False) -> None:
     """A reader opening an index whose job (``job``: a build, add or upsert) no process is working on (killed, its
-    lease expired): served at its last complete state while the job waits to be resumed (logged, naming how); a first
-    build has none, so it is refused (a :class:`DataError` naming the fix)."""
+    lease expired): served at its last complete state while the job waits to be resumed (logged, naming how). Refused
+    (a :class:`DataError` naming the fix) when there is no such state (a first build), when the job can never be
+    resumed (an HTTP upsert whose spooled file is gone), or with ``refuse`` (``robustir index --check``)."""
     path = store.path
     flag = "corpus" if job.kind == "build" else job.kind
     fix = f"re-run that command to finish it (robustir index --{flag} {job.input} --output {path})"
+    lost = False
     if Path(job.input).parent.resolve() == store.incoming_dir().resolve():  # an HTTP upsert of a stopped server
-        fix = (f"start robustir serve on it (it finishes an HTTP upsert before serving), or {fix}"
-               if Path(job.input).exists() else
-               f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with "
-               f"robustir index --discard-unfinished --output {path}")
+        lost = not Path(job.input).exists()
+        fix = (f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with robustir index "
+               f"--discard-unfinished --output {path}" if lost else
+               f"start robustir serve on it (it finishes an HTTP upsert before serving), or {fix}")
     problem = f"its {job.kind} of {job.input} did not finish (after {job.position} input records)"
-    if manifest.get("version") is None:  # a first build: no complete state yet
+    if refuse or lost or manifest.get("version") is None:  # a first build: no complete state yet
         raise DataError(path, f"{problem} and no process is working on it", fix=fix)
     logger.warning("index %s: %s and no process is working on it; serving its last complete state (%d documents) "
                    "until then: %s", path, problem, manifest.get("documents", 0), fix)
