@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from extras import needs, require  # noqa: E402  (tests/ is on sys.path)
@@ -222,8 +223,8 @@ def test_a_build_killed_mid_job_is_refused_then_resumed_after_the_lease_expired(
     with pytest.raises(ConfigError, match="being changed by another process"):  # its lease still runs
         SearchIndex.build(store(location, options, clock), tiny_model_dir, corpus, config=quiet(chunk_size=10))
     reader_store = store(location, options, clock)
-    with SearchIndex.open(reader_store) as reader:  # a live writer's job: the committed rows are served
-        assert reader.count == 10
+    with SearchIndex.open(reader_store) as reader:  # a live writer's first build: nothing served until complete
+        assert reader.count == 0  # (issue 53, item 7: it served the 10 committed rows)
     clock.now += LEASE_TTL_S + 1
     with pytest.raises(DataError, match="no process is working on it"):
         SearchIndex.open(reader_store)
@@ -235,6 +236,49 @@ def test_a_build_killed_mid_job_is_refused_then_resumed_after_the_lease_expired(
         ids = reader._table.search().select(["id"]).limit(100).to_arrow().column("id").to_pylist()
         assert sorted(ids) == sorted(f"d{i}" for i in range(30))  # every document exactly once
         assert "30 documents" in reader.check()
+
+
+def test_a_first_build_on_s3_is_served_only_once_complete(tmp_path, tiny_model_dir, options, location):
+    """Issue 53, item 7: while the first build runs, a reader (another replica's client) sees no document -- never
+    10 of 30 -- and it follows the build's end to all 30."""
+    seen, readers = [], []
+
+    def during(position):
+        if position == 10:
+            readers.append(SearchIndex.open(location, storage_options=options))
+            seen.append((readers[0].count, readers[0].search_vectors(np.ones(32, np.float32), top_k=3)[0]))
+
+    SearchIndex.build(location, tiny_model_dir, write_corpus(tmp_path / "corpus.jsonl", n=30),
+                      config=quiet(chunk_size=10), on_chunk=during, storage_options=options)[0].close()
+    assert seen == [(0, [])]
+    assert readers[0].count == 30
+    readers[0].close()
+
+
+def test_a_replica_starts_on_the_last_complete_state_while_a_dead_writers_add_waits(tmp_path, tiny_model_dir,
+                                                                                   options, location):
+    """Issue 53, item 7: a writer dies after the first committed chunk of an add; once its lease expired a new replica
+    starts (it was refused: "no process is working on it") and serves the index as it was before the add, while the
+    add waits; resumed by the next writer, the replica follows it to the whole add."""
+    build(location, tiny_model_dir, write_corpus(tmp_path / "base.jsonl", n=6), options)
+    clock = Clock()
+    more = write_corpus(tmp_path / "more.jsonl", n=8, start=100, prefix="n")
+    dying = SearchIndex.open(store(location, options, clock), writable=True)
+
+    def die(position):
+        if position == 5:
+            raise KeyboardInterrupt  # the process is gone: its lease stays until it expires
+
+    with pytest.raises(KeyboardInterrupt):
+        dying.add(more, config=quiet(chunk_size=5), on_chunk=die)
+    clock.now += LEASE_TTL_S + 1
+    assert not store(location, options, clock).writer_running()
+    with SearchIndex.open(store(location, options, clock)) as replica:
+        assert replica.count == 6 and not replica.get(["n100"])
+        assert replica.manifest["job"]["position"] == 5  # the add waits, its record kept
+        with SearchIndex.open(store(location, options, clock), writable=True) as writer:
+            assert writer.add(more, config=quiet(chunk_size=5)).resumed_from == 5
+        assert replica.count == 14 and replica.get(["n107"])[0].id == "n107"
 
 
 def test_a_rebuild_on_s3_is_swapped_in_while_a_reader_serves_the_old_index(tmp_path, tiny_model_dir, options,

@@ -345,6 +345,28 @@ def test_default_input_type_query_serves_clients_that_send_none(tiny_model_dir):
     assert not np.allclose(plain, document["data"][0]["embedding"], atol=1e-3)
 
 
+def test_two_apps_in_one_process_enforce_and_document_their_own_limits(tiny_model_dir):
+    """Issue 51: the routes are built once, at module level; each app still checks its own limits (pydantic, the
+    same 400 naming the field) and shows them in its /openapi.json."""
+    from robustir.models.encoder import Encoder
+
+    encoder = Encoder.from_pretrained(tiny_model_dir)
+    small = create_app(encoder, None, ServeConfig(max_inputs_per_request=2, max_chars_per_input=10))
+    large = create_app(encoder, None, ServeConfig(max_inputs_per_request=3, max_chars_per_input=100))
+    with running_server(small) as one, running_server(large) as other:
+        refused = httpx.post(f"{one}/v1/embeddings", json={"input": ["a", "b", "c"]})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "too_many_inputs"
+        assert "at most 2 per request" in refused.json()["error"]["message"]
+        assert httpx.post(f"{other}/v1/embeddings", json={"input": ["a", "b", "c"]}).status_code == 200
+        long = httpx.post(f"{one}/v1/embeddings", json={"input": "x" * 11}).json()["error"]
+        assert long["code"] == "input_too_long" and long["param"] == "input"
+        extra = httpx.post(f"{other}/v1/embeddings", json={"input": "x", "nope": 1}).json()["error"]["message"]
+        assert "unrecognized request argument 'nope'; this endpoint takes model, input," in extra
+        shown = [httpx.get(f"{url}/openapi.json").json()["components"]["schemas"]["EmbeddingRequest"]["properties"]
+                 ["input"]["anyOf"][1] for url in (one, other)]
+    assert [s["maxItems"] for s in shown] == [2, 3] and [s["items"]["maxLength"] for s in shown] == [10, 100]
+
+
 def test_long_queries_are_cut_at_the_models_own_length(minilm_path, single_torch_thread):
     """The bundled model says 256 tokens; a 150-word query must not be cut at 64 (cosine to sentence-transformers)."""
     from sentence_transformers import SentenceTransformer

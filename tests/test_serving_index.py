@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -274,20 +275,54 @@ def test_one_writer_at_a_time_and_readers_open_during_a_running_job(built, tmp_p
 
     def during(position):
         if position == 5:
-            reader = SearchIndex.open(built.path)  # the add is running: the committed rows are served
-            seen.append(reader.count)
+            reader = SearchIndex.open(built.path)  # the add is running: its first chunk is committed, not served
+            seen.append(reader.count)  # (issue 53, item 7: readers serve the last complete state; it served 29)
             with pytest.raises(ConfigError, match="is being changed by another process"):
                 SearchIndex.open(built.path, writable=True)
             reader.close()
 
     built.add(write_corpus(tmp_path / "more.jsonl", n=8, start=100, prefix="n"), config=quiet(chunk_size=5),
               on_chunk=during)
-    assert seen == [29] and built.count == 32
+    assert seen == [24] and built.count == 32
     with pytest.raises(ConfigError, match="is being changed by another process"):
         SearchIndex.open(built.path, writable=True)  # ``built`` still holds the lock
     built.close()
     with SearchIndex.open(built.path, writable=True) as again:  # released by close()
         assert again.count == 32
+
+
+def test_a_first_build_and_an_add_are_served_only_once_complete(tmp_path, tiny_model_dir):
+    """Issue 53, item 7, on a folder: while a first build runs a reader sees no document (never 10 of 24), a reader
+    that was open follows the build's end; an add killed after a committed chunk leaves the index served at its last
+    complete state (24), by a reader opened after, while the add waits to be resumed -- and resumed, it is whole."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    seen, readers = [], []
+
+    def during(position):
+        if position == 10:
+            readers.append(SearchIndex.open(tmp_path / "idx"))
+            seen.append((readers[0].count, readers[0].search_vectors(np.ones(32, np.float32), top_k=5)[0]))
+
+    built, _ = SearchIndex.build(tmp_path / "idx", tiny_model_dir, corpus, config=quiet(chunk_size=5),
+                                 on_chunk=during)
+    assert seen == [(0, [])] and readers[0].count == 24
+    more = write_corpus(tmp_path / "more.jsonl", n=8, start=100, prefix="n")
+
+    def killed(position):
+        if position == 5:
+            raise KeyboardInterrupt  # a kill after the first chunk's commit: the job stays in the manifest
+
+    with pytest.raises(KeyboardInterrupt):
+        built.add(more, config=quiet(chunk_size=5), on_chunk=killed)
+    built.close()  # the writer is gone (its lock released): nobody works on the add
+    with SearchIndex.open(tmp_path / "idx") as replica:
+        assert replica.count == 24 and not replica.get(["n100"]) and readers[0].count == 24
+        with pytest.raises(DataError, match="did not finish .after 5 input records. and no process is working"):
+            replica.check()  # robustir index --check names the job waiting (and fails)
+        with SearchIndex.open(tmp_path / "idx", writable=True) as writer:
+            assert writer.add(more, config=quiet(chunk_size=5)).resumed_from == 5
+        assert replica.count == 32 and replica.get(["n100"])[0].id == "n100"
+    readers[0].close()
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -390,7 +425,7 @@ def test_filtered_search_is_exact_in_every_mode_and_hostile_filters_are_refused_
         built.search("x", top_k=3, filter={"meta.year": {"$gtt": 1}})
 
 
-def test_discard_an_interrupted_add_and_compact(built, tmp_path):
+def test_discard_an_interrupted_add_and_compact(built, tmp_path, caplog):
     def stop(position):
         if position >= 5:
             raise KeyboardInterrupt
@@ -398,11 +433,12 @@ def test_discard_an_interrupted_add_and_compact(built, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         built.add(write_corpus(tmp_path / "more.jsonl", n=12, start=100, prefix="n"), config=quiet(chunk_size=5),
                   on_chunk=stop)
-    assert built.count == 29  # the first chunk is committed (and a reader would see it)
-    assert SearchIndex.open(built.path).count == 29  # the writer still holds the lock: its job is running
-    built.close()  # the writer is gone
-    with pytest.raises(DataError, match="its add of .* did not finish .* and no process is working on it"):
-        SearchIndex.open(built.path)
+    assert built.count == 29  # the first chunk is committed (the writer sees it)
+    assert SearchIndex.open(built.path).count == 24  # the writer still holds the lock: readers serve the last
+    built.close()  # the writer is gone                   complete state (issue 53, item 7)
+    with caplog.at_level("WARNING"), SearchIndex.open(built.path) as replica:  # was refused; now served, and told
+        assert replica.count == 24
+    assert re.search("its add of .* did not finish .* and no process is working on it", caplog.text)
     built = SearchIndex.open(built.path, writable=True)
     assert built.discard_unfinished() == 5 and built.count == 24
     assert built.discard_unfinished() == 0

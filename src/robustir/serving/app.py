@@ -1,7 +1,8 @@
 """The FastAPI app of ``robustir serve``: OpenAI-compatible embeddings and search over a :class:`SearchIndex`.
 
-Routes (an :class:`fastapi.APIRouter` whose handlers read the app's :class:`Server` from ``app.state``; request bodies
-are the pydantic models of :mod:`robustir.serving.schemas`, so ``/docs`` shows them with their limits):
+Routes (:data:`robustir.serving.routes.router`, one module-level :class:`fastapi.APIRouter` whose routes read the
+app's :class:`Server` from ``app.state``; request bodies are validated with the app's copies of the pydantic models
+of :mod:`robustir.serving.schemas`, so ``/docs`` shows them with that app's limits):
 
 * ``POST /v1/embeddings`` -- OpenAI's request and response: ``input`` (a string or a list of strings; token-id
   arrays are refused with 400), ``model``, ``encoding_format`` (``float``, or ``base64``: little-endian float32, what
@@ -58,10 +59,9 @@ what each does :mod:`robustir.serving.handlers`, the engine they call (model, ba
 :mod:`robustir.index.store`.
 """
 
-# no "from __future__ import annotations": FastAPI reads the routes' body types (made per app) at run time
-
 import contextlib
 import copy
+import functools
 import logging
 import threading
 from pathlib import Path
@@ -79,7 +79,7 @@ from .middleware import RequestContext
 from .schemas import Limits, request_models
 
 from .errors import ApiError, _error_response
-from .routes import _router
+from .routes import openapi, router
 from .service import INGEST, RERANK, Server, _query_precision, _search_threads, _workers
 
 logger = logging.getLogger(__name__)
@@ -223,8 +223,9 @@ def _wire(server: Server, batcher: MicroBatcher, metrics: Any, config: ServeConf
     handlers = {cls: _error_response for cls in (ApiError, RequestValidationError, StarletteHTTPException, Exception)}
     app = FastAPI(title="robustir serve", version=__version__, lifespan=lifespan, exception_handlers=handlers,
                   description="OpenAI-compatible embeddings and search with a robustir retriever")
-    app.include_router(_router(*request_models(Limits.of(config)), config.max_body_bytes))
-    app.state.server = server
+    app.include_router(router, max_body_size=config.max_body_bytes)  # the routes' limit: a JSON 413
+    app.state.server, app.state.requests = server, request_models(Limits.of(config))
+    app.openapi = functools.partial(openapi, app)  # type: ignore[method-assign]
     metrics.instrument(app)
     if server.index is not None:
         metrics.watch_index(lambda: server.index.untyped_fields)

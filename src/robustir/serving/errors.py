@@ -30,6 +30,16 @@ class ApiError(Exception):
         return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
 
 
+class BodyError(RequestValidationError):
+    """pydantic's errors on a request body that a route validated with the app's model
+    (:func:`robustir.serving.routes._body`), placed under ``body`` as FastAPI places them; ``fields``: what the
+    model takes (named when an unknown field is sent)."""
+
+    def __init__(self, exc: Any, body: Any, model: type) -> None:
+        super().__init__([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)], body=body)
+        self.fields = tuple(model.model_fields)
+
+
 _PYDANTIC_WORDING = (("Input should be ", "must be "), ("Value should have", "must have"),
                      ("a valid dictionary", "a JSON object"), ("a valid list", "a JSON list"))
 
@@ -131,11 +141,7 @@ ROUTES = ("POST /v1/embeddings, POST /search, POST /v1/rerank, POST|DELETE /docu
 async def _error_response(request: Request, exc: Exception) -> JSONResponse:
     """The one exception handler: every error the app raises becomes OpenAI's ``{"error": {...}}``."""
     if isinstance(exc, RequestValidationError):
-        route = request.scope.get("route")
-        body_field = getattr(getattr(route, "body_field", None), "field_info", None)
-        model = getattr(body_field, "annotation", None)
-        fields = tuple(getattr(model, "model_fields", {}) or ())
-        exc = _validation_error(exc, fields)
+        exc = _validation_error(exc, getattr(exc, "fields", ()))
         request.app.state.server.metrics.reject("invalid")
     elif isinstance(exc, StarletteHTTPException):
         status = exc.status_code

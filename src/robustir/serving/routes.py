@@ -1,22 +1,30 @@
-"""The HTTP routes of ``robustir serve`` (:func:`_router`): each maps its request onto a handler
-(:mod:`robustir.serving.handlers`), which calls the engine (:class:`~robustir.serving.service.Server`). They are made
-per app, not at module level, because their body types carry that app's limits
-(:func:`robustir.serving.schemas.request_models`: pydantic checks sizes and counts, and ``/docs`` shows them)."""
+"""The HTTP routes of ``robustir serve``: :data:`router`, built once at module level. Each route maps its request
+onto a handler (:mod:`robustir.serving.handlers`), which calls the engine (:class:`~robustir.serving.service.Server`,
+a dependency read from ``request.app.state``).
 
-# no "from __future__ import annotations": FastAPI reads the routes' body types (made per app) at run time
+A request body is validated by a dependency (:func:`_body`) with the app's own copy of its model
+(:func:`robustir.serving.schemas.request_models`, kept in ``app.state.requests``), so each app's limits (texts per
+request, characters per text, ``top_k``) are pydantic ``Field`` constraints, checked with pydantic's errors (a 400
+naming the field, as before); :func:`openapi` puts the same models into the app's ``/openapi.json``, so ``/docs``
+shows that app's limits. FastAPI has no per-app body type on a shared route, nor a pydantic validation context; a
+dependency plus the app's OpenAPI hook (FastAPI's documented way to extend the schema) is its own machinery for this.
+"""
+
+# no "from __future__ import annotations": FastAPI reads the routes' annotations at run time
 
 import hmac
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
+from pydantic import ValidationError
 
 from . import handlers
 from . import responses as answers
-from .errors import ApiError
-from .service import _server
+from .errors import ApiError, BodyError
+from .service import Server, _server
 
 logger = logging.getLogger(__name__)
 
@@ -55,72 +63,98 @@ def _check_key(s: Any, credentials: HTTPAuthorizationCredentials | None, write: 
                        "(--api-key)", code="insufficient_scope")
 
 
+def _body(name: str) -> Any:
+    """The dependency that validates a route's body with the app's model ``name`` (its limits as constraints)."""
 
-def _router(embedding_request: type, search_request: type, rerank_request: type, documents_request: type,
-            delete_request: type, max_body_bytes: int) -> APIRouter:
-    """The routes, with the request models of :func:`request_models` as their bodies."""
-    router = APIRouter(max_body_size=max_body_bytes)
-    keyed = [Depends(authorize)]
-    _operation_routes(router, keyed)
-    _model_routes(router, keyed, embedding_request, search_request, rerank_request)
-    _document_routes(router, keyed, [Depends(authorize_write)], documents_request, delete_request)
-    return router
+    async def validated(request: Request, body: Annotated[Any, Body()]) -> Any:
+        model = request.app.state.requests[name]
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise BodyError(exc, body, model) from None
 
-
-def _operation_routes(router: APIRouter, keyed: list) -> None:
-    @router.get("/health", tags=["operations"], response_model=answers.HealthAnswer)
-    async def health(request: Request):
-        return await handlers.health(_server(request))
-
-    @router.get("/info", dependencies=keyed, tags=["operations"], response_model=answers.InfoAnswer)
-    async def info(request: Request):
-        return await handlers.info(_server(request))
-
-    @router.get("/v1/models", dependencies=keyed, tags=["openai"], response_model=answers.ModelList)
-    async def models(request: Request):
-        s = _server(request)
-        return handlers._answer({"object": "list", "data": [{"id": name, "object": "model", "created": s.created,
-                                                             "owned_by": "robustir"} for name in s.model_names()]})
-
-    @router.get("/v1/models/{model_id:path}", dependencies=keyed, tags=["openai"], response_model=answers.ModelCard)
-    async def one_model(model_id: str, request: Request):
-        s = _server(request)
-        s.check_model(model_id, s.reranker_name)
-        return handlers._answer({"id": model_id if model_id == s.reranker_name else s.name, "object": "model",
-                                 "created": s.created, "owned_by": "robustir"})
+    validated.model_name = name  # type: ignore[attr-defined]
+    return validated
 
 
-def _model_routes(router: APIRouter, keyed: list, embedding_request: type, search_request: type,
-                  rerank_request: type) -> None:
-    @router.post("/v1/embeddings", dependencies=keyed, tags=["openai"], response_model=answers.EmbeddingList)
-    async def embeddings(body: embedding_request, request: Request):  # type: ignore[valid-type]
-        return await handlers.embeddings(_server(request), body, request)
+Service = Annotated[Server, Depends(_server)]
+_keyed, _write_keyed = [Depends(authorize)], [Depends(authorize_write)]
+router = APIRouter()
+"""Every route of the API (:func:`robustir.serving.app.create_app` includes it in each app)."""
 
-    @router.post("/search", dependencies=keyed, tags=["search"], response_model=answers.SearchAnswer)
-    async def search(body: search_request, request: Request):  # type: ignore[valid-type]
-        return await handlers.search(_server(request), body, request)
 
-    @router.post("/v1/rerank", dependencies=keyed, tags=["rerank"], response_model=answers.RerankAnswer)
-    async def rerank(body: rerank_request, request: Request):  # type: ignore[valid-type]
-        """Order ``documents`` by relevance to ``query`` (Infinity's and Cohere's shape): the cross-encoder of
+@router.get("/health", tags=["operations"], response_model=answers.HealthAnswer)
+async def health(s: Service):
+    return await handlers.health(s)
+
+
+@router.get("/info", dependencies=_keyed, tags=["operations"], response_model=answers.InfoAnswer)
+async def info(s: Service):
+    return await handlers.info(s)
+
+
+@router.get("/v1/models", dependencies=_keyed, tags=["openai"], response_model=answers.ModelList)
+async def models(s: Service):
+    return handlers._answer({"object": "list", "data": [{"id": name, "object": "model", "created": s.created,
+                                                         "owned_by": "robustir"} for name in s.model_names()]})
+
+
+@router.get("/v1/models/{model_id:path}", dependencies=_keyed, tags=["openai"], response_model=answers.ModelCard)
+async def one_model(model_id: str, s: Service):
+    s.check_model(model_id, s.reranker_name)
+    return handlers._answer({"id": model_id if model_id == s.reranker_name else s.name, "object": "model",
+                             "created": s.created, "owned_by": "robustir"})
+
+
+@router.post("/v1/embeddings", dependencies=_keyed, tags=["openai"], response_model=answers.EmbeddingList)
+async def embeddings(body: Annotated[Any, Depends(_body("EmbeddingRequest"))], s: Service, request: Request):
+    return await handlers.embeddings(s, body, request)
+
+
+@router.post("/search", dependencies=_keyed, tags=["search"], response_model=answers.SearchAnswer)
+async def search(body: Annotated[Any, Depends(_body("SearchRequest"))], s: Service, request: Request):
+    return await handlers.search(s, body, request)
+
+
+@router.post("/v1/rerank", dependencies=_keyed, tags=["rerank"], response_model=answers.RerankAnswer)
+async def rerank(body: Annotated[Any, Depends(_body("RerankRequest"))], s: Service, request: Request):
+    """Order ``documents`` by relevance to ``query`` (Infinity's and Cohere's shape): the cross-encoder of
 --rerank-model, else the served embedding model's cosine."""
-        return await handlers.rerank(_server(request), body, request)
+    return await handlers.rerank(s, body, request)
 
 
-def _document_routes(router: APIRouter, keyed: list, write_keyed: list, documents_request: type,
-                     delete_request: type) -> None:
-    @router.post("/documents", dependencies=write_keyed, tags=["documents"], response_model=answers.Upserted)
-    async def add_documents(body: documents_request, request: Request):  # type: ignore[valid-type]
-        """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
+@router.post("/documents", dependencies=_write_keyed, tags=["documents"], response_model=answers.Upserted)
+async def add_documents(body: Annotated[Any, Depends(_body("DocumentsRequest"))], s: Service):
+    """Insert documents, replacing those whose id exists (``robustir index --upsert``), answered once committed;
 ``/search`` finds them on its next query."""
-        return await handlers.upsert_documents(_server(request), body)
+    return await handlers.upsert_documents(s, body)
 
-    @router.delete("/documents", dependencies=write_keyed, tags=["documents"], response_model=answers.Deleted)
-    async def delete_documents_route(body: delete_request, request: Request):  # type: ignore[valid-type]
-        """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
-        return await handlers.delete_documents(_server(request), body)
 
-    @router.get("/documents/{document_id:path}", dependencies=keyed, tags=["documents"], response_model=answers.DocumentAnswer)
-    async def get_document(document_id: str, request: Request):
-        """The document with this id (an id may hold ``/``: ``GET /documents/a/b`` is the document ``a/b``)."""
-        return await handlers.get_document(_server(request), document_id)
+@router.delete("/documents", dependencies=_write_keyed, tags=["documents"], response_model=answers.Deleted)
+async def delete_documents(body: Annotated[Any, Depends(_body("DeleteRequest"))], s: Service):
+    """Delete documents by ``ids`` or by ``filter`` (``robustir index --delete``: one commit, all or nothing)."""
+    return await handlers.delete_documents(s, body)
+
+
+@router.get("/documents/{document_id:path}", dependencies=_keyed, tags=["documents"],
+            response_model=answers.DocumentAnswer)
+async def get_document(document_id: str, s: Service):
+    """The document with this id (an id may hold ``/``: ``GET /documents/a/b`` is the document ``a/b``)."""
+    return await handlers.get_document(s, document_id)
+
+
+def openapi(app: FastAPI) -> dict:
+    """The app's OpenAPI schema (``app.openapi``): FastAPI's, with each body the app's own model (its limits)."""
+    if app.openapi_schema is None:
+        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for route in router.routes:  # this module's (the app holds them as an included router)
+            for name in filter(None, (getattr(d.call, "model_name", None) for d in route.dependant.dependencies)):
+                schema = app.state.requests[name].model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}), **{name: schema})
+                for method in route.methods:
+                    spec["paths"][route.path_format][method.lower()]["requestBody"] = {
+                        "required": True, "content": {"application/json": {"schema": {
+                            "$ref": f"#/components/schemas/{name}"}}}}
+        app.openapi_schema = spec
+    return app.openapi_schema

@@ -20,7 +20,7 @@ from .storage import IndexStore, WriterLock, open_store
 from .config import EncoderPoolFactory, SearchMode, Hit, MANIFEST
 from .records import _fields, _check_search, _checked_digest
 from .table import _open_table
-from .manifest import verify, _read_manifest, _model_key
+from .manifest import served_version, verify, _read_manifest, _model_key
 from .build import (Builder)
 from .writer import (Writer)
 from .runner import (JobRunner)
@@ -52,6 +52,8 @@ class SearchIndex(Builder, Writer, JobRunner):
         self._replaced_names: set[str] = set()  # top-level field names of the documents an upsert replaced
         self._refresh_s = 0.0  # a reader checks for a writer's commits at most this often (0: every query)
         self._checked_at = time.monotonic()
+        self._written_job = dict(manifest["job"]) if manifest.get("job") else None  # what the manifest file records
+        self._pinned: int | None = None  # a reader: the Lance version it serves (checked out)
 
     @classmethod
     def open(cls, path: str | os.PathLike | IndexStore, *, model: Any = None, writable: bool = False,
@@ -77,16 +79,7 @@ class SearchIndex(Builder, Writer, JobRunner):
             manifest = _read_manifest(store)
             job = _Job.from_json(manifest["job"], path / MANIFEST) if manifest.get("job") is not None else None
             if job is not None and job.kind not in _ATOMIC and not writable and not store.writer_running():
-                flag = "corpus" if job.kind == "build" else job.kind
-                fix = f"re-run that command to finish it (robustir index --{flag} {job.input} --output {path})"
-                spooled = Path(job.input).parent.resolve() == store.incoming_dir().resolve()
-                if spooled:  # an HTTP upsert of a server that was stopped
-                    fix = (f"start robustir serve on it (it finishes an HTTP upsert before serving), or {fix}"
-                           if Path(job.input).exists() else
-                           f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with "
-                           f"robustir index --discard-unfinished --output {path}")
-                raise DataError(path, f"its {job.kind} of {job.input} did not finish (after {job.position} input "
-                                "records) and no process is working on it", fix=fix)
+                _unfinished_without_writer(store, manifest, job)
             refresh_s = 0.0 if writable else float(refresh_s)
             index = cls(store, _open_table(store, manifest, writable=writable, refresh_s=refresh_s), manifest,
                         writable=writable)
@@ -95,6 +88,7 @@ class SearchIndex(Builder, Writer, JobRunner):
                 logger.info("index %s: recording the state an interrupted %s left", path, job.kind)  # is whole
                 index._finish_job()
             index._verify(digests=digests)
+            index._pin()
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -284,10 +278,27 @@ class SearchIndex(Builder, Writer, JobRunner):
                 except DataError:
                     self._table, self.manifest = previous
                     raise
+                self._pinned = None
                 logger.info("index %s: now serving the rebuilt index (%s)", self.path, manifest["data"])
             else:
                 self.manifest = manifest
+            self._pin()
             self._manifest_stat = stat
+
+    def _pin(self) -> None:
+        """A reader serves the index's last complete state: the Lance version its manifest recorded when its last job
+        finished -- during a first build, the empty table the build started from (:func:`served_version`). So the
+        commits of a job under way or killed (a build, an add, an upsert: one commit per chunk) are never served half
+        done, as a rebuild beside the index (``--overwrite``) is not until its swap; Lance's versions do it
+        (``checkout``), and the reader moves on when the manifest records the job's end (:meth:`_follow`)."""
+        if self.writable:
+            return
+        wanted = served_version(self.manifest)
+        if wanted is not None and wanted != self._pinned:
+            self._table.checkout(wanted)
+        elif wanted is None and self._pinned is not None:  # beside a delete or compact: the latest, as a writer
+            self._table.checkout_latest()
+        self._pinned = wanted
 
     def check_filter(self, filter: dict) -> None:
         self._where(filter)
@@ -362,8 +373,13 @@ class SearchIndex(Builder, Writer, JobRunner):
     def check(self) -> str:
         """Verify the manifest's digest, Lance's version, every data file of the recorded version (size and SHA-256)
         and the count, as :meth:`open` does; never repairs. Returns a one-line summary, raises :class:`DataError`
-        naming what is damaged."""
+        naming what is damaged -- or an unfinished job no process is working on (readers serve the index without
+        it, but it waits for someone to resume it)."""
         self._verify()
+        job = self.manifest.get("job")
+        if job is not None and job["kind"] not in _ATOMIC and not self.writable and not self.store.writer_running():
+            _unfinished_without_writer(self.store, self.manifest, _Job.from_json(job, self.path / MANIFEST),
+                                       refuse=True)
         return f"{self.path}: {self.count} documents, {len(self.manifest.get('files') or {})} data files verified"
 
     def _verify(self, *, digests: bool = True, follow: bool = True) -> None:
@@ -393,3 +409,24 @@ class SearchIndex(Builder, Writer, JobRunner):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _unfinished_without_writer(store: IndexStore, manifest: dict, job: _Job, refuse: bool = False) -> None:
+    """A reader opening an index whose job (``job``: a build, add or upsert) no process is working on (killed, its
+    lease expired): served at its last complete state while the job waits to be resumed (logged, naming how). Refused
+    (a :class:`DataError` naming the fix) when there is no such state (a first build), when the job can never be
+    resumed (an HTTP upsert whose spooled file is gone), or with ``refuse`` (``robustir index --check``)."""
+    path = store.path
+    flag = "corpus" if job.kind == "build" else job.kind
+    fix = f"re-run that command to finish it (robustir index --{flag} {job.input} --output {path})"
+    lost = False
+    if Path(job.input).parent.resolve() == store.incoming_dir().resolve():  # an HTTP upsert of a stopped server
+        lost = not Path(job.input).exists()
+        fix = (f"its input (an HTTP upsert's file) is gone, so it cannot be finished: drop it with robustir index "
+               f"--discard-unfinished --output {path}" if lost else
+               f"start robustir serve on it (it finishes an HTTP upsert before serving), or {fix}")
+    problem = f"its {job.kind} of {job.input} did not finish (after {job.position} input records)"
+    if refuse or lost or manifest.get("version") is None:  # a first build: no complete state yet
+        raise DataError(path, f"{problem} and no process is working on it", fix=fix)
+    logger.warning("index %s: %s and no process is working on it; serving its last complete state (%d documents) "
+                   "until then: %s", path, problem, manifest.get("documents", 0), fix)

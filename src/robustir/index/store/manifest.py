@@ -1,16 +1,20 @@
-"""The manifest: what the index is, read (type-checked, its digest verified) and written atomically; the rebuild's
+"""The manifest: what the index is (:class:`Manifest`, a pydantic model), read (validated once, its digest verified)
+and written atomically; the rebuild's
 manifest beside it; the index as a :class:`~robustir.runs.Step`'s record."""
 
 from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from ...errors import ConfigError, DataError
 from ...runs import Artifact, Fingerprint, fingerprint
-from .jobs import Job as _Job
+from .jobs import ATOMIC
 from .storage import IndexStore, ObjectPath
 from .config import FORMAT, AnnConfig, MANIFEST, BUILDING, DATA
 
@@ -40,9 +44,136 @@ def _manifest_digest(manifest: dict) -> str:
                           .encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _ModelRecord(_Part):
+    path: StrictStr
+    name: StrictStr
+
+
+class _FileRecord(_Part):
+    """A data file's size and checksum: its SHA-256 (a local folder) or the ETag the listing gave (an object store)."""
+
+    size: StrictInt
+    sha256: StrictStr | None = None
+    etag: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _summed(self) -> "_FileRecord":
+        if self.sha256 is None and self.etag is None:
+            raise ValueError("no checksum")
+        return self
+
+
+class _Retired(BaseModel):
+    data: StrictStr
+    at: StrictInt | StrictFloat
+
+    @field_validator("data")
+    @classmethod
+    def _ours(cls, data: str) -> str:
+        if not data.startswith(DATA) or "/" in data:
+            raise ValueError("not a data folder of the index")
+        return data
+
+
+class _JobRecord(BaseModel):
+    """:class:`~robustir.index.store.jobs.Job` as the manifest records it."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: StrictInt
+    kind: Literal["build", "add", "upsert", "delete", "compact"]
+    input: StrictStr
+    position: StrictInt = 0
+    skipped: StrictInt = 0
+    base: StrictInt | None = None
+
+
+class Manifest(_Part):
+    """The index's manifest (``manifest.json``), validated once per read (:func:`_read_manifest`). Fields in the order
+    they are checked; unknown ones are kept (a later robustir's, digested with the rest)."""
+
+    format: StrictStr
+    dim: StrictInt
+    model: _ModelRecord
+    encoder: dict[str, Any]
+    fields: list[StrictStr]
+    documents: StrictInt
+    files: dict[str, _FileRecord]
+    data: StrictStr
+    digest: StrictStr
+    retired: list[_Retired] | None = None
+    jobs_done: StrictInt = Field(0, ge=0)
+    version: StrictInt | None = None
+    job: _JobRecord | None = None
+    ann: dict[str, Any] | None = None
+    build: dict[str, Any] | None = None
+
+    @field_validator("data")
+    @classmethod
+    def _data_folder(cls, data: str) -> str:
+        if not _is_data_name(data):
+            raise PydanticCustomError("data_folder", "field 'data' is {data}, not a data folder of the index",
+                                      {"data": repr(data[:60])})
+        return data
+
+    @model_validator(mode="after")
+    def _settings(self) -> "Manifest":
+        """The job's id follows the finished ones; the ANN and encoder settings are what their configs accept."""
+        from ...models.encoder import EncoderConfig
+
+        if self.job is not None and self.job.id != self.jobs_done + 1:  # rows of earlier jobs carry ids <= jobs_done
+            raise PydanticCustomError("job_id", "its unfinished job has id {id}, but the next job's id is {next}",
+                                      {"id": self.job.id, "next": self.jobs_done + 1})
+        ann = self.ann or {}
+        try:
+            AnnConfig(**{k: v for k, v in ann.items() if k in ("kind", "threshold", "nprobes", "refine_factor")})
+            EncoderConfig(**self.encoder)
+        except (ConfigError, TypeError) as exc:
+            raise PydanticCustomError("settings", "its settings are malformed ({exc})", {"exc": str(exc)}) from None
+        if not isinstance(ann.get("indexed", False), bool):
+            raise PydanticCustomError("ann_indexed", "field 'ann.indexed' is not true or false")
+        return self
+
+
+#: the fields whose kind is named before the digest is compared (the rest after it), with the kind's name
+_KINDS = {"format": "str", "dim": "int", "model": "dict", "encoder": "dict", "fields": "list", "documents": "int",
+          "files": "dict", "data": "str", "digest": "str"}
+_PARTS = {"version": "int", "job": "dict", "ann": "dict", "build": "dict"}
+
+
+def _kind_error(error: dict) -> bool:
+    """Whether pydantic's ``error`` is a field of :data:`_KINDS` missing or of another kind (or no JSON object)."""
+    loc, kind = error["loc"], error["type"]
+    return (not loc and kind == "model_type") or (len(loc) == 1 and loc[0] in _KINDS
+                                                  and (kind == "missing" or kind.endswith("_type")))
+
+
+def _problem(error: dict, manifest: Any) -> tuple[str, str | None]:
+    """pydantic's error on the manifest as (what is wrong, the field), worded as the user meets it."""
+    loc, kind = error["loc"], error["type"]
+    key = str(loc[0]) if loc else "format"
+    if _kind_error(error):
+        return f"field {key!r} is missing or not a {_KINDS.get(key, 'dict')}", key
+    if kind in ("data_folder", "job_id", "settings", "ann_indexed"):
+        return error["msg"], {"settings": None, "job_id": "job", "ann_indexed": "ann"}.get(kind, key)
+    if key in _PARTS and len(loc) == 1:
+        return f"field {key!r} is not a {_PARTS[key]}", key
+    if key == "job":
+        return f"its unfinished job is malformed: {json.dumps(manifest.get('job'))[:120]}", key
+    named = {"fields": "field 'fields' holds a non-string name", "model": "field 'model' lacks its path or name",
+             "retired": "field 'retired' is malformed", "jobs_done": "field 'jobs_done' is not a count"}
+    if key == "files" and len(loc) > 1:
+        return f"the record of data file {loc[1]!r} is malformed", key
+    return named.get(key, f"field {key!r} is malformed ({error['msg']})"), key
+
+
 def _read_manifest(store: IndexStore, name: str = MANIFEST) -> dict:
-    """The manifest ``name`` of the index, checked: JSON, this format, its own digest (an edited manifest -- other
-    encoder settings, no file records, a hand-written job -- is refused rather than trusted), every part typed."""
+    """The manifest ``name`` of the index, checked: JSON, this format, every part typed (:class:`Manifest`, once), its
+    own digest (an edited manifest -- other encoder settings, no file records, a hand-written job -- is refused
+    rather than trusted). A field of the wrong kind is named before the digest is compared, a damaged part after."""
     file = store.where(name)
     from ...io import parse_json_line
 
@@ -61,62 +192,23 @@ def _read_manifest(store: IndexStore, name: str = MANIFEST) -> dict:
     if isinstance(manifest, dict) and isinstance(manifest.get("format"), str) and manifest["format"] != FORMAT:
         raise DataError(file, f"index format {manifest['format']!r} is not {FORMAT!r} (made by another robustir)",
                         fix="rebuild the index with this robustir (--overwrite)")
-    wanted = {"format": str, "dim": int, "model": dict, "encoder": dict, "fields": list, "documents": int,
-              "files": dict, "data": str, "digest": str}
-    for key, kind in wanted.items():
-        if not isinstance(manifest, dict) or not isinstance(manifest.get(key), kind):
-            raise DataError(file, f"field {key!r} is missing or not a {kind.__name__}", field=key,
-                            fix="the manifest was damaged or edited: rebuild the index with --overwrite")
+    damaged = "the manifest was damaged or edited: rebuild the index with --overwrite"
+    try:
+        Manifest.model_validate(manifest)
+        problem = None
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        kinds = [e for e in errors if _kind_error(e)]  # named first, as before the digest
+        problem = _problem((kinds or errors)[0], manifest)
+        if kinds:
+            raise DataError(file, problem[0], field=problem[1], fix=damaged) from None
     if manifest["digest"] != _manifest_digest(manifest):
         raise DataError(file, "was edited after robustir wrote it (its digest does not match its content)",
                         field="digest", fix="restore the manifest robustir wrote, or rebuild the index with "
                         "--overwrite (an index's settings are fixed when it is built)")
-    _check_manifest_parts(manifest, file)
+    if problem is not None:
+        raise DataError(file, problem[0], field=problem[1], fix=damaged)
     return manifest
-
-
-def _check_manifest_parts(manifest: dict, file: Path) -> None:
-    """The nested parts a search or a model load reads: typed as written, else a :class:`DataError` naming them."""
-    from ...models.encoder import EncoderConfig
-
-    damaged = "the manifest was damaged or edited: rebuild the index with --overwrite"
-    if not all(isinstance(name, str) for name in manifest["fields"]):
-        raise DataError(file, "field 'fields' holds a non-string name", field="fields", fix=damaged)
-    if not isinstance(manifest["model"].get("path"), str) or not isinstance(manifest["model"].get("name"), str):
-        raise DataError(file, "field 'model' lacks its path or name", field="model", fix=damaged)
-    data = manifest["data"]
-    if not _is_data_name(data):
-        raise DataError(file, f"field 'data' is {data[:60]!r}, not a data folder of the index", field="data",
-                        fix=damaged)
-    retired = manifest.get("retired") or []
-    if not isinstance(retired, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("data"), str) and r["data"].startswith(DATA)
-            and "/" not in r["data"] and isinstance(r.get("at"), (int, float)) for r in retired):
-        raise DataError(file, "field 'retired' is malformed", field="retired", fix=damaged)
-    jobs_done = manifest.get("jobs_done", 0)
-    if not isinstance(jobs_done, int) or isinstance(jobs_done, bool) or jobs_done < 0:
-        raise DataError(file, "field 'jobs_done' is not a count", field="jobs_done", fix=damaged)
-    for key, kind in (("version", int), ("job", dict), ("ann", dict), ("build", dict)):
-        value = manifest.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise DataError(file, f"field {key!r} is not a {kind.__name__}", field=key, fix=damaged)
-    for name, meta in manifest["files"].items():
-        if not isinstance(meta, dict) or not isinstance(meta.get("size"), int) \
-                or not isinstance(meta.get("sha256", meta.get("etag")), str):
-            raise DataError(file, f"the record of data file {name!r} is malformed", field="files", fix=damaged)
-    if manifest.get("job") is not None:
-        job = _Job.from_json(manifest["job"], file)
-        if job.id != jobs_done + 1:  # the rows of earlier jobs carry ids <= jobs_done: never this job's to discard
-            raise DataError(file, f"its unfinished job has id {job.id}, but the next job's id is {jobs_done + 1}",
-                            field="job", fix=damaged)
-    ann = manifest.get("ann") or {}
-    try:
-        AnnConfig(**{k: v for k, v in ann.items() if k in ("kind", "threshold", "nprobes", "refine_factor")})
-        EncoderConfig(**manifest["encoder"])
-    except (ConfigError, TypeError) as exc:
-        raise DataError(file, f"its settings are malformed ({exc})", fix=damaged) from None
-    if not isinstance(ann.get("indexed", False), bool):
-        raise DataError(file, "field 'ann.indexed' is not true or false", field="ann", fix=damaged)
 
 
 def _write_manifest(store: IndexStore, manifest: dict, name: str = MANIFEST) -> None:
@@ -133,6 +225,18 @@ def _is_data_name(name: str) -> bool:
 def _model_key(model: dict) -> Any:
     """A model's identity for a swap: its file digest where recorded, else its path."""
     return model.get("digest") if model.get("digest") is not None else model.get("path")
+
+
+def served_version(manifest: dict) -> int | None:
+    """The Lance version readers serve: the one recorded when the last job finished, or during a first build the one
+    it started from (its empty table). None -- readers read the latest -- beside a delete or compact (one commit
+    each, whole before and after it) and for an index recorded before jobs kept their base version."""
+    if (manifest.get("job") or {}).get("kind") in ATOMIC:
+        return None
+    if manifest.get("version") is not None:
+        return int(manifest["version"])
+    base = (manifest.get("job") or {}).get("base")
+    return int(base) if base is not None else None
 
 
 def _finished(manifest: dict) -> bool:

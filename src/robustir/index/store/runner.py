@@ -26,6 +26,9 @@ from .manifest import _data_files, _read_manifest, _write_manifest
 
 logger = logging.getLogger(__name__)
 
+#: a manifest write that failed: whether it happened is not known
+_UNSURE: Any = object()
+
 
 class JobRunner:
     """The jobs of :class:`~robustir.index.store.SearchIndex`."""
@@ -262,7 +265,16 @@ class JobRunner:
         still holds (a lease on an object store can be lost: the job stops before it writes anything more)."""
         if self._lock is not None:
             self._lock.check()
+        self._written_job = _UNSURE  # until the write is known to have happened
         _write_manifest(self.store, self.manifest, name or self._manifest_name)
+        self._written_job = dict(self.manifest["job"]) if self.manifest.get("job") else None
+
+    def job_reads(self, corpus: str | os.PathLike) -> bool:
+        """Whether the manifest this writer last wrote records an unfinished job reading ``corpus`` -- or a write of
+        it failed, so it may (an HTTP upsert keeps its spooled file then: :mod:`~robustir.index.store.spool`). What
+        the writer knows, so the caller reads no manifest again (one GET less per HTTP write on S3)."""
+        job = self._written_job
+        return job is _UNSURE or (job is not None and same_input(job.get("input", ""), corpus))
 
     def _finish_job(self, keep: timedelta = RETIRED_KEEP) -> None:
         """Make the full-text index once (rows added later are searched beside it until :meth:`compact` folds them

@@ -148,14 +148,15 @@ def _quiet() -> Any:
     return IndexConfig(show_progress=False)
 
 
-def pending_upsert(index: Any) -> Path | None:
+def pending_upsert(index: Any, manifest: dict | None = None) -> Path | None:
     """The file of an unfinished HTTP upsert of this index (a request the storage stopped half-way, or a killed
-    server's), when it is still there: what :func:`finish_pending` finishes."""
+    server's), when it is still there: what :func:`finish_pending` finishes. ``manifest``: the index's, when the
+    caller holds it (else it is read)."""
     from .manifest import _usable_manifest
     from .storage import open_store
 
     store = open_store(index)
-    job = (_usable_manifest(store) or {}).get("job") or {}
+    job = ((manifest if manifest is not None else _usable_manifest(store)) or {}).get("job") or {}
     if job.get("kind") != "upsert" or not job.get("input"):
         return None
     path = Path(job["input"])
@@ -166,7 +167,7 @@ def finish_pending(writer: Any, encoder: Any = None) -> None:
     """Before an HTTP write on ``writer`` (a writable index): finish the unfinished HTTP upsert it holds, if any (its
     file is in ``incoming/``: a resume, as at start-up); an unfinished job of another command is refused
     (:class:`~robustir.index.store.jobs.UnfinishedJob`, naming it and its fix) by the write itself, never erased."""
-    pending = pending_upsert(writer.store)
+    pending = pending_upsert(writer.store, writer.manifest)  # the writer read it when it opened
     if pending is None:
         return
     logger.info("index %s: finishing the HTTP upsert of %s that stopped before the next write", writer.path,
@@ -205,18 +206,10 @@ def upsert_documents(index: Any, encoder: Any, documents: Sequence[dict], pool: 
                 fix = f" ({exc.fix})" if exc.fix else ""
                 raise DocumentError(f"'{where}{field}' {exc.problem}{fix}", where + field) from None
     finally:
+        keep = path is not None and writer.job_reads(path)  # the writer knows: no manifest read again
         writer.close()
-        if path is not None and not _job_of(index, path):
+        if path is not None and not keep:
             path.unlink(missing_ok=True)  # done, or refused before its job started
-
-
-def _job_of(index: Any, path: Path) -> bool:
-    """Whether the index's manifest still has an unfinished job reading ``path``."""
-    from .manifest import _usable_manifest
-    from .storage import open_store
-
-    manifest = _usable_manifest(open_store(index)) or {}
-    return (manifest.get("job") or {}).get("input") == str(path.absolute())
 
 
 def delete_documents(index: Any, ids: Sequence[str] | None = None, filter: dict | None = None,

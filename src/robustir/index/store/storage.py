@@ -246,12 +246,24 @@ class LocalStore(IndexStore):
         return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size  # an atomic rename makes a new inode
 
     def listing(self, folder: str) -> dict[str, dict]:
+        """With ``os.scandir`` (the size from the directory entry's stat): an index of 100k documents holds hundreds of
+        files and every job lists them; ``Path.rglob`` + sorting ``Path`` objects cost 4x more (issue 51)."""
         out = {}
-        for file in sorted((self.path / folder).rglob("*")):
-            posix = file.as_posix()
-            if file.is_file() and not any(part in posix for part in _VERSIONS):
-                out[file.relative_to(self.path).as_posix()] = {"size": file.stat().st_size}
-        return out
+
+        def walk(path: str, relative: str) -> None:
+            try:
+                entries = list(os.scandir(path))
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            for entry in entries:
+                name = f"{relative}/{entry.name}"
+                if entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, name)
+                elif entry.is_file() and not any(part in f"/{name}/" for part in _VERSIONS):
+                    out[name] = {"size": entry.stat().st_size}
+
+        walk(str(self.path / folder), folder)
+        return dict(sorted(out.items()))
 
     def sha256(self, name: str) -> str:
         from ...runs.artifact import file_sha256
