@@ -1116,3 +1116,24 @@ def test_search_and_rerank_have_metrics_of_their_own(client):
     seconds = r'robustir_search_seconds_count\{mode="lexical"\}'
     assert value(after, seconds) - value(before, seconds) == 1
     assert value(after, "robustir_rerank_pairs_total") - value(before, "robustir_rerank_pairs_total") == 4
+
+
+def test_no_route_runs_a_dependency_on_the_thread_pool() -> None:
+    """FastAPI runs a plain ``def`` dependency on its thread pool: a thread hop per request (issue 55: 30-41 threads
+    at 32 clients). Every dependency of every route is ``async`` (or a class with an async ``__call__``)."""
+    import inspect
+
+    from robustir.serving.routes import router
+
+    def calls(dependant):
+        for sub in dependant.dependencies:
+            yield sub.call
+            yield from calls(sub)
+
+    sync = set()
+    for route in router.routes:
+        for call in calls(route.dependant):
+            target = call if inspect.isfunction(call) else getattr(call, "__call__", call)
+            if not inspect.iscoroutinefunction(target):
+                sync.add(f"{route.path}: {getattr(call, '__name__', call)}")
+    assert not sync, sorted(sync)

@@ -77,7 +77,12 @@ def _body(name: str) -> Any:
     return validated
 
 
-Service = Annotated[Server, Depends(_server)]
+async def _service(request: Request) -> Server:
+    """The engine, as a dependency: ``async``, as the key checks, so FastAPI does not hop to its thread pool."""
+    return _server(request)
+
+
+Service = Annotated[Server, Depends(_service)]
 _keyed, _write_keyed = [Depends(authorize)], [Depends(authorize_write)]
 router = APIRouter()
 """Every route of the API (:func:`robustir.serving.app.create_app` includes it in each app)."""
