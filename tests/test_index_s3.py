@@ -25,7 +25,8 @@ require("boto3", "moto.server", extra="dev")  # moto[server] brings boto3
 from robustir.errors import ConfigError, DataError  # noqa: E402
 from robustir.index.store import IndexConfig, SearchIndex  # noqa: E402
 from robustir.index.store.s3 import LEASE_TTL_S, S3Store  # noqa: E402
-from robustir.index.store.storage import open_store, parse_storage_options  # noqa: E402
+from robustir.index.store.storage import parse_storage_options  # noqa: E402
+from robustir.index.store.stores import open_store  # noqa: E402
 from test_serving_index import TOPICS, write_corpus  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

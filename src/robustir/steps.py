@@ -14,7 +14,7 @@ from .data.chunking import CHUNK
 from .errors import ConfigError
 from .filtering.llm_judge import JUDGE
 from .pretraining.pretrain import PRETRAIN
-from .index.store.build import INDEX
+from .index.store.step import INDEX
 from .training.sieve import SIEVE
 from .training.trainer import TRAIN
 from .filtering.teacher import TEACHER

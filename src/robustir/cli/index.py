@@ -86,7 +86,7 @@ def command(*, output: str, corpus: str | None = None, add: str | None = None, u
                               "keeps its own")
     if corpus:
         from ..runs import Job, execute
-        from ..index.store.build import INDEX
+        from ..index.store.step import INDEX
 
         job = Job(output, {"corpus": corpus, "model": model_or_default(model)},
                   settings={"encoder": encoder_options()},

@@ -160,7 +160,7 @@ class _ObjectRecord(Artifact):
         self.store.write_text("run.json", json.dumps(record, indent=1))
 
     def clear(self) -> None:
-        from ..index.store.storage import open_store
+        from ..index.store.stores import open_store
 
         parent, _, name = str(self.path).rpartition("/")
         open_store(parent, self.store.options).remove_tree(name)

@@ -327,7 +327,7 @@ def _remove_orphans(job: OutputJob) -> None:
             logger.info("%s: removed %d bytes of files no commit references (left by a killed driver)", job.uri,
                         stats.bytes_removed)
         return
-    from ..index.store.storage import open_store
+    from ..index.store.stores import open_store
 
     parent, _, name = job.uri.rpartition("/")
     open_store(parent, job.options).remove_tree(name)

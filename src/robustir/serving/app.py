@@ -164,7 +164,7 @@ def _load_model(model: Any, index: Any, config: ServeConfig, options: dict, devi
                           "index is served: leave them out")
     if not isinstance(index, SearchIndex):  # an HTTP upsert a killed server left: finished before serving
         from ..index.store.spool import finish_incoming
-        from ..index.store.storage import open_store
+        from ..index.store.stores import open_store
 
         index = open_store(index, storage_options)  # a folder, or s3://... (robustir.index.store.storage)
         finish_incoming(index, model if isinstance(model, Encoder) else None, str(device))

@@ -74,7 +74,7 @@ delete, compact), :mod:`~robustir.index.store.runner` (the chunked, resumable jo
 
 from __future__ import annotations
 
-from .build import INDEX
+from .step import INDEX
 from .config import FORMAT, AnnConfig, EncoderPool, EncoderPoolFactory, Hit, IndexConfig, IndexReport, SearchMode
 from .index import SearchIndex
 from .records import read_id_list

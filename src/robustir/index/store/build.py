@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from ...errors import ConfigError, DataError
-from ...runs import Job, Step, register
+from ...errors import DataError
 from .jobs import ATOMIC as _ATOMIC
 from .jobs import storage_errors
-from .storage import IndexStore, open_store
+from .storage import IndexStore
+from .stores import open_store
 from .config import need_pool, EncoderPoolFactory, FORMAT, IndexConfig, IndexReport, MANIFEST, BUILDING, DATA
 from .records import _scan_corpus, _corpus_digest, _model_digest, _model_label, _load_encoder
 from .table import _typed_columns, _create_table, _open_table
@@ -158,39 +158,4 @@ def _fresh(identity: dict, build: dict, kinds: dict[str, set], config: IndexConf
             "columns": _typed_columns(kinds), "job": None,
             "version": None, "documents": 0, "files": {}, "jobs_done": 0, "retired": [],
             "ann": {**dataclasses.asdict(config.ann), "indexed": False}}
-
-
-def _run_index_step(config: IndexConfig, job: Job, *, on_change: str | None = None,
-                    overwrite: bool = False) -> IndexReport:
-    from .index import SearchIndex
-
-    index, report = SearchIndex.build(_job_store(job), job.inputs["model"], job.inputs["corpus"], config=config,
-                                      encoder_options=dict(job.settings.get("encoder") or {}), overwrite=overwrite,
-                                      on_change=on_change or "refuse", encoder_pool=job.runtime.get("encoder_pool"))
-    with index:
-        report.summary = index.summary()
-    return report
-
-
-def _check_index_job(config: IndexConfig, job: Job) -> None:
-    missing = [name for name in ("corpus", "model") if not job.inputs.get(name)]
-    if missing:
-        raise ConfigError(f"the index step needs inputs {missing} (the corpus to encode and the model)")
-
-
-def _job_store(job: Job) -> IndexStore:
-    """Where the index step's job writes: ``job.output`` with the ``storage_options`` of ``job.runtime``."""
-    return open_store(job.output, job.runtime.get("storage_options"))
-
-
-def _index_record(config: IndexConfig, job: Job) -> "_IndexRecord":
-    store = _job_store(job)
-    return _IndexRecord(store, _usable_manifest(store) or {})
-
-
-#: ``robustir index --corpus`` (a build) as a :class:`~robustir.runs.Step`: ``Job(output=INDEX_FOLDER or s3://...,
-#: inputs={"corpus": ..., "model": ...}, settings={"encoder": {...}}, runtime={"storage_options": {...}})``; the
-#: manifest is its record
-INDEX = register(Step("index", IndexConfig, run=_run_index_step, check=_check_index_job, output=_index_record,
-                      decides=lambda report: report.nothing_to_do))
 

@@ -16,7 +16,8 @@ from ...errors import ConfigError, DataError
 from ..fusion import FusionConfig
 from .jobs import ATOMIC as _ATOMIC
 from .jobs import Job as _Job
-from .storage import IndexStore, WriterLock, open_store
+from .storage import IndexStore, WriterLock
+from .stores import open_store
 from .config import EncoderPoolFactory, SearchMode, Hit, MANIFEST
 from .records import _fields, _check_search, _checked_digest
 from .table import _open_table

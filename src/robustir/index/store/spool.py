@@ -93,7 +93,7 @@ def storage_failures(writer: Any, what: str) -> Iterator[None]:
 def _incoming(index: Any) -> Path:
     """The local folder of the index's HTTP upsert files (:meth:`~robustir.index.store.storage.IndexStore.incoming_dir`:
     inside a local index, in this machine's cache for one on an object store)."""
-    from .storage import open_store
+    from .stores import open_store
 
     return open_store(index).incoming_dir()
 
@@ -116,7 +116,7 @@ def finish_incoming(index: Any, encoder: Any = None, device: str | None = None) 
     from .config import MANIFEST
     from .index import SearchIndex
     from .manifest import _read_manifest
-    from .storage import open_store
+    from .stores import open_store
 
     store = open_store(index)
     index = store
@@ -153,7 +153,7 @@ def pending_upsert(index: Any, manifest: dict | None = None) -> Path | None:
     server's), when it is still there: what :func:`finish_pending` finishes. ``manifest``: the index's, when the
     caller holds it (else it is read)."""
     from .manifest import _usable_manifest
-    from .storage import open_store
+    from .stores import open_store
 
     store = open_store(index)
     job = ((manifest if manifest is not None else _usable_manifest(store)) or {}).get("job") or {}

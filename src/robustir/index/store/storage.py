@@ -46,7 +46,7 @@ from ...errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IndexStore", "LocalStore", "ObjectPath", "open_store", "is_remote", "parse_storage_options"]
+__all__ = ["IndexStore", "LocalStore", "ObjectPath", "is_remote", "parse_storage_options"]
 
 LOCK = "writer.lock"
 _VERSIONS = ("/_versions/", "/_transactions/")  # Lance's own commit files: checked by version and count, not hashed
@@ -90,28 +90,6 @@ def _check_keys(options: Mapping[str, Any]) -> None:
             raise ConfigError(f"storage option {key!r} is not an S3 object-store option; known: aws_endpoint, "
                               "aws_region, aws_access_key_id, aws_secret_access_key, aws_session_token, allow_http, "
                               "... (LanceDB's object-store keys: https://lancedb.com/docs/storage/)")
-
-
-def open_store(location: "str | os.PathLike | IndexStore", storage_options: Mapping[str, Any] | None = None,
-               ) -> "IndexStore":
-    """The store for ``location``: a local folder, or ``s3://bucket/prefix``."""
-    if isinstance(location, IndexStore):
-        if storage_options:
-            raise ConfigError("storage options go with an index location, not with an open store")
-        return location
-    if is_remote(location):
-        scheme = str(location).split("://", 1)[0].lower()
-        if scheme in ("s3", "s3a"):
-            from .s3 import S3Store
-
-            return S3Store(str(location), storage_options)
-        raise ConfigError(f"index location {location}: {scheme}:// is not supported; robustir keeps an index on a "
-                          "local folder or on S3 (s3://bucket/prefix, or an S3-compatible store through "
-                          "--storage-option aws_endpoint=...)")
-    if storage_options:
-        raise ConfigError(f"--storage-option goes with an object-store index (s3://...), not a local folder "
-                          f"({location})")
-    return LocalStore(Path(location))
 
 
 class ObjectPath(str):
