@@ -211,6 +211,23 @@ def test_field_names_shrink_when_their_documents_go(served, index_path):
     assert reply.status_code == 400 and "rare" in reply.json()["error"]["message"]
 
 
+def test_an_upsert_holding_every_known_field_does_not_look_up_the_replaced_documents(served, index_path,
+                                                                                      monkeypatch):
+    """Issue 51: the lookup of the replaced documents' field names scans the id column; it is needed only when the
+    upsert's documents lack a field the index knows (then that field may lose its last document)."""
+    from robustir.index.store.writer import Writer
+
+    looked = []
+    real = Writer._names_of
+    monkeypatch.setattr(Writer, "_names_of", lambda self, ids: looked.append(list(ids)) or real(self, ids))
+    known = manifest(index_path)["fields"]
+    full = {"_id": "d0", "text": "every field", **{name: "x" for name in known}}
+    assert served.post("/documents", json={"documents": [full]}).status_code == 200
+    assert looked == [] and manifest(index_path)["fields"] == known
+    assert served.post("/documents", json={"documents": [{"_id": "d1", "text": "no fields"}]}).status_code == 200
+    assert looked == [["d1"]]
+
+
 def test_a_request_or_a_job_with_absurd_numbers_of_field_names_is_refused_before_any_change(served, index_path,
                                                                                             tiny_model_dir):
     from robustir.index.store.known_fields import MAX_FIELDS
