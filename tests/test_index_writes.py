@@ -220,10 +220,11 @@ def test_an_upsert_holding_every_known_field_does_not_look_up_the_replaced_docum
     looked = []
     real = Writer._names_of
     monkeypatch.setattr(Writer, "_names_of", lambda self, ids: looked.append(list(ids)) or real(self, ids))
-    known = manifest(index_path)["fields"]
+    known, count = manifest(index_path)["fields"], manifest(index_path)["documents"]
     full = {"_id": "d0", "text": "every field", **{name: "x" for name in known}}
     assert served.post("/documents", json={"documents": [full]}).status_code == 200
     assert looked == [] and manifest(index_path)["fields"] == known
+    assert manifest(index_path)["documents"] == count  # d0 replaced, not added twice
     assert served.post("/documents", json={"documents": [{"_id": "d1", "text": "no fields"}]}).status_code == 200
     assert looked == [["d1"]]
 

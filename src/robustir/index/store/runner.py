@@ -191,8 +191,9 @@ class JobRunner:
                             schema=_schema(self.dim, columns))
             if self._lock is not None:
                 self._lock.check()  # a lost lease (object store): stop before committing
-            if job.kind == "upsert" and self._track_replaced:  # their names: dropped at the end if none is left
-                self._replaced_names |= self._names_of([r.id for r in records])
+            if job.kind == "upsert":
+                if self._track_replaced:  # the names the replaced documents held: dropped at the end if none is left
+                    self._replaced_names |= self._names_of([r.id for r in records])
                 self._table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
             else:
                 self._table.add(rows)
