@@ -80,7 +80,7 @@ from .schemas import Limits, request_models
 
 from .errors import ApiError, _error_response
 from .routes import openapi, router
-from .service import INGEST, RERANK, Server, _query_precision, _search_threads, _workers
+from .service import INGEST, RERANK, Server, _query_precision, _search_threads, _workers, set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     The model loads here, so a bad model, index or setting fails before any port is opened.
     """
     import concurrent.futures
+
+    import torch
 
     from ..device import resolve_device
     from ..index.store.records import _model_label
@@ -124,7 +126,8 @@ def create_app(model: Any = None, index: Any = None, config: ServeConfig | None 
     lane = device.type != "cuda" and workers == 1  # an upsert's micro-batches run beside the searches' (issue 55)
     batcher = MicroBatcher(encode, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
                            workers=workers, max_queued=config.max_queued_texts, on_batch=metrics.on_batch,
-                           background_lane=lane, set_threads=_set_threads if lane else None, threads=_threads())
+                           background_lane=lane, set_threads=set_torch_threads if lane else None,
+                           threads=torch.get_num_threads())
     reranker, reranker_name = _reranker(config, batcher, encode_batch, precision, device)
     _ingest(batcher, encode, config, device, encode_batch)
     server = Server(config=config, encoder=encoder, index=search_index, name=name, aliases=aliases, dim=dim,
@@ -276,17 +279,3 @@ def _ingest(batcher: MicroBatcher, encode: Any, config: ServeConfig, device: Any
 
     size = config.ingest_batch_size or encode_batch
     batcher.add_model(INGEST, encode_documents, batch_size=size, unit="document", background=True)
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
-def _set_threads(threads: int) -> None:
-    """The calling worker thread's intra-op threads (thread-local under OpenMP once the thread has run torch)."""
-    import torch
-
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)

@@ -289,9 +289,15 @@ def _workers(config: ServeConfig, device, precision: str = "fp32") -> tuple[int,
     cores = available_cpus()
     workers = config.workers or (1 if precision == "fp32" else cores)
     threads = max(1, cores // workers)
-    if torch.get_num_threads() != threads:  # said once by create_app, with the precision queries are served in
-        torch.set_num_threads(threads)
+    set_torch_threads(threads)  # said once by create_app, with the precision queries are served in
     return workers, min(config.encode_batch_size or 16, config.max_batch_size)
+
+
+def set_torch_threads(threads: int) -> None:
+    """The calling thread's torch intra-op threads (thread-local under OpenMP once the thread has run torch): what
+    :func:`_workers` sets for the process at start-up and the batcher's background lane per batch."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def _server(request: Request) -> Server:
