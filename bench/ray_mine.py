@@ -20,8 +20,9 @@ Prints the wall time of each (the Ray ones without starting the cluster) and how
 The driver's memory (issue 53): each run in a fresh process whose peak RSS (`ru_maxrss`) is the driver's alone,
 from an empty cache, the two engines alternated (the first size `process` first, the next `ray` first):
 `process` = `mine_jsonl` in one process; `ray` = `engine: ray` on the simulated two-node cluster, 2 encoder actors,
-the corpus texts streamed to Ray's object store a block at a time, the search on 2 shard actors
-(`ray_search_shards`), so no corpus-sized array is in the driver. Prints seconds, driver peak RSS and how many
+the corpus texts read from the corpus file by Ray tasks (the driver reads none), the search on 2 shard actors
+(`ray_search_shards`), so no corpus-sized array is in the driver but the corpus file's index (`CorpusFile`, 56 bytes
+a passage, which mining's rules use in either engine). Prints seconds, driver peak RSS and how many
 queries got the same negatives.
 
     python bench/ray_mine.py --driver-memory 20000,100000 [--tiny]

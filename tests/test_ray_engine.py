@@ -309,6 +309,55 @@ def test_dense_mining_with_ray_gives_the_single_process_negatives(tmp_path):
     assert list((tmp_path / "cache").glob("*.lance"))  # the resumable Lance dataset the actors wrote
 
 
+def test_mining_reads_a_corpus_file_in_ray_tasks_and_only_added_texts_in_the_driver(tmp_path, monkeypatch):
+    """Dense mining's rows for the Ray actors (``_mining_rows``): a plain corpus file's rows are read by Ray tasks
+    (the driver's own reader is made to fail), texts only the driver has (positives added from a training file)
+    are put by it; every row once, with its row number and the single-process text; a resumed job's rows (a
+    bitmap) left out; a file changed since it was indexed is robustir's error naming it, not Ray's traceback."""
+    import pyarrow as pa
+
+    from robustir.data.beir import CorpusFile
+    from robustir.errors import DataError
+    from robustir.negatives.mining import FileDocuments
+    from robustir.scale.ray_encode import _mining_rows, _robustir_error
+
+    lines = ['\ufeff{"_id": "a", "title": "T", "text": "first"}', "", '{"_id": "empty", "text": "  "}']
+    lines += [json.dumps({"_id": f"d{i}", "text": f"doc {i}"}) for i in range(25)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    documents = FileDocuments(CorpusFile(corpus), spill_dir=tmp_path)
+    for text in ("added one", "added two", "added three"):
+        documents.add(text)
+    documents.finish()
+    expected = documents.texts(0, len(documents))
+    assert len(expected) == 29 and expected[0] == "T first"
+
+    def read(held=None):
+        table = pa.concat_tables(_mining_rows(documents, 4, held).iter_batches(batch_size=None, batch_format="pyarrow"))
+        return dict(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+
+    corpus_texts = CorpusFile.texts
+    monkeypatch.setattr(CorpusFile, "texts", lambda *a, **k: pytest.fail("the driver read corpus texts"))
+    monkeypatch.setattr(CorpusFile, "documents", lambda *a, **k: pytest.fail("the driver read corpus texts"))
+    got = read()
+    assert got == {f"{i:012d}": text for i, text in enumerate(expected)}
+
+    held = np.zeros(29, bool)
+    held[[0, 3, 4, 5, 6, 17, 27]] = True  # rows a killed run committed: whole ranges, parts of ranges, added ones
+    got = read((np.packbits(held), int(held.sum())))
+    assert sorted(got) == [f"{i:012d}" for i in range(29) if not held[i]]
+    assert all(got[f"{i:012d}"] == expected[i] for i in range(29) if not held[i])
+
+    monkeypatch.setattr(CorpusFile, "texts", corpus_texts)
+    corpus.write_text("\n".join(lines[:10] + ['{"_id": "x", "text": ""}'] + lines[11:]) + "\n", encoding="utf-8")
+    with pytest.raises(Exception) as caught:
+        read()
+    error = _robustir_error(caught.value)
+    assert isinstance(error, DataError) and "changed while it was being read" in str(error)
+    assert str(corpus) in str(error)
+    documents.close()
+
+
 def test_ray_is_for_dense_mining_only():
     from robustir.negatives.mining import MiningConfig
 
@@ -342,6 +391,39 @@ def test_an_index_built_with_ray_actors_holds_the_single_process_vectors(tmp_pat
                                       encoder_pool=ray_pool)
     again.close()
     assert report.nothing_to_do
+
+
+def test_an_index_built_with_ray_gets_its_ann_index_from_lance_ray(tmp_path, monkeypatch):
+    """`robustir index --engine ray --ann ivf_pq`: a large table's ANN index is built on the cluster by lance-ray's
+    distributed create_index (recorded so in the manifest, under LanceDB's own index name) and LanceDB searches with
+    it, most hits the exact ones (the bundled model, 600 SciFact abstracts, the size bound lowered); a table below
+    the bound gets LanceDB's own build, as without Ray."""
+    from robustir.cli.index import ray_pool
+    from robustir.index.store import AnnConfig, IndexConfig, SearchIndex
+    from robustir.resources import default_model_path
+    from robustir.scale import ray_encode
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(_lines(SCIFACT / "corpus.jsonl")[:600]) + "\n", encoding="utf-8")
+    queries = [json.loads(line)["text"] for line in _lines(SCIFACT / "queries.jsonl")[:20]]
+    hits = {}
+    for name, kind, bound in (("exact", "exact", None), ("small", "ivf_pq", None), ("ray", "ivf_pq", 500)):
+        if bound is not None:
+            monkeypatch.setattr(ray_encode, "DISTRIBUTED_ANN_MIN_ROWS", bound)
+        config = IndexConfig(chunk_size=300, precision="fp32", show_progress=False, engine="ray", ray_actors=2,
+                             ann=AnnConfig(kind=kind, nprobes=8))
+        index, _ = SearchIndex.build(tmp_path / name, default_model_path(), corpus, config=config,
+                                     encoder_pool=ray_pool)
+        with index:
+            hits[name] = [[h.id for h in row] for row in index.search(queries, top_k=10, mode="dense")]
+            ann = index.manifest["ann"]
+            if kind != "exact":
+                assert (ann["built_by"], ann["kind_built"]) == ("lance-ray" if bound else "lancedb", kind)
+                built = [(i.name, i.index_type) for i in index._table.list_indices() if i.columns == ["vector"]]
+                assert built == [("vector_idx", "IvfPq")]
+    recall = {name: np.mean([len(set(a) & set(b)) / 10 for a, b in zip(hits[name], hits["exact"])])
+              for name in ("ray", "small")}
+    assert recall["ray"] >= 0.8 and recall["small"] >= 0.9, recall
 
 
 def test_the_encoder_pool_survives_a_killed_actor(tmp_path, tiny_model_dir):
@@ -473,11 +555,13 @@ def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(t
 
     from robustir.index.dense import EmbeddingFile
     from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import ListDocuments
     from robustir.scale.job import OutputJob
     from robustir.scale.ray_encode import encode_documents_with_ray, write_in_row_order
 
     encoder = Encoder.from_pretrained(tiny_model_dir)
     texts = [f"passage number {i} about topic {i % 5}" for i in range(23)]
+    documents = ListDocuments([f"d{i}" for i in range(23)], texts)
     out = tmp_path / "cache" / "key.lance"
     waiting, got = threading.Event(), []
 
@@ -492,7 +576,7 @@ def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(t
     try:
         with OutputJob(out).lock():  # another miner holds it
             miner = threading.Thread(target=lambda: got.append(encode_documents_with_ray(
-                encoder, lambda: texts, "digest", out, _config(batch_rows=5))))
+                encoder, documents, "digest", out, _config(batch_rows=5))))
             miner.start()
             assert waiting.wait(timeout=120)
             assert miner.is_alive() and not got
@@ -508,7 +592,7 @@ def test_a_miner_waits_for_another_on_the_shared_cache_then_reuses_its_vectors(t
         file.close()
         return EmbeddingFile(tmp_path / "rows.npy").rows(0, 23)
 
-    again = encode_documents_with_ray(encoder, lambda: texts, "digest", out, _config(), then=to_file)
+    again = encode_documents_with_ray(encoder, documents, "digest", out, _config(), then=to_file)
     np.testing.assert_allclose(again, expected, atol=1e-5)
 
 

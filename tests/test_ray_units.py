@@ -72,3 +72,74 @@ def test_a_large_jsonl_is_cut_into_ranges_of_whole_lines(tmp_path):
     read = [line for r in ranges for line in data[r["start"]:r["stop"]].decode().split("\n") if line]
     assert read == lines
     assert _jsonl_ranges(str(path), None, 10 ** 9) == [{"path": str(path), "start": 0, "stop": len(data)}]
+
+
+def test_other_processes_read_a_corpus_files_rows_by_range_as_the_index_has_them(tmp_path):
+    """Dense mining on Ray reads a corpus file's rows in Ray tasks, a range at a time
+    (:meth:`CorpusFile.pieces` + :func:`read_corpus_range`): the ranges cover every row once and give the texts the
+    file's index gives -- a byte-order mark, blank lines and skipped empty documents included --; a file changed
+    since it was indexed is a DataError saying so; a ``.gz`` corpus has no ranges (only this process has its
+    decompressed copy)."""
+    import gzip
+    import json
+
+    import numpy as np
+    import pytest
+
+    from robustir.data.beir import CorpusFile, read_corpus_range
+    from robustir.errors import DataError
+
+    lines = ['\ufeff{"_id": "a", "title": "T", "text": "first"}', "", '{"_id": "e", "title": " ", "text": ""}']
+    lines += [json.dumps({"_id": f"d{i}", "text": f"doc {i} \u2028 line"}) for i in range(11)] + ["  "]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    corpus = CorpusFile(path)
+    for rows in (1, 3, 5, 12, 50):
+        pieces = corpus.pieces(rows)
+        assert pieces["first_row"].tolist() == list(range(0, 12, rows))
+        assert int(pieces["rows"].sum()) == len(corpus) == 12
+        got = [text for values in zip(*(pieces[k].tolist() for k in ("start", "stop", "first_line", "rows")))
+               for text in read_corpus_range(path, *values)]
+        assert got == corpus.texts(0, 12)
+    pieces = corpus.pieces(4)
+    corpus.close()
+    path.write_text("\n".join(lines[:5] + ['{"_id": "x", "text": "a longer line than before"}'] + lines[6:]) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(DataError, match="changed while it was being read") as caught:
+        for values in zip(*(pieces[k].tolist() for k in ("start", "stop", "first_line", "rows"))):
+            read_corpus_range(path, *values)
+    assert str(path) in str(caught.value)
+    gz = tmp_path / "corpus.jsonl.gz"
+    gz.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
+    with CorpusFile(gz) as packed:
+        assert packed.pieces(4) is None
+    assert np.array_equal(CorpusFile(path).pieces(100)["rows"], [12])
+
+
+def test_a_resumed_mining_encoding_knows_its_rows_by_a_bitmap(tmp_path):
+    """The rows a killed mining encoding committed, as 1 bit a row (:func:`_held_rows`), and any range of them
+    (:func:`_row_bits`) -- what the read tasks leave out."""
+    import numpy as np
+    import pytest
+
+    from robustir.scale.ray_encode import _row_bits
+
+    held = np.zeros(77, bool)
+    held[[0, 7, 8, 9, 30, 63, 64, 76]] = True
+    bits = np.packbits(held)
+    for first, count in ((0, 77), (5, 10), (8, 8), (63, 2), (70, 7), (76, 1)):
+        assert np.array_equal(_row_bits(bits, first, count), held[first:first + count])
+    pytest.importorskip("lance")
+    import lance
+    import pyarrow as pa
+
+    from robustir.scale.job import OutputJob
+    from robustir.scale.ray_encode import _held_rows
+
+    job = OutputJob(tmp_path / "vectors.lance")
+    assert _held_rows(job, 77)[1] == 0
+    ids = pa.array([f"{i:012d}" for i in np.flatnonzero(held)[::-1]], pa.string())
+    lance.write_dataset(pa.table({"id": ids}), job.uri)
+    lance.write_dataset(pa.table({"id": pa.array([], pa.string())}), job.uri, mode="append")
+    got, count = _held_rows(job, 77)
+    assert count == 8 and np.array_equal(got, bits)

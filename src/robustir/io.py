@@ -233,16 +233,27 @@ def _lone_surrogate(value: Any, where: str = "") -> str | None:
     return None
 
 
-def read_jsonl_at(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
+def read_jsonl_at(path: str | Path, start: int = 0, stop: int | None = None,
+                  first_line: int = 1) -> Iterator[tuple[int, int, int, dict]]:
     """:func:`read_jsonl` with where each line lies: ``(line_number, byte offset, byte length, object)``, offsets
-    into the decompressed bytes of a ``.gz`` file, so a reader can index a file once and seek back to a record."""
+    into the decompressed bytes of a ``.gz`` file, so a reader can index a file once and seek back to a record.
+
+    ``start``/``stop``/``first_line``: only the lines in the bytes ``[start, stop)`` of a plain (not ``.gz``) file,
+    ``start`` being where line ``first_line`` begins -- what another process reads of a file this one indexed (the
+    Ray read tasks of dense mining, :func:`robustir.data.beir.read_corpus_range`), with the same checks and numbers."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found", fix="check the path (relative paths are taken from the current folder)")
-    offset = 0
+    if (start or stop is not None) and path.suffix == ".gz":
+        raise ValueError("a byte range is read from a plain file only")
+    offset = start
     with open_binary(path) as handle:
-        for number, raw in enumerate(read_lines(handle, path), start=1):
-            start, offset = offset, offset + len(raw)
+        if start:
+            handle.seek(start)
+        for number, raw in enumerate(read_lines(handle, path), start=first_line):
+            if stop is not None and offset >= stop:
+                break
+            at, offset = offset, offset + len(raw)
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is allowed
             except UnicodeDecodeError as exc:
@@ -254,7 +265,7 @@ def read_jsonl_at(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
             if not isinstance(obj, dict):
                 raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", line=number,
                                 fix="each line must hold one JSON object such as {\"query\": ...}")
-            yield number, start, len(raw), obj
+            yield number, at, len(raw), obj
 
 
 def try_lock(file: Path, attempts: int = 20) -> int | None:

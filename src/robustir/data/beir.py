@@ -260,6 +260,18 @@ class CorpusFile:
         for start in range(0, len(self), chunk):
             yield from self.documents(start, start + chunk)
 
+    def pieces(self, rows: int) -> dict[str, np.ndarray] | None:
+        """The corpus cut into ranges of ``rows`` rows (the last shorter) for readers in other processes
+        (:func:`read_corpus_range`): per range the bytes ``start``/``stop``, the ``first_row``, its ``rows`` and the
+        ``first_line``, 40 bytes a range. None for a ``.gz`` corpus: its offsets are into a decompressed copy only this
+        process has."""
+        if self.path.suffix == ".gz":
+            return None
+        firsts = np.arange(0, len(self), max(1, int(rows)), dtype=np.int64)
+        lasts = np.minimum(firsts + rows, len(self)) - 1
+        return {"start": self._offsets[firsts], "stop": self._offsets[lasts] + self._lengths[lasts],
+                "first_row": firsts, "rows": lasts - firsts + 1, "first_line": self._lines[firsts]}
+
     def row(self, doc_id: str) -> int | None:
         """The row of document ``doc_id`` (None when the corpus has no such document)."""
         h = hash(doc_id)
@@ -273,6 +285,28 @@ class CorpusFile:
 
     def __contains__(self, doc_id: object) -> bool:
         return isinstance(doc_id, str) and self.row(doc_id) is not None
+
+
+def read_corpus_range(path: str | Path, start: int, stop: int, first_line: int, rows: int) -> list[str]:
+    """The :func:`encoding_text` of the ``rows`` documents a :class:`CorpusFile` of the plain corpus ``path`` holds in
+    its bytes ``[start, stop)`` (:meth:`CorpusFile.pieces`), read by another process: the same lines, checks and
+    skipped empty documents, so the texts are those of the corpus's rows. A count other than ``rows`` means the file
+    changed since it was indexed: a :class:`DataError`."""
+    path = Path(path)
+    texts = []
+    fix = "leave the corpus file unchanged while a stage reads it, and run the stage again"
+    try:
+        for line, _, _, obj in read_jsonl_at(path, start, stop, first_line):
+            _, title, text = _parse_document(obj, path, line)
+            if text.strip() or title.strip():
+                texts.append(encoding_text(title, text))
+    except DataError as error:  # the file was read whole without one when it was indexed
+        raise DataError(path, f"changed while it was being read ({error.problem})", line=error.line, fix=fix) \
+            from None
+    if len(texts) != rows:
+        raise DataError(path, f"changed while it was being read (lines {first_line}.. hold {len(texts)} documents "
+                              f"where {rows} were indexed)", fix=fix)
+    return texts
 
 
 def _remove_quietly(path: str) -> None:

@@ -208,6 +208,7 @@ class MiningReport:
 # ------------------------------------------------------------------------------------------------- documents
 
 TEXT_CHUNK = 100_000  # texts read at a time to BM25-index documents from a file (when corpus_chunk is not set)
+RAY_TEXT_CHUNK = 8192  # texts the Ray engine's driver reads at a time (the cache key; texts only it can read)
 
 
 def text_digest(text: str) -> bytes:
@@ -246,6 +247,12 @@ class Documents:
 
     def close(self) -> None:
         """Release files (nothing to do for documents in memory)."""
+
+    def file_pieces(self, rows: int) -> tuple[str, dict[str, np.ndarray]] | None:
+        """Where other processes can read the first documents themselves: a plain corpus file (absolute) and its
+        ranges of ``rows`` rows (:meth:`~robustir.data.beir.CorpusFile.pieces`), covering rows ``0`` to the sum of
+        the ranges' rows; None when only this process can read them (texts in memory, a ``.gz`` corpus)."""
+        return None
 
 
 class ListDocuments(Documents):
@@ -312,15 +319,19 @@ class FileDocuments(Documents):
         extra_text = np.frombuffer(self._hashes, dtype=np.int64) if added else np.empty(0, dtype=np.int64)
         extra_ids = np.fromiter((hash(f"{self.prefix}{self._base + i}") for i in range(added)), dtype=np.int64,
                                 count=added)
-        if self.corpus is not None:
-            self.text_hashes = np.concatenate([self.corpus.text_hashes, extra_text])
-            self.id_hashes = np.concatenate([self.corpus.id_hashes, extra_ids])
+        if self.corpus is not None:  # no copy of the corpus's hashes (16 bytes a passage)
+            self.text_hashes = _Joined(self.corpus.text_hashes, extra_text)
+            self.id_hashes = _Joined(self.corpus.id_hashes, extra_ids)
         else:
             self.text_hashes, self.id_hashes = extra_text.copy(), extra_ids
         return self
 
     def __len__(self) -> int:
         return self._base + len(self._offsets)
+
+    def file_pieces(self, rows: int) -> tuple[str, dict[str, np.ndarray]] | None:
+        pieces = self.corpus.pieces(rows) if self.corpus is not None else None
+        return None if pieces is None else (str(self.corpus.path.resolve()), pieces)
 
     def close(self) -> None:
         if self._spill is not None:
@@ -354,6 +365,28 @@ class FileDocuments(Documents):
         stop = min(stop, len(self))
         out = self.corpus.texts(start, min(stop, self._base)) if self.corpus is not None and start < self._base else []
         return out + self._added(max(start, self._base) - self._base, stop - self._base) if stop > self._base else out
+
+
+class _Joined:
+    """Two arrays read as one by row arrays (``joined[rows]``), without copying the first (a corpus's hashes)."""
+
+    def __init__(self, first: np.ndarray, second: np.ndarray) -> None:
+        self.first, self.second = first, second
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.second)
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"row {int(rows.max() if rows.max() >= len(self) else rows.min())} is out of range "
+                             f"for {len(self)} rows")
+        base = len(self.first)
+        inside = rows < base
+        out = np.empty(rows.shape, dtype=self.first.dtype)
+        out[inside] = self.first[rows[inside]]
+        out[~inside] = self.second[rows[~inside] - base]
+        return out
 
 
 def _close_and_remove(handle, path: str) -> None:
@@ -522,9 +555,10 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
     from ..models import encoder as encoder_module
 
     kwargs = {"batch_size": config.encode_batch_size, "precision": config.precision}
-    texts = lambda: (text for chunk in documents.chunks(TEXT_CHUNK) for text in chunk)  # noqa: E731
-    # the process path's cache key (model, texts, settings): either engine reuses the other's file
-    target = encoder.corpus_cache_file(texts(), config.cache_dir or work_dir, **kwargs)
+    # the process path's cache key (model, texts, settings): either engine reuses the other's file. Read in small
+    # chunks: the driver's memory does not grow with the corpus (chunks of TEXT_CHUNK measured +36 MiB at 100k)
+    texts = (text for chunk in documents.chunks(RAY_TEXT_CHUNK) for text in chunk)
+    target = encoder.corpus_cache_file(texts, config.cache_dir or work_dir, **kwargs)
     target.parent.mkdir(parents=True, exist_ok=True)
     if encoder_module.reusable_corpus_cache(target):
         return EmbeddingFile(target)
@@ -554,7 +588,7 @@ def _encode_on_ray(encoder, documents: Documents, config: MiningConfig, work_dir
         entry.finish({"rows": rows}, checksums=True)
         return EmbeddingFile(target)
 
-    return encode_documents_with_ray(encoder, texts, target.stem, target.with_suffix(".lance"),
+    return encode_documents_with_ray(encoder, documents, target.stem, target.with_suffix(".lance"),
                                      ray_config, then=write_npy)
 
 

@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterable, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 import numpy as np
 
@@ -216,6 +216,14 @@ def require_scale_extra(what: str) -> None:
                           "not installed)")
 
 
+#: tables smaller than this get their ANN index from LanceDB in the driver, not lance-ray: lance-ray trains IVF on
+#: ``partitions * sample_rate`` rows and PQ on ``256 * sample_rate`` and refuses fewer, so a smaller table needs a
+#: sample rate below Lance's 256 -- measured on 600 SciFact abstracts (bundled model, 24 cells, nprobes 8): recall@10
+#: 0.895 against the exact hits with sample rate 2, where LanceDB's own build (every row) kept 1.0. From 65,536 rows
+#: (256 x 256; the index's sqrt(n) cells need 256 sqrt(n) <= n) both sample 256 rows a cell
+DISTRIBUTED_ANN_MIN_ROWS = 65_536
+
+
 class RayEncoderPool:
     """:meth:`Encoder.encode` spread over Ray actors, for a stage that encodes in chunks of its own and commits and
     resumes them itself (``robustir index --engine ray``): each call's texts are cut into one contiguous piece per
@@ -239,8 +247,26 @@ class RayEncoderPool:
         model, options = absolute(resolve_model_path(encoder.source), "model"), dataclasses.asdict(encoder.config)
         check_cluster_sees({"model folder": model})
         device = device or ("cuda" if num_gpus else "cpu")
-        self.max_retries = max_retries
+        self.max_retries, self.workers = max_retries, actors
         self.actors = [remote.remote(model, options, device, on_call) for _ in range(actors)]
+
+    def build_vector_index(self, uri: str, storage_options: Mapping[str, Any] | None, kind: str,
+                           partitions: int, rows: int) -> bool:
+        """The index's ANN index (``kind`` ivf_hnsw_sq or ivf_pq, ``partitions`` IVF cells, dot product) built on
+        the cluster by lance-ray's distributed ``create_index`` -- IVF (and PQ) trained once, then Ray tasks each
+        index a segment of the table's fragments and Lance merges them -- instead of in the driver, under the name
+        LanceDB gives its own (``vector_idx``), replacing it. Called once the job's encoding is done and the actors
+        are gone (their CPUs free for the tasks). False (nothing built) below :data:`DISTRIBUTED_ANN_MIN_ROWS`: the
+        caller builds it with LanceDB in its own process."""
+        if rows < DISTRIBUTED_ANN_MIN_ROWS:
+            return False
+        import lance_ray
+
+        lance_ray.create_index(uri, "vector", {"ivf_hnsw_sq": "IVF_HNSW_SQ", "ivf_pq": "IVF_PQ"}[kind],
+                               name="vector_idx", replace=True, metric="dot", num_partitions=partitions,
+                               sample_rate=max(2, min(256, rows // max(partitions, 1), rows // 256)),
+                               num_workers=max(1, self.workers), storage_options=dict(storage_options or {}) or None)
+        return True
 
     def encode(self, texts: list[str], kind: str = "passage", *, batch_size: int = 64, precision: str = "auto",
                **_: Any) -> np.ndarray:
@@ -333,16 +359,16 @@ def _remove_orphans(job: OutputJob) -> None:
     open_store(parent, job.options).remove_tree(name)
 
 
-def _held_ids(job: OutputJob) -> Any:
+def _held_ids(job: OutputJob) -> tuple[Any, int]:
     """The ids the dataset holds (a fragment is committed whole or not at all), as one Arrow string array: about
-    20 bytes an id in the driver, on resume only (100M committed ids: ~2 GB -- docs/scale.md)."""
+    20 bytes an id in the driver, on resume only (100M committed ids: ~2 GB -- docs/scale.md); and their count."""
     import lance
     import pyarrow as pa
 
     if not job.exists():
-        return pa.array([], pa.string())
+        return pa.array([], pa.string()), 0
     column = lance.dataset(job.uri, storage_options=job.options).to_table(columns=["id"]).column("id")
-    return column.combine_chunks()
+    return column.combine_chunks(), len(column)
 
 
 def _init_ray(address: str | None) -> None:
@@ -375,16 +401,19 @@ def encode_with_ray(input_path: str | os.PathLike, model: str, output: str | os.
                    paths={"input": input_path, "model folder": local_model})
 
 
-def encode_documents_with_ray(encoder: Any, texts: Callable[[], Iterable[str]], digest: str, output: Path,
-                              config: RayEncodeConfig, device: str | None = None, *,
-                              then: Callable[[str], Any] | None = None) -> Any:
-    """Passage vectors of ``texts()`` encoded on Ray with ``encoder``'s model and settings into the resumable Lance
-    dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are the texts' row
-    numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
+def encode_documents_with_ray(encoder: Any, documents: Any, digest: str, output: Path, config: RayEncodeConfig,
+                              device: str | None = None, *, then: Callable[[str], Any] | None = None) -> Any:
+    """Passage vectors of ``documents`` (``len`` and ``texts(start, stop)``: mining's
+    :class:`~robustir.negatives.mining.Documents`) encoded on Ray with ``encoder``'s model and settings into the
+    resumable Lance dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are
+    the texts' row numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
 
-    The texts are read from ``texts()`` a block of ``batch_rows`` at a time and each block is put in Ray's object
-    store (spilled to disk when it fills) before the next is read: the driver holds one block and the blocks'
-    references, never the corpus's texts.
+    Who reads the texts (:func:`_mining_rows`): the rows of a plain corpus file every node sees
+    (``documents.file_pieces``) are read by Ray tasks, ``batch_rows`` rows a task, never by the driver; the others
+    (texts in memory, a ``.gz`` corpus, positives added from a training file, a corpus the cluster cannot see) are
+    read by the driver ``batch_rows`` at a time, each block put in Ray's object store before the next is read. A
+    resumed job leaves out the rows the dataset holds, known by a bitmap of the rows (:func:`_held_rows`, 1 bit a
+    row), not a set of ids.
 
     ``then(uri)`` runs while this process still holds the output's lock -- after the encoding, or at once when it
     was already complete -- and its result is returned: mining writes its ``.npy`` there
@@ -396,43 +425,151 @@ def encode_documents_with_ray(encoder: Any, texts: Callable[[], Iterable[str]], 
 
     local_model = absolute(resolve_model_path(encoder.source), "model")
     options = dataclasses.asdict(encoder.config)
-
-    def rows(held: Any) -> Any:  # blocks of batch_rows texts, ids their row numbers, put one at a time
-        import itertools
-
-        import pyarrow as pa
-        import ray
-        import ray.data
-
-        blocks, source, first = [], iter(texts()), 0
-        while block := list(itertools.islice(source, config.batch_rows)):
-            ids = [f"{i:012d}" for i in range(first, first + len(block))]
-            blocks.append(ray.put(_parse_rows(pa.table({"_id": ids, "text": block}), "passage",
-                                              "the texts to mine", held)))
-            first += len(block)
-        return ray.data.from_arrow_refs(blocks)
-
     job = OutputJob(output)
     result: list[Any] = []
-    _encode(rows, {"model": local_model}, local_model, job, "passage", config, options, False, device,
-            None, None, extra={"texts": digest}, paths={"model folder": local_model}, wait=True,
+    _encode(lambda held: _mining_rows(documents, config.batch_rows, held), {"model": local_model}, local_model, job,
+            "passage", config, options, False, device, None, None, extra={"texts": digest},
+            paths={"model folder": local_model}, wait=True, held_of=lambda job: _held_rows(job, len(documents)),
+            check_ids=then is None,
             then=lambda: result.append(then(job.uri) if then is not None else read_vectors(job.uri)[1]))
     return result[0]
 
 
+def _held_rows(job: OutputJob, n: int) -> tuple[np.ndarray, int]:
+    """The rows (ids ``%012d``) a resumed mining encoding holds, as a bitmap of ``n`` rows (``np.packbits``: 12.5 MB
+    at 100M rows, where the ids as Arrow strings would be 2 GB), read from the dataset a batch at a time; and their
+    count."""
+    import lance
+    import pyarrow.compute as pc
+
+    bits, count = np.zeros((n + 7) // 8, dtype=np.uint8), 0
+    if job.exists():
+        for batch in lance.dataset(job.uri, storage_options=job.options).to_batches(columns=["id"],
+                                                                                     batch_size=65536):
+            rows = np.asarray(pc.cast(batch.column("id"), "int64"))
+            np.bitwise_or.at(bits, rows >> 3, (128 >> (rows & 7)).astype(np.uint8))  # np.packbits' bit order
+            count += len(rows)
+    return bits, count
+
+
+def _row_bits(bits: np.ndarray, first: int, count: int) -> np.ndarray:
+    """Rows ``first`` to ``first + count - 1`` of the bitmap ``bits`` (:func:`_held_rows`), as booleans."""
+    low = first // 8
+    return np.unpackbits(bits[low:(first + count + 7) // 8 + 1])[first - 8 * low:first - 8 * low + count].astype(bool)
+
+
+def _mining_rows(documents: Any, rows: int, held: tuple[np.ndarray, int] | None) -> Any:
+    """The Ray Data dataset of ``(id, text)`` of mining's documents less the ``held`` rows (see
+    :func:`encode_documents_with_ray`): a corpus file's rows read by Ray tasks, ``rows`` rows each, the rest put by the
+    driver a block of ``rows`` at a time."""
+    import pyarrow as pa
+    import ray
+    import ray.data
+
+    bits = held[0] if held is not None else None
+
+    def kept(first: int, count: int) -> np.ndarray | None:  # rows first..first+count-1 to encode (None: all)
+        if bits is None:
+            return None
+        return ~_row_bits(bits, first, count)
+
+    n, parts, done = len(documents), [], 0
+    found = documents.file_pieces(rows) if hasattr(documents, "file_pieces") else None
+    if found is not None:
+        path, pieces = found
+        try:
+            check_cluster_sees({"corpus": path})
+        except ConfigError as error:  # it still works, through the driver: say what that costs at scale
+            logger.warning("%s The driver reads the corpus and puts its texts in Ray's object store instead, which "
+                           "does not scale to a large corpus", error)
+            found = None
+    if found is not None:
+        columns = {name: pa.array(values) for name, values in pieces.items()}
+        if bits is not None:  # each range carries its rows' bits: no task gets the whole bitmap
+            columns["keep"] = pa.array([np.packbits(kept(int(a), int(c))).tobytes() for a, c in
+                                        zip(pieces["first_row"], pieces["rows"])], pa.binary())
+        table = pa.table(columns)
+        done = int(pieces["rows"].sum())
+        # a read task takes PIECES_PER_TASK ranges and yields a block of `rows` rows for each, so that every
+        # encoder batch is one block (a block goes to one actor whole)
+        groups = [table.slice(i, PIECES_PER_TASK) for i in range(0, table.num_rows, PIECES_PER_TASK)]
+        # reading asks for no CPU, as the writes: the encoder actors may hold every CPU of the cluster
+        parts.append(ray.data.from_arrow(groups).map_batches(
+            _read_corpus_pieces, batch_size=1, batch_format="pyarrow", num_cpus=0, fn_kwargs={"path": path}))
+    blocks = []
+    for first in range(done, n, rows):  # only the driver can read these: one block at a time
+        texts = documents.texts(first, min(n, first + rows))
+        ids = pa.array([f"{i:012d}" for i in range(first, first + len(texts))], pa.string())
+        block = _parse_rows(pa.table({"_id": ids, "text": texts}), "passage", "the texts to mine")
+        keep = kept(first, len(texts))
+        if keep is not None:
+            block = block.filter(pa.array(keep))
+        if block.num_rows:
+            blocks.append(ray.put(block))
+    if blocks or not parts:
+        parts.append(ray.data.from_arrow_refs(blocks) if blocks else
+                     ray.data.from_arrow(pa.table({"id": pa.array([], pa.string()),
+                                                   "text": pa.array([], pa.string())})))
+    return parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
+
+
+#: ranges of a corpus file (``batch_rows`` rows each) one Ray read task reads, one after the other
+PIECES_PER_TASK = 16
+
+
+def _read_corpus_pieces(batch: Any, path: str) -> Any:
+    """A Ray Data task: the ``(id, text)`` of each range of the corpus file ``path`` in ``batch``
+    (:meth:`~robustir.data.beir.CorpusFile.pieces`, read by :func:`~robustir.data.beir.read_corpus_range`), less the
+    rows its ``keep`` bits leave out; a bad or changed file is carried to the driver as :class:`_InputError`."""
+    import json
+
+    import pyarrow as pa
+
+    from ..data.beir import read_corpus_range
+    from ..errors import RobustIRError
+
+    names = ("start", "stop", "first_row", "rows", "first_line")
+    keeps = batch.column("keep").to_pylist() if "keep" in batch.column_names else [None] * batch.num_rows
+    for (start, stop, first, count, line), keep in zip(zip(*(batch.column(k).to_pylist() for k in names)), keeps):
+        try:
+            texts = read_corpus_range(path, start, stop, line, count)
+        except RobustIRError as error:  # robustir's errors do not pickle: their fields cross to the driver
+            fields = {name: getattr(error, name, None) for name in ("path", "problem", "line", "field", "fix")}
+            fields["path"] = str(fields["path"])
+            raise _InputError(str(error), json.dumps(fields)) from None
+        table = pa.table({"id": pa.array([f"{i:012d}" for i in range(first, first + count)], pa.string()),
+                          "text": pa.array(texts, pa.string())})
+        if keep is not None:
+            table = table.filter(pa.array(np.unpackbits(np.frombuffer(keep, np.uint8), count=count).astype(bool)))
+        yield table
+
+
 def write_in_row_order(output: str, file: Any) -> int:
     """Write the vectors of ``output`` (a dataset of :func:`encode_documents_with_ray`: ids are row numbers) into
-    the :class:`~robustir.index.dense.EmbeddingFile` ``file`` at their rows, one Lance batch at a time: the driver
-    holds one batch, never the corpus's vectors. Returns the rows written."""
+    the :class:`~robustir.index.dense.EmbeddingFile` ``file`` at their rows, one Lance batch at a time (two read
+    ahead): the driver holds a few batches and a bitmap of the rows written (1 bit a row), never the corpus's
+    vectors. Returns the rows written; a row the dataset holds twice, or outside the file, is a :class:`ConfigError`
+    (the check :func:`_refuse_duplicates` makes of other outputs, here without reading the ids into the driver)."""
     import lance
 
-    written = 0
-    for batch in lance.dataset(output).to_batches(columns=["id", "vector"], batch_size=8192):
+    written, n = 0, len(file)
+    seen = np.zeros((n + 7) // 8, dtype=np.uint8)
+    for batch in lance.dataset(output).to_batches(columns=["id", "vector"], batch_size=8192, batch_readahead=2,
+                                                  fragment_readahead=1):
         rows = np.asarray([int(i) for i in batch.column("id").to_pylist()], dtype=np.int64)
         column = batch.column("vector")
         vectors = np.asarray(column.flatten()).reshape(len(rows), column.type.list_size)
         order = np.argsort(rows, kind="stable")
         rows, vectors = rows[order], vectors[order]
+        twice = rows[:-1][rows[1:] == rows[:-1]]
+        if len(rows) and (rows[0] < 0 or rows[-1] >= n):
+            raise ConfigError(f"{output} holds row {int(rows[0] if rows[0] < 0 else rows[-1])} of a corpus of {n} "
+                              "rows; delete it and run again")
+        bits = (128 >> (rows & 7)).astype(np.uint8)
+        if len(twice) or (seen[rows >> 3] & bits).any():
+            row = int(twice[0]) if len(twice) else int(rows[(seen[rows >> 3] & bits) != 0][0])
+            raise ConfigError(f"{output} holds row {row} twice; delete it and run again")
+        np.bitwise_or.at(seen, rows >> 3, bits)
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # runs of consecutive rows: one write each
         for run_rows, run in zip(np.split(rows, breaks), np.split(vectors, breaks)):
             file.write(int(run_rows[0]), run)
@@ -444,8 +581,13 @@ def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJ
             config: RayEncodeConfig, encoder_options: dict | None, overwrite: bool, device: str | None,
             on_batch: Callable[[int, list[str]], None] | None, on_part: Callable[[int], None] | None,
             extra: dict | None = None, paths: dict | None = None, wait: bool = False,
-            then: Callable[[], Any] | None = None) -> RayEncodeReport:
-    """``source(held)``: the Ray Data dataset of ``(id, text)`` to encode, less the ids ``held`` (an Arrow array)."""
+            then: Callable[[], Any] | None = None,
+            held_of: Callable[[OutputJob], tuple[Any, int]] | None = None,
+            check_ids: bool = True) -> RayEncodeReport:
+    """``source(held)``: the Ray Data dataset of ``(id, text)`` to encode, less what a resumed job ``held``:
+    ``held_of(job)``'s first value (default: the ids as an Arrow array, :func:`_held_ids`), None on a fresh job.
+    ``check_ids``: refuse repeated ids after the job (:func:`_refuse_duplicates`); mining's ids are row numbers it
+    made, checked while ``then`` writes them (:func:`write_in_row_order`)."""
     from transformers import AutoConfig
 
     encoder_options = {k: v for k, v in (encoder_options or {}).items() if v is not None}
@@ -469,9 +611,9 @@ def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJ
         check_cluster_sees(paths or {}, None if job.remote else job.uri)
         if decision.state == "resume":
             _remove_orphans(job)
-        held = _held_ids(job) if decision.state == "resume" else None
-        if held is not None and len(held):
-            logger.info("%s: %d rows were committed by an earlier run; encoding the others", job.uri, len(held))
+        held, resumed = (held_of or _held_ids)(job) if decision.state == "resume" else (None, 0)
+        if resumed:
+            logger.info("%s: %d rows were committed by an earlier run; encoding the others", job.uri, resumed)
         dim = int(AutoConfig.from_pretrained(model).hidden_size)  # Encoder.dim, without loading the weights here
         import ray.data
 
@@ -482,14 +624,14 @@ def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJ
                                   device or ("cuda" if config.num_gpus else "cpu"), on_batch, on_part)
         finally:
             context.raise_original_map_exception = raised  # the driver's other Ray Data jobs as they were
-        resumed = len(held) if held is not None else 0
         total, stored = resumed + encoded, _count(job)
         if total == 0:
             raise ConfigError(f"no {kind}s to encode in {inputs.get('input', 'the input')}")
         if stored != total:  # the lock keeps other writers out: a mismatch is a bug or a hand edit, never kept quiet
             raise ConfigError(f"{job.uri} holds {stored} rows after the job, {total} were expected; run it again "
                               "with --overwrite")
-        _refuse_duplicates(job, inputs.get("input"), total)
+        if check_ids:
+            _refuse_duplicates(job, inputs.get("input"), total)
         seconds = time.perf_counter() - started
         record.finish({"rows": total, "parts": parts, "dim": dim, "seconds": round(seconds, 1)}, files=[])
         if then is not None:
@@ -497,10 +639,10 @@ def _encode(source: Callable[[Any], Any], inputs: dict, model: str, job: OutputJ
     return RayEncodeReport(total, parts, resumed, seconds)
 
 
-#: up to this many rows the duplicate-id check reads the id column into the driver (Arrow, ~20 bytes an id: 100 MB
-#: at 5M); above, a Ray Data group-by finds them (measured 7-10 s of fixed cost a job on 2 busy cores, so not for
-#: small jobs)
-DISTINCT_IN_DRIVER = 5_000_000
+#: up to this many rows the duplicate-id check reads the id column into the driver and counts it there (Arrow:
+#: measured 104-115 bytes an id at the peak for 13-character ids, 1M and 3M rows -- ~110 MB at this bound); above,
+#: a Ray Data group-by finds them (measured 7-10 s of fixed cost a job on 2 busy cores, so not for small jobs)
+DISTINCT_IN_DRIVER = 1_000_000
 
 
 def _refuse_duplicates(job: OutputJob, source: str | None, rows: int) -> None:

@@ -132,6 +132,10 @@ class EncoderPool(Protocol):
 
     def close(self) -> None: ...
 
+    # optional: ``build_vector_index(uri, storage_options, kind, partitions, rows) -> bool`` builds the job's ANN
+    # index (``kind`` ivf_hnsw_sq or ivf_pq, on the Lance dataset ``uri`` of ``rows`` rows) where the pool's workers
+    # run, after :meth:`close`; False: it did not, the index builds it itself
+
 
 #: makes the pool of one job from the index's encoder and the job's config: what the caller gives the index for
 #: ``engine: ray`` (the CLI gives Ray's, :func:`robustir.cli.index.ray_pool`), so the index imports no engine

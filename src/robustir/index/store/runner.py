@@ -54,6 +54,8 @@ class JobRunner:
             self._pool = pool
         elif config.engine != "process":  # the chunks split among the pool's workers (Ray actors: engine ray)
             self._pool = need_pool(config, self.encoder_pool)(self.encoder, config)
+        # a pool that builds the ANN index on its cluster (Ray's: lance-ray) does so once its workers are gone
+        self._index_builder = getattr(self._pool, "build_vector_index", None) if pool is None else None
         self._replaced_names = set()
         # an upsert whose input holds every field name the index knows cannot leave a name without a document: the
         # replaced documents' names are then not looked up (a filtered read of the fields column per chunk; issue 51,
@@ -75,7 +77,10 @@ class JobRunner:
                 self._lock.check()
             self._table.optimize(delete_unverified=False)
         forget(self.manifest, vanished(self._table, self._replaced_names - names))
-        self._finish_job()
+        try:
+            self._finish_job()
+        finally:
+            self._index_builder = None
         if self._manifest_name == BUILDING:
             self._swap()
         report.documents = self.count
@@ -257,9 +262,16 @@ class JobRunner:
         partitions = max(1, int(math.sqrt(count)))
         from lancedb.index import IvfHnswSq, IvfPq
 
-        config = (IvfHnswSq if kind == "ivf_hnsw_sq" else IvfPq)(distance_type="dot", num_partitions=partitions)
-        self._table.create_index("vector", config=config, replace=True)
-        ann.update(indexed=True, indexed_rows=count, kind_built=kind, partitions=partitions)
+        builder = getattr(self, "_index_builder", None)
+        # engine ray: built on the cluster (lance-ray: one Ray task a segment of the table's fragments) where the
+        # pool takes it; else by LanceDB here
+        on_cluster = builder is not None and builder(self._table.to_lance().uri, self.store.lance_options, kind,
+                                                     partitions, count)
+        if not on_cluster:
+            config = (IvfHnswSq if kind == "ivf_hnsw_sq" else IvfPq)(distance_type="dot", num_partitions=partitions)
+            self._table.create_index("vector", config=config, replace=True)
+        ann.update(indexed=True, indexed_rows=count, kind_built=kind, partitions=partitions,
+                   built_by="lance-ray" if on_cluster else "lancedb")
 
     def _save_job(self, job: _Job) -> None:
         self.manifest["job"] = dataclasses.asdict(job)
