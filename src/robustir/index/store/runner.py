@@ -11,7 +11,7 @@ import math
 import os
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
