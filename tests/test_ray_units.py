@@ -143,3 +143,20 @@ def test_a_resumed_mining_encoding_knows_its_rows_by_a_bitmap(tmp_path):
     lance.write_dataset(pa.table({"id": pa.array([], pa.string())}), job.uri, mode="append")
     got, count = _held_rows(job, 77)
     assert count == 8 and np.array_equal(got, bits)
+
+
+def test_a_resumed_encodings_ids_are_left_out_by_their_digests():
+    """``encode --engine ray`` resumed: the read tasks leave out the ids the dataset holds by binary search in
+    their sorted 128-bit digests (:func:`held_mask`), which Ray's object store holds instead of the driver -- the
+    first, last and absent ids, ids with a shared prefix, non-ASCII ids and a lone surrogate included."""
+    import numpy as np
+
+    from robustir.io import text_digest
+    from robustir.scale.ray_inputs import held_mask
+
+    held_ids = ["a", "doc-1", "doc-10", "é-ü", "\ud800x", "z" * 300]
+    held = np.sort(np.array([text_digest(i, 16) for i in held_ids], dtype="S16"))
+    asked = ["doc-1", "doc-11", "doc-10", "", "é-ü", "e-u", "\ud800x", "z" * 299, "z" * 300, "a", "b"]
+    assert held_mask(asked, held).tolist() == [i in held_ids for i in asked]
+    assert held_mask(asked, np.empty(0, "S16")).tolist() == [False] * len(asked)
+    assert held_mask([], held).tolist() == []

@@ -19,7 +19,8 @@ def _parse_rows(batch: Any, kind: str, source: str, held: Any = None) -> Any:
     """A Ray Data task: one block of the input -- JSONL lines (``read_text``'s ``text`` column) or parquet rows --
     as ``(id, text)`` with robustir's own checks (:mod:`robustir.data.beir`: a string id, ``text`` required,
     ``title`` optional, title and text joined by :func:`~robustir.data.beir.encoding_text`, empty documents
-    skipped), less the ids in ``held`` (a resumed job's committed rows)."""
+    skipped), less the ids ``held`` holds (a resumed job's committed rows: their sorted digests, or the reference
+    to them in Ray's object store, :func:`robustir.scale.ray_encode._held_ids`)."""
     from ..errors import RobustIRError
 
     try:
@@ -40,7 +41,6 @@ def _checked_rows(batch: Any, kind: str, source: str, held: Any) -> Any:
     import json
 
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from ..data.beir import _as_id, _as_text, encoding_text
     from ..errors import DataError
@@ -72,9 +72,30 @@ def _checked_rows(batch: Any, kind: str, source: str, held: Any) -> Any:
             ids.append(doc_id)
             texts.append(encoding_text(title, text))
     table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string())})
-    if held is not None and len(held) and table.num_rows:
-        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=held)))
+    if held is not None and table.num_rows:
+        keep = ~held_mask(table.column("id").to_pylist(), held)
+        if not keep.all():
+            table = table.filter(pa.array(keep))
     return table
+
+
+def held_mask(ids: list[str], held: Any) -> Any:
+    """Which of ``ids`` a resumed job holds: their 128-bit digests looked up in ``held``, the sorted digests of the
+    ids it holds (``S16``; or the reference to them in Ray's object store, mapped here without a copy) -- a binary
+    search each, no hash set of every held id built per block."""
+    import numpy as np
+
+    from ..io import text_digest
+
+    if not isinstance(held, np.ndarray):
+        import ray
+
+        held = ray.get(held)
+    if not len(held) or not ids:
+        return np.zeros(len(ids), dtype=bool)
+    wanted = np.array([text_digest(i, 16) for i in ids], dtype="S16")
+    at = np.minimum(np.searchsorted(held, wanted), len(held) - 1)
+    return held[at] == wanted
 
 
 def _arrow_filesystem(job_options: dict | None) -> Any:
