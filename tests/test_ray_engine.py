@@ -309,11 +309,15 @@ def test_dense_mining_with_ray_gives_the_single_process_negatives(tmp_path):
     assert list((tmp_path / "cache").glob("*.lance"))  # the resumable Lance dataset the actors wrote
 
 
-def test_mining_reads_a_corpus_file_in_ray_tasks_and_only_added_texts_in_the_driver(tmp_path, monkeypatch):
+def test_mining_reads_a_corpus_file_in_ray_tasks_and_only_added_texts_in_the_driver(tmp_path, monkeypatch,
+                                                                                     caplog):
     """Dense mining's rows for the Ray actors (``_mining_rows``): a plain corpus file's rows are read by Ray tasks
     (the driver's own reader is made to fail), texts only the driver has (positives added from a training file)
     are put by it; every row once, with its row number and the single-process text; a resumed job's rows (a
-    bitmap) left out; a file changed since it was indexed is robustir's error naming it, not Ray's traceback."""
+    bitmap) left out; a corpus a node cannot see is read by the driver, with a warning; a file changed since it
+    was indexed is robustir's error naming it, not Ray's traceback."""
+    import logging
+
     import pyarrow as pa
 
     from robustir.data.beir import CorpusFile
@@ -336,7 +340,7 @@ def test_mining_reads_a_corpus_file_in_ray_tasks_and_only_added_texts_in_the_dri
         table = pa.concat_tables(_mining_rows(documents, 4, held).iter_batches(batch_size=None, batch_format="pyarrow"))
         return dict(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
 
-    corpus_texts = CorpusFile.texts
+    corpus_texts, corpus_documents = CorpusFile.texts, CorpusFile.documents
     monkeypatch.setattr(CorpusFile, "texts", lambda *a, **k: pytest.fail("the driver read corpus texts"))
     monkeypatch.setattr(CorpusFile, "documents", lambda *a, **k: pytest.fail("the driver read corpus texts"))
     got = read()
@@ -348,7 +352,18 @@ def test_mining_reads_a_corpus_file_in_ray_tasks_and_only_added_texts_in_the_dri
     assert sorted(got) == [f"{i:012d}" for i in range(29) if not held[i]]
     assert all(got[f"{i:012d}"] == expected[i] for i in range(29) if not held[i])
 
+    from robustir.scale import ray_encode
+
+    def unseen(paths, output=None):
+        raise ConfigError(f"node 10.0.0.9 does not see the corpus {paths['corpus']}.")
+
     monkeypatch.setattr(CorpusFile, "texts", corpus_texts)
+    monkeypatch.setattr(CorpusFile, "documents", corpus_documents)
+    monkeypatch.setattr(ray_encode, "check_cluster_sees", unseen)  # a node without the file: the driver reads it
+    with caplog.at_level(logging.WARNING, logger="robustir.scale.ray_encode"):
+        assert read() == {f"{i:012d}": text for i, text in enumerate(expected)}
+    assert "does not see the corpus" in caplog.text and "does not scale" in caplog.text
+    monkeypatch.undo()
     corpus.write_text("\n".join(lines[:10] + ['{"_id": "x", "text": ""}'] + lines[11:]) + "\n", encoding="utf-8")
     with pytest.raises(Exception) as caught:
         read()
