@@ -559,6 +559,12 @@ def _read_corpus_pieces(batch: Any, path: str) -> Any:
         yield table
 
 
+#: the bytes Lance's scan may hold read ahead while the driver writes the ``.npy``. Measured driver heap after the
+#: write (RssAnon): 100k / 300k 384-dim rows +158 / +183 MiB with Lance's default, +110 / +159 MiB with this; with
+#: 128 dims +54, +54, +39 MiB at 100k, 300k, 1M rows -- bounded, not growing with the corpus
+READ_BUFFER = 32 << 20
+
+
 def write_in_row_order(output: str, file: Any) -> int:
     """Write the vectors of ``output`` (a dataset of :func:`encode_documents_with_ray`: ids are row numbers) into
     the :class:`~robustir.index.dense.EmbeddingFile` ``file`` at their rows, one Lance batch at a time (two read
@@ -570,7 +576,7 @@ def write_in_row_order(output: str, file: Any) -> int:
     written, n = 0, len(file)
     seen = np.zeros((n + 7) // 8, dtype=np.uint8)
     for batch in lance.dataset(output).to_batches(columns=["id", "vector"], batch_size=8192, batch_readahead=2,
-                                                  fragment_readahead=1):
+                                                  fragment_readahead=1, io_buffer_size=READ_BUFFER):
         rows = np.asarray([int(i) for i in batch.column("id").to_pylist()], dtype=np.int64)
         column = batch.column("vector")
         vectors = np.asarray(column.flatten()).reshape(len(rows), column.type.list_size)
