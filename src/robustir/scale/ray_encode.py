@@ -505,9 +505,10 @@ def _mining_rows(documents: Any, rows: int, held: tuple[np.ndarray, int] | None)
                                         zip(pieces["first_row"], pieces["rows"])], pa.binary())
         table = pa.table(columns)
         done = int(pieces["rows"].sum())
-        # a read task takes PIECES_PER_TASK ranges and yields a block of `rows` rows for each, so that every
-        # encoder batch is one block (a block goes to one actor whole)
-        groups = [table.slice(i, PIECES_PER_TASK) for i in range(0, table.num_rows, PIECES_PER_TASK)]
+        # one read task a range, one block of `rows` rows each: the blocks one task yields reach the actor pool as
+        # one bundle, which one actor encodes whole (measured: 16 ranges a task kept one of two actors busy, 138 s
+        # against 87 s for 6k passages)
+        groups = [table.slice(i, 1) for i in range(table.num_rows)]
         # reading asks for no CPU, as the writes: the encoder actors may hold every CPU of the cluster
         parts.append(ray.data.from_arrow(groups).map_batches(
             _read_corpus_pieces, batch_size=1, batch_format="pyarrow", num_cpus=0, fn_kwargs={"path": path}))
@@ -526,10 +527,6 @@ def _mining_rows(documents: Any, rows: int, held: tuple[np.ndarray, int] | None)
                      ray.data.from_arrow(pa.table({"id": pa.array([], pa.string()),
                                                    "text": pa.array([], pa.string())})))
     return parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
-
-
-#: ranges of a corpus file (``batch_rows`` rows each) one Ray read task reads, one after the other
-PIECES_PER_TASK = 16
 
 
 def _read_corpus_pieces(batch: Any, path: str) -> Any:
