@@ -346,13 +346,16 @@ def test_mining_reads_a_corpus_file_in_ray_tasks_and_only_added_texts_in_the_dri
     got = read()
     assert got == {f"{i:012d}": text for i, text in enumerate(expected)}
 
+    from robustir.scale import ray_encode
+
+    monkeypatch.setattr(ray_encode, "MAX_PIECES", 3)  # a large corpus: ranges of several batches, 3 at most
+    assert read() == got
+    monkeypatch.setattr(ray_encode, "MAX_PIECES", 4096)
     held = np.zeros(29, bool)
     held[[0, 3, 4, 5, 6, 17, 27]] = True  # rows a killed run committed: whole ranges, parts of ranges, added ones
     got = read((np.packbits(held), int(held.sum())))
     assert sorted(got) == [f"{i:012d}" for i in range(29) if not held[i]]
     assert all(got[f"{i:012d}"] == expected[i] for i in range(29) if not held[i])
-
-    from robustir.scale import ray_encode
 
     def unseen(paths, output=None):
         raise ConfigError(f"node 10.0.0.9 does not see the corpus {paths['corpus']}.")

@@ -118,6 +118,11 @@ def _arrow_filesystem(job_options: dict | None) -> Any:
 #: a plain JSONL file larger than this is read by several Ray tasks, a range of whole lines each
 RANGE_BYTES = 64 << 20
 
+#: read tasks of one job at once: they ask for no CPU (the encoder actors may hold every CPU of the cluster), and
+#: 0-CPU tasks are otherwise all started at once, a Python worker each (measured: 80 workers on 2 cores for 5,000
+#: small tasks) -- with 64 MiB ranges, memory the cluster does not have
+READ_TASKS = 8
+
 
 def resolve_input(input_uri: str, kind: str) -> str:
     """(In the driver) what ``--input`` names, as the file or folder the Ray tasks read: ``hf://datasets/ORG/NAME``
@@ -184,7 +189,8 @@ def _stream(input_uri: str, kind: str, options: dict | None) -> Callable[[Any], 
         if local_folder and os.path.isfile(os.path.join(input_uri, "state.json")):  # Dataset.save_to_disk
             files = _arrow_files(input_uri)
             raw = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files)).map_batches(
-                _read_arrow_files, batch_size=1, batch_format="pyarrow", num_cpus=0, fn_kwargs={"source": input_uri})
+                _read_arrow_files, batch_size=1, batch_format="pyarrow", num_cpus=0, concurrency=READ_TASKS,
+                fn_kwargs={"source": input_uri})
         elif input_uri.endswith(".parquet") or parquet:
             # Ray 2.60's parquet reader (V2) lists files in a 1-CPU task that waits forever behind actors holding
             # every CPU (measured: hung on a 2-CPU session); the V1 reader's tasks take num_cpus=0
@@ -198,7 +204,7 @@ def _stream(input_uri: str, kind: str, options: dict | None) -> Callable[[Any], 
         elif len(ranges := _jsonl_ranges(path, filesystem, RANGE_BYTES) if not local_folder and input_uri.endswith(
                 (".jsonl", ".json")) else []) > 1:  # each range is one block, for one actor at a time
             raw = ray.data.from_items(ranges, override_num_blocks=len(ranges)).map_batches(
-                _read_line_ranges, batch_size=1, batch_format="pyarrow", num_cpus=0,
+                _read_line_ranges, batch_size=1, batch_format="pyarrow", num_cpus=0, concurrency=READ_TASKS,
                 fn_kwargs={"filesystem": filesystem, "source": input_uri})
         else:  # read_text splits a small file into several blocks itself: the actors share it
             raw = ray.data.read_text(path, filesystem=filesystem, drop_empty_lines=True, num_cpus=0)
