@@ -506,15 +506,13 @@ def _mining_rows(documents: Any, rows: int, held: tuple[np.ndarray, int] | None)
                                         zip(pieces["first_row"], pieces["rows"])], pa.binary())
         table = pa.table(columns)
         done = int(pieces["rows"].sum())
-        # one read task a range (Ray Data's range: read tasks made lazily, the ranges' table in the object store
-        # once), one block each: what one task yields reaches the actor pool as one block -- Ray Data merges a
-        # task's outputs up to its block size -- which one actor encodes whole (measured: 16 ranges a task kept one
-        # of two actors busy, 377 s against 229 s for 20k passages). Reading asks for no CPU (the actors may hold
-        # every CPU), so its concurrency is bounded instead: 0-CPU tasks are otherwise started all at once, a
-        # Python worker each (measured: 80 workers on 2 cores)
-        parts.append(ray.data.range(table.num_rows, override_num_blocks=table.num_rows).map_batches(
-            _read_corpus_pieces, batch_size=1, batch_format="pyarrow", num_cpus=0, concurrency=READ_TASKS,
-            fn_kwargs={"path": path, "pieces": ray.put(table)}))
+        # one read task a range, one block each: the blocks one task yields reach the actor pool as one block --
+        # Ray Data merges a task's outputs up to its block size -- which one actor encodes whole (measured: 16 ranges
+        # a task kept one of two actors busy, 377 s against 229 s for 20k passages). The read tasks ask for no CPU
+        # (the actors may hold every CPU: a 1-CPU read waited forever behind two actors on 2 CPUs, measured), so
+        # their concurrency is bounded instead: 0-CPU tasks are otherwise all started at once, a Python worker each
+        parts.append(ray.data.read_datasource(_CorpusRanges(path, table), num_cpus=0, concurrency=READ_TASKS,
+                                              override_num_blocks=table.num_rows))
     blocks = []
     for first in range(done, n, rows):  # only the driver can read these: one block at a time
         texts = documents.texts(first, min(n, first + rows))
@@ -537,36 +535,58 @@ def _mining_rows(documents: Any, rows: int, held: tuple[np.ndarray, int] | None)
 #: ranges of 2,048 rows (49k tasks) would cost the driver ~0.5 GB and ~15 min of task starts on 2 cores
 MAX_PIECES = 4096
 
-def _read_corpus_pieces(batch: Any, path: str, pieces: Any) -> Any:
-    """A Ray Data task: the ``(id, text)`` of the ranges of the corpus file ``path`` numbered in ``batch``
-    (``id``) -- rows of ``pieces`` (:meth:`~robustir.data.beir.CorpusFile.pieces`, a table in the object store),
-    read by :func:`~robustir.data.beir.read_corpus_range` --, less the rows their ``keep`` bits leave out; a bad or
-    changed file is carried to the driver as :class:`_InputError`."""
+
+class _CorpusRanges:
+    """A Ray Data datasource (``ray.data.Datasource``'s interface): one read task a range of the corpus file ``path``
+    (a row of ``pieces``: :meth:`~robustir.data.beir.CorpusFile.pieces`, with the ``keep`` bits of a resumed job),
+    read by :func:`~robustir.data.beir.read_corpus_range` into one block of ``(id, text)``. A read task carries its
+    range's few numbers, so the driver holds no table per range; a bad or changed file is carried to the driver as
+    :class:`_InputError`."""
+
+    def __new__(cls, path: str, pieces: Any) -> Any:
+        from ray.data import Datasource
+
+        class CorpusRanges(Datasource):  # defined here: Ray is an optional extra
+            def estimate_inmemory_data_size(self) -> int | None:
+                return int(sum(pieces.column("stop").to_pylist()) - sum(pieces.column("start").to_pylist()))
+
+            def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                               data_context: Any = None) -> list:
+                from ray.data import ReadTask
+                from ray.data.block import BlockMetadata
+
+                tasks = []
+                for piece in pieces.to_pylist():
+                    meta = BlockMetadata(num_rows=piece["rows"], size_bytes=piece["stop"] - piece["start"],
+                                         exec_stats=None, input_files=(path,))
+                    tasks.append(ReadTask(lambda piece=piece: [_read_corpus_range(path, piece)], meta))
+                return tasks
+
+        return CorpusRanges()
+
+
+def _read_corpus_range(path: str, piece: dict) -> Any:
+    """A read task of :class:`_CorpusRanges`: one range's ``(id, text)``, less the rows its ``keep`` bits leave out."""
     import json
 
     import pyarrow as pa
-    import ray
 
     from ..data.beir import read_corpus_range
     from ..errors import RobustIRError
 
-    if not isinstance(pieces, pa.Table):
-        pieces = ray.get(pieces)
-    for number in batch.column("id").to_pylist():
-        piece = pieces.slice(number, 1).to_pylist()[0]
-        start, stop, first, count, line = (piece[k] for k in ("start", "stop", "first_row", "rows", "first_line"))
-        try:
-            texts = read_corpus_range(path, start, stop, line, count)
-        except RobustIRError as error:  # robustir's errors do not pickle: their fields cross to the driver
-            fields = {name: getattr(error, name, None) for name in ("path", "problem", "line", "field", "fix")}
-            fields["path"] = str(fields["path"])
-            raise _InputError(str(error), json.dumps(fields)) from None
-        table = pa.table({"id": pa.array([f"{i:012d}" for i in range(first, first + count)], pa.string()),
-                          "text": pa.array(texts, pa.string())})
-        if piece.get("keep") is not None:
-            table = table.filter(pa.array(np.unpackbits(np.frombuffer(piece["keep"], np.uint8),
-                                                        count=count).astype(bool)))
-        yield table
+    start, stop, first, count, line = (piece[k] for k in ("start", "stop", "first_row", "rows", "first_line"))
+    try:
+        texts = read_corpus_range(path, start, stop, line, count)
+    except RobustIRError as error:  # robustir's errors do not pickle: their fields cross to the driver
+        fields = {name: getattr(error, name, None) for name in ("path", "problem", "line", "field", "fix")}
+        fields["path"] = str(fields["path"])
+        raise _InputError(str(error), json.dumps(fields)) from None
+    table = pa.table({"id": pa.array([f"{i:012d}" for i in range(first, first + count)], pa.string()),
+                      "text": pa.array(texts, pa.string())})
+    if piece.get("keep") is not None:
+        table = table.filter(pa.array(np.unpackbits(np.frombuffer(piece["keep"], np.uint8), count=count)
+                                      .astype(bool)))
+    return table
 
 
 #: the bytes Lance's scan may hold read ahead while the driver writes the ``.npy``. Measured driver heap after the
