@@ -29,6 +29,9 @@ queries got the same negatives.
 
 With --tiny the model is a 2-layer, 32-wide random BERT (fp32), so that both sizes run in minutes on 2 shared
 cores: the figures are then the engines' own memory and overhead, not the bundled model's speed.
+
+    python bench/ray_mine.py --npy-write 100000,300000 384      # the driver heap writing mining's .npy from Lance
+    python bench/ray_mine.py --read-paths 6000 tasks,driver      # corpus rows read by Ray tasks vs by the driver
 """
 
 from __future__ import annotations
@@ -138,8 +141,87 @@ def driver_memory(sizes: list[int], precision: str, tiny: bool) -> None:
               f"x{p['seconds'] / r['seconds']:.2f} | {same} of {total} |")
 
 
+def npy_write(rows: int, dim: int) -> None:
+    """The driver heap `write_in_row_order` keeps (RssAnon after the write minus before), on a Lance dataset of
+    8,192-row fragments in shuffled row order, as the Ray encoding writes it; run in a fresh process."""
+    import gc
+
+    import numpy as np
+    import pyarrow as pa
+    import lance
+
+    from robustir.index.dense import EmbeddingFile
+    from robustir.scale.ray_encode import write_in_row_order
+
+    def anon() -> int:
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        return int(status["RssAnon"].split()[0]) // 1024
+
+    work = Path(tempfile.mkdtemp(prefix="npy-write-"))
+    uri, rng = str(work / "v.lance"), np.random.default_rng(0)
+    schema = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), dim))])
+    order = rng.permutation(rows)
+    for start in range(0, rows, 8192):
+        part = order[start:start + 8192]
+        vectors = pa.array(rng.standard_normal(len(part) * dim).astype(np.float32))
+        lance.write_dataset(pa.table({"id": pa.array([f"{i:012d}" for i in part]),
+                                      "vector": pa.FixedSizeListArray.from_arrays(vectors, dim)}, schema=schema),
+                            uri, mode="append" if start else "create", max_rows_per_file=8192)
+    gc.collect()
+    before = anon()
+    file = EmbeddingFile.create(work / "x.npy", rows, dim)
+    written = write_in_row_order(uri, file)
+    file.close()
+    gc.collect()
+    print(json.dumps({"rows": rows, "dim": dim, "written": written, "heap_growth_mib": anon() - before}), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def read_paths(passages: int, order: list[str]) -> None:
+    """Ray mining's encoding with the corpus file's rows read by Ray tasks (`tasks`) or by the driver (`driver`:
+    `file_pieces` made to answer None), in the order given, in one process on the simulated two-node cluster, the
+    bundled model in fp32: seconds of each."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from robustir.models.encoder import Encoder
+    from robustir.negatives.mining import FileDocuments, MiningConfig, mine_jsonl
+    from robustir.resources import default_model_path
+
+    work = Path(tempfile.mkdtemp(prefix="read-paths-"))
+    corpus, train = build(passages, work)
+    encoder = Encoder.from_pretrained(default_model_path(), passage_max_length=128)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False)
+    own = FileDocuments.file_pieces
+    for i, mode in enumerate(order):
+        FileDocuments.file_pieces = own if mode == "tasks" else (lambda self, rows: None)
+        started = time.perf_counter()
+        mine_jsonl(train, work / f"{i}.jsonl", MiningConfig(
+            method="dense", num_negatives=15, range_max=100, relative_margin=0.05, precision="fp32",
+            cache_dir=str(work / f"cache{i}"), engine="ray", ray_actors=2), encoder=encoder, corpus=corpus)
+        print(mode, round(time.perf_counter() - started, 1), "s", flush=True)
+    FileDocuments.file_pieces = own
+    ray.shutdown()
+    cluster.shutdown()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--npy-write"]:  # python bench/ray_mine.py --npy-write 100000,300000 384
+        import subprocess
+
+        for rows in argv[1].split(","):
+            subprocess.run([sys.executable, __file__, "--npy-write-one", rows, argv[2]], check=True)
+        return 0
+    if argv[:1] == ["--npy-write-one"]:
+        npy_write(int(argv[1]), int(argv[2]))
+        return 0
+    if argv[:1] == ["--read-paths"]:  # python bench/ray_mine.py --read-paths 6000 tasks,driver,tasks,driver
+        read_paths(int(argv[1]), argv[2].split(","))
+        return 0
     if argv[:1] == ["--one"]:
         one(argv[1], Path(argv[2]), Path(argv[3]), Path(argv[4]), argv[5], argv[6])
         return 0
