@@ -117,6 +117,13 @@ class EmbeddingRequest(_Request):
                           "--default-input-type (document unless set)")
 
 
+def _exactly_one(request: Any, first: str, second: str, code: str, message: str) -> Any:
+    """``request`` when exactly one of its fields ``first`` and ``second`` is given, else pydantic's error ``code``."""
+    if (getattr(request, first) is None) == (getattr(request, second) is None):
+        raise PydanticCustomError(code, message)
+    return request
+
+
 _VECTOR = ("Search by vector instead of query (dense mode): one vector (a list of finite numbers, the index's "
            "dimension: GET /info) or a list of them; scores are inner products")
 
@@ -149,10 +156,8 @@ class SearchRequest(_Request):
 
     @model_validator(mode="after")
     def _query_or_vector(self) -> "SearchRequest":
-        if (self.query is None) == (self.vector is None):
-            raise PydanticCustomError("query_or_vector", "give exactly one of 'query' (texts) or 'vector' (a "
-                                                         "list of numbers, or a list of such lists)")
-        return self
+        return _exactly_one(self, "query", "vector", "query_or_vector", "give exactly one of 'query' (texts) or "
+                            "'vector' (a list of numbers, or a list of such lists)")
 
     @field_validator("rerank")
     @classmethod
@@ -210,10 +215,8 @@ class DeleteRequest(_Request):
 
     @model_validator(mode="after")
     def _one_of(self) -> "DeleteRequest":
-        if (self.ids is None) == (self.filter is None):
-            raise PydanticCustomError("ids_or_filter", "give exactly one of 'ids' (a list) or 'filter' (an "
-                                                       "object)")
-        return self
+        return _exactly_one(self, "ids", "filter", "ids_or_filter",
+                            "give exactly one of 'ids' (a list) or 'filter' (an object)")
 
 
 def request_models(limits: Limits) -> dict[str, type[_Request]]:
