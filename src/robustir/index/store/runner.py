@@ -262,7 +262,7 @@ class JobRunner:
         partitions = max(1, int(math.sqrt(count)))
         from lancedb.index import IvfHnswSq, IvfPq
 
-        builder = getattr(self, "_index_builder", None)
+        builder = self._index_builder
         # engine ray: built on the cluster (lance-ray: one Ray task a segment of the table's fragments) where the
         # pool takes it; else by LanceDB here
         on_cluster = builder is not None and builder(self._table.to_lance().uri, self.store.lance_options, kind,
