@@ -43,7 +43,7 @@ from ..precision import Precision
 from ..runs import fingerprint, operational
 from ..validation import PositiveInt, Range, config_dataclass
 from .job import OutputJob, absolute, check_cluster_sees
-from .ray_inputs import READ_TASKS, _InputError, _parse_rows, _stream, resolve_input
+from .ray_inputs import READ_TASKS, _InputError, _parse_rows, _stream, id_digests, resolve_input
 
 __all__ = ["RayEncodeConfig", "RayEncodeReport", "RayEncoderPool", "encode_documents_with_ray", "encode_with_ray",
            "read_vectors", "require_scale_extra", "write_in_row_order"]
@@ -378,9 +378,7 @@ def _id_digests(uri: str, options: dict | None) -> tuple[np.ndarray, int]:
     batch at a time, and their count."""
     import lance
 
-    from ..io import text_digest
-
-    parts = [np.array([text_digest(i, 16) for i in batch.column("id").to_pylist()], dtype="S16")
+    parts = [id_digests(batch.column("id").to_pylist())
              for batch in lance.dataset(uri, storage_options=options).to_batches(columns=["id"], batch_size=65536)]
     digests = np.sort(np.concatenate(parts)) if parts else np.empty(0, "S16")
     return digests, len(digests)
@@ -455,16 +453,27 @@ def _held_rows(job: OutputJob, n: int) -> tuple[np.ndarray, int]:
     at 100M rows, where the ids as Arrow strings would be 2 GB), read from the dataset a batch at a time; and their
     count."""
     import lance
-    import pyarrow.compute as pc
 
     bits, count = np.zeros((n + 7) // 8, dtype=np.uint8), 0
     if job.exists():
         for batch in lance.dataset(job.uri, storage_options=job.options).to_batches(columns=["id"],
                                                                                      batch_size=65536):
-            rows = np.asarray(pc.cast(batch.column("id"), "int64"))
-            np.bitwise_or.at(bits, rows >> 3, (128 >> (rows & 7)).astype(np.uint8))  # np.packbits' bit order
+            rows = _row_numbers(batch.column("id"))
+            np.bitwise_or.at(bits, rows >> 3, _bit_of(rows))
             count += len(rows)
     return bits, count
+
+
+def _row_numbers(ids: Any) -> np.ndarray:
+    """Mining's ids (``%012d``: row numbers) as int64."""
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.cast(ids, "int64"))
+
+
+def _bit_of(rows: np.ndarray) -> np.ndarray:
+    """Each row's bit within its byte of a row bitmap, in ``np.packbits``' order (the first row the highest bit)."""
+    return (128 >> (rows & 7)).astype(np.uint8)
 
 
 def _row_bits(bits: np.ndarray, first: int, count: int) -> np.ndarray:
@@ -607,7 +616,7 @@ def write_in_row_order(output: str, file: Any) -> int:
     seen = np.zeros((n + 7) // 8, dtype=np.uint8)
     for batch in lance.dataset(output).to_batches(columns=["id", "vector"], batch_size=8192, batch_readahead=2,
                                                   fragment_readahead=1, io_buffer_size=READ_BUFFER):
-        rows = np.asarray([int(i) for i in batch.column("id").to_pylist()], dtype=np.int64)
+        rows = _row_numbers(batch.column("id"))
         column = batch.column("vector")
         vectors = np.asarray(column.flatten()).reshape(len(rows), column.type.list_size)
         order = np.argsort(rows, kind="stable")
@@ -616,7 +625,7 @@ def write_in_row_order(output: str, file: Any) -> int:
         if len(rows) and (rows[0] < 0 or rows[-1] >= n):
             raise ConfigError(f"{output} holds row {int(rows[0] if rows[0] < 0 else rows[-1])} of a corpus of {n} "
                               "rows; delete it and run again")
-        bits = (128 >> (rows & 7)).astype(np.uint8)
+        bits = _bit_of(rows)
         if len(twice) or (seen[rows >> 3] & bits).any():
             row = int(twice[0]) if len(twice) else int(rows[(seen[rows >> 3] & bits) != 0][0])
             raise ConfigError(f"{output} holds row {row} twice; delete it and run again")

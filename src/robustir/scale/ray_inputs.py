@@ -85,17 +85,25 @@ def held_mask(ids: list[str], held: Any) -> Any:
     search each, no hash set of every held id built per block."""
     import numpy as np
 
-    from ..io import text_digest
-
     if not isinstance(held, np.ndarray):
         import ray
 
         held = ray.get(held)
     if not len(held) or not ids:
         return np.zeros(len(ids), dtype=bool)
-    wanted = np.array([text_digest(i, 16) for i in ids], dtype="S16")
+    wanted = id_digests(ids)
     at = np.minimum(np.searchsorted(held, wanted), len(held) - 1)
     return held[at] == wanted
+
+
+def id_digests(ids: list[str]) -> Any:
+    """The ids' 128-bit BLAKE2b digests (:func:`robustir.io.text_digest`) as a numpy ``S16`` array: how a resumed
+    job's held ids are kept and looked up."""
+    import numpy as np
+
+    from ..io import text_digest
+
+    return np.array([text_digest(i, 16) for i in ids], dtype="S16")
 
 
 def _arrow_filesystem(job_options: dict | None) -> Any:
