@@ -118,7 +118,9 @@ class MiningConfig:
     ray_lance_index: Literal["IVF_PQ", "IVF_HNSW_PQ"] | None = added(None)
     """engine ray: approximate search on a Lance vector index of the corpus vectors, built by lance-ray's
     distributed create_index (nlist cells, nprobe searched) and searched with Lance; the driver never holds the
-    corpus's vectors. Unset: the exact search (here, or ray_search_shards)."""
+    corpus's vectors. Not seeded: Lance trains the index with its own random sample, so a fresh build (a new
+    cache) can give other negatives; a build is reused by every run on its cache. Unset: the exact search (here, or
+    ray_search_shards), which is the same on every run."""
     index: Annotated[DenseIndexConfig, cli(flatten=True)] = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
 
