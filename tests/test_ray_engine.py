@@ -547,7 +547,7 @@ def test_mining_on_a_lance_index_built_by_lance_ray_finds_most_exact_negatives(t
     ivf = [json.loads(x) for x in (tmp_path / "ivf.jsonl").read_text().splitlines()]
     shared = [len(set(a["neg_ids"]) & set(b["neg_ids"])) / len(a["neg_ids"]) for a, b in zip(exact, ivf)]
     # Lance trains the index unseeded (and lance-ray 0.5 discards given centroids), so each fresh build differs:
-    # measured over 13 fresh builds of this slice, 0.59-0.79 of the negatives are the exact ones; with the rerank by exact
+    # over 13 fresh builds of this slice, 0.59-0.79 of the negatives were the exact ones; with the rerank by exact
     # vectors off (refine_factor 1), 0.10-0.15. 0.45 lies between the two.
     assert len(ivf) == len(exact) == 20 and np.mean(shared) >= 0.45
     dataset = lance.dataset(str(next((tmp_path / "cache").glob("*.lance"))))
