@@ -361,7 +361,7 @@ def _remove_orphans(job: OutputJob) -> None:
 
 def _held_ids(job: OutputJob) -> tuple[Any, int]:
     """What a resumed job's dataset holds (a fragment is committed whole or not at all), for the read tasks to
-    leave out: the ids' sorted 128-bit digests (:func:`_id_digests`), made by a Ray task and left in Ray's object
+    leave out: the ids' sorted 128-bit digests (:func:`_dataset_id_digests`), made by a Ray task and left in Ray's object
     store -- the driver holds their reference and count, never the ids; every node maps one copy, 16 bytes an id
     (1.6 GB at 100M; before, the ids as an Arrow array in the driver, 13 bytes an id measured, and each read block
     built a hash set of all of them). Their count."""
@@ -369,11 +369,11 @@ def _held_ids(job: OutputJob) -> tuple[Any, int]:
 
     if not job.exists():
         return None, 0
-    digests, count = ray.remote(num_cpus=0, num_returns=2)(_id_digests).remote(job.uri, job.options)
+    digests, count = ray.remote(num_cpus=0, num_returns=2)(_dataset_id_digests).remote(job.uri, job.options)
     return digests, int(ray.get(count))
 
 
-def _id_digests(uri: str, options: dict | None) -> tuple[np.ndarray, int]:
+def _dataset_id_digests(uri: str, options: dict | None) -> tuple[np.ndarray, int]:
     """A Ray task: the sorted 128-bit BLAKE2b digests (``S16``) of the ids of the Lance dataset ``uri``, read a
     batch at a time, and their count."""
     import lance
@@ -416,7 +416,7 @@ def encode_with_ray(input_path: str | os.PathLike, model: str, output: str | os.
 
 def encode_documents_with_ray(encoder: Any, documents: Any, digest: str, output: Path, config: RayEncodeConfig,
                               device: str | None = None, *, then: Callable[[str], Any] | None = None) -> Any:
-    """Passage vectors of ``documents`` (``len`` and ``texts(start, stop)``: mining's
+    """Passage vectors of ``documents`` (``len``, ``texts(start, stop)`` and ``file_pieces(rows)``: mining's
     :class:`~robustir.negatives.mining.Documents`) encoded on Ray with ``encoder``'s model and settings into the
     resumable Lance dataset ``output`` (dense mining's corpus embeddings, ``MiningConfig.engine: ray``), whose ids are
     the texts' row numbers (``%012d``). ``digest`` stands for the texts' content in the record (they are not a file).
@@ -499,7 +499,7 @@ def _mining_rows(documents: Any, rows: int, held: tuple[np.ndarray, int] | None)
 
     n, parts, done = len(documents), [], 0
     size = rows * max(1, -(-n // (rows * MAX_PIECES)))  # a multiple of `rows`, at most MAX_PIECES ranges
-    found = documents.file_pieces(size) if hasattr(documents, "file_pieces") else None
+    found = documents.file_pieces(size)
     if found is not None:
         path, pieces = found
         try:

@@ -55,7 +55,6 @@ class SearchIndex(Builder, Writer, JobRunner):
         self._checked_at = time.monotonic()
         self._written_job = dict(manifest["job"]) if manifest.get("job") else None  # what the manifest file records
         self._pinned: int | None = None  # a reader: the Lance version it serves (checked out)
-        self._index_builder: Any = None  # a job's pool that builds the ANN index on its cluster (engine ray)
 
     @classmethod
     def open(cls, path: str | os.PathLike | IndexStore, *, model: Any = None, writable: bool = False,

@@ -55,7 +55,7 @@ class JobRunner:
         elif config.engine != "process":  # the chunks split among the pool's workers (Ray actors: engine ray)
             self._pool = need_pool(config, self.encoder_pool)(self.encoder, config)
         # a pool that builds the ANN index on its cluster (Ray's: lance-ray) does so once its workers are gone
-        self._index_builder = getattr(self._pool, "build_vector_index", None) if pool is None else None
+        builder = getattr(self._pool, "build_vector_index", None) if pool is None else None
         self._replaced_names = set()
         # an upsert whose input holds every field name the index knows cannot leave a name without a document: the
         # replaced documents' names are then not looked up (a filtered read of the fields column per chunk; issue 51,
@@ -77,10 +77,7 @@ class JobRunner:
                 self._lock.check()
             self._table.optimize(delete_unverified=False)
         forget(self.manifest, vanished(self._table, self._replaced_names - names))
-        try:
-            self._finish_job()
-        finally:
-            self._index_builder = None
+        self._finish_job(builder=builder)
         if self._manifest_name == BUILDING:
             self._swap()
         report.documents = self.count
@@ -249,8 +246,9 @@ class JobRunner:
             self._table.create_index(column, config=Bitmap() if kind == "BITMAP" else BTree())
             entry["index"] = kind
 
-    def _vector_index(self) -> None:
-        """Build (or rebuild, once a fifth of the rows are new) the ANN index the manifest's ``ann`` asks for."""
+    def _vector_index(self, builder: Any = None) -> None:
+        """Build (or rebuild, once a fifth of the rows are new) the ANN index the manifest's ``ann`` asks for;
+        ``builder``: the job's pool's ``build_vector_index``, which builds it on its cluster (engine ray), if any."""
         ann = self.manifest.setdefault("ann", {**dataclasses.asdict(AnnConfig()), "indexed": False})
         count = self.count
         kind = ann["kind"] if ann["kind"] != "auto" else ("ivf_hnsw_sq" if count >= ann["threshold"] else "exact")
@@ -262,7 +260,6 @@ class JobRunner:
         partitions = max(1, int(math.sqrt(count)))
         from lancedb.index import IvfHnswSq, IvfPq
 
-        builder = self._index_builder
         # engine ray: built on the cluster (lance-ray: one Ray task a segment of the table's fragments) where the
         # pool takes it; else by LanceDB here
         on_cluster = builder is not None and builder(self._table.to_lance().uri, self.store.lance_options, kind,
@@ -293,7 +290,7 @@ class JobRunner:
         job = self._written_job
         return job is _UNSURE or (job is not None and same_input(job.get("input", ""), corpus))
 
-    def _finish_job(self, keep: timedelta = RETIRED_KEEP) -> None:
+    def _finish_job(self, keep: timedelta = RETIRED_KEEP, builder: Any = None) -> None:
         """Make the full-text index once (rows added later are searched beside it until :meth:`compact` folds them
         in, so no job rebuilds it), then record the version, the count and the data files; remove the folders
         retired by a swap more than ``keep`` ago."""
@@ -303,7 +300,7 @@ class JobRunner:
             if not any(i.index_type == "FTS" for i in self._table.list_indices()):
                 self._table.create_index("content", config=FTS())  # the first argument names the column
             self._scalar_indexes()
-            self._vector_index()
+            self._vector_index(builder)
         self.manifest.update(job=None, version=int(self._table.version), documents=self.count,
                              jobs_done=int(self.manifest.get("jobs_done", 0)) + 1,
                              files=_data_files(self.store, self.manifest["data"], self.manifest.get("files") or {}),
