@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from robustir.scale.ray_encode import _Ledger
 
 
@@ -160,3 +162,44 @@ def test_a_resumed_encodings_ids_are_left_out_by_their_digests():
     assert held_mask(asked, held).tolist() == [i in held_ids for i in asked]
     assert held_mask(asked, np.empty(0, "S16")).tolist() == [False] * len(asked)
     assert held_mask([], held).tolist() == []
+
+
+def test_a_damaged_mining_cache_is_refused_when_its_vectors_are_written_in_row_order(tmp_path):
+    """``write_in_row_order`` (mining's ``.npy`` from the Ray encoding's Lance dataset) checks the rows as it writes
+    them, since mining skips the duplicate-id check: a row held twice -- in one batch or in two fragments -- or a
+    row outside the corpus is a ConfigError saying to delete the cache, never a silently wrong or short ``.npy``."""
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("lance")
+    import lance
+    import pyarrow as pa
+
+    from robustir.errors import ConfigError
+    from robustir.index.dense import EmbeddingFile
+    from robustir.scale.ray_encode import write_in_row_order
+
+    def dataset(name: str, *parts: list[int]) -> str:
+        uri = str(tmp_path / f"{name}.lance")
+        for i, rows in enumerate(parts):
+            vectors = pa.array(np.repeat(np.asarray(rows, np.float32), 4))
+            lance.write_dataset(pa.table({"id": pa.array([f"{r:012d}" for r in rows], pa.string()),
+                                          "vector": pa.FixedSizeListArray.from_arrays(vectors, 4)}),
+                                uri, mode="append" if i else "create")
+        return uri
+
+    def write(uri: str, n: int = 6) -> np.ndarray:
+        file = EmbeddingFile.create(tmp_path / f"{Path(uri).stem}.npy", n, 4)
+        try:
+            assert write_in_row_order(uri, file) == n
+        finally:
+            file.close()
+        return EmbeddingFile(tmp_path / f"{Path(uri).stem}.npy").rows(0, n)
+
+    got = write(dataset("good", [4, 0, 5], [2, 1, 3]))
+    assert np.array_equal(got[:, 0], np.arange(6, dtype=np.float32))
+    for name, parts, message in (("twice-in-a-batch", ([0, 1, 1, 2],), "holds row 1 twice"),
+                                 ("twice-in-two-fragments", ([0, 1, 2], [3, 2, 4]), "holds row 2 twice"),
+                                 ("outside", ([0, 1, 6],), "holds row 6 of a corpus of 6 rows")):
+        with pytest.raises(ConfigError, match=f"{message}; delete it and run again"):
+            write(dataset(name, *parts))
